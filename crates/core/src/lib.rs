@@ -2,4 +2,14 @@
 //! models driven by GGUF metadata, KV cache, hidden-state taps, sampling,
 //! tokenizer and chat templates.
 
+pub mod backend;
+pub mod chat_template;
+pub mod error;
+pub mod generate;
+pub mod kv_cache;
+pub mod model;
+pub mod sampling;
 pub mod tokenizer;
+
+pub use backend::Backend;
+pub use error::ModelError;

@@ -1,3 +1,281 @@
 //! CPU backend: quantized kernels on the weights' own blocks, SIMD, a persistent thread pool.
+//!
+//! It is the reference every other backend is tested against, so each op is
+//! written for clarity first; the matmul kernels (where the time goes) are
+//! in [`kernels`].
 
 pub mod kernels;
+pub mod pool;
+
+mod ops;
+
+use blockdraft_core::backend::{
+    AttentionMask, AttentionParams, Backend, BackendError, GatedActivation, RopeParams,
+    WeightSource,
+};
+use blockdraft_gguf::{GgmlType, TensorData};
+use kernels::WeightRef;
+use pool::ThreadPool;
+
+/// A row-major f32 matrix.
+pub struct CpuTensor {
+    data: Vec<f32>,
+    rows: usize,
+    cols: usize,
+}
+
+impl CpuTensor {
+    pub fn as_slice(&self) -> &[f32] {
+        &self.data[..self.rows * self.cols]
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [f32] {
+        &mut self.data[..self.rows * self.cols]
+    }
+}
+
+/// A weight kept in its GGUF type, in place in the memory map. 1-D weights
+/// (norms, biases) are small and kept as f32.
+pub struct CpuWeight {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    data: TensorData,
+    dense: Vec<f32>,
+}
+
+impl CpuWeight {
+    fn matrix(&self) -> WeightRef<'_> {
+        WeightRef {
+            ty: self.ty,
+            data: &self.data,
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+}
+
+pub struct CpuBackend {
+    pool: ThreadPool,
+}
+
+impl CpuBackend {
+    /// A backend running on `n_threads` threads (the caller's included).
+    pub fn new(n_threads: usize) -> Self {
+        CpuBackend {
+            pool: ThreadPool::new(n_threads.max(1)),
+        }
+    }
+
+    pub fn n_threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type Weight = CpuWeight;
+
+    fn name(&self) -> String {
+        format!(
+            "cpu ({} threads, {})",
+            self.pool.n_threads(),
+            kernels::simd_level()
+        )
+    }
+
+    fn load_weight(&self, src: WeightSource<'_>) -> Result<CpuWeight, BackendError> {
+        let bad = |reason: String| BackendError::BadWeight {
+            name: src.name.to_string(),
+            reason,
+        };
+        let (cols, rows) = match *src.dims {
+            [c] => (c, 1),
+            [c, r] => (c, r),
+            _ => {
+                return Err(bad(format!(
+                    "{} dimensions; only vectors and matrices are used",
+                    src.dims.len()
+                )))
+            }
+        };
+        let (cols, rows) = (
+            usize::try_from(cols).map_err(|_| bad("too large".into()))?,
+            usize::try_from(rows).map_err(|_| bad("too large".into()))?,
+        );
+        if cols % src.ty.block_len() != 0 {
+            return Err(bad(format!(
+                "row length {cols} is not a multiple of the {} block size {}",
+                src.ty,
+                src.ty.block_len()
+            )));
+        }
+        let expected = src
+            .ty
+            .bytes_for(cols as u64 * rows as u64)
+            .ok_or_else(|| bad("size overflows".into()))?;
+        if src.data.len() as u64 != expected {
+            return Err(bad(format!(
+                "{} bytes of data, expected {expected}",
+                src.data.len()
+            )));
+        }
+        let dense = if src.dims.len() == 1 {
+            let mut v = vec![0.0; cols];
+            blockdraft_gguf::quants::dequantize(src.ty, &src.data, &mut v)
+                .map_err(|e| bad(e.to_string()))?;
+            v
+        } else {
+            if !kernels::supports(src.ty) {
+                return Err(BackendError::Unsupported {
+                    what: format!("{} matrices (`{}`)", src.ty, src.name),
+                });
+            }
+            Vec::new()
+        };
+        Ok(CpuWeight {
+            ty: src.ty,
+            rows,
+            cols,
+            data: src.data,
+            dense,
+        })
+    }
+
+    fn tensor(&self, rows: usize, cols: usize) -> CpuTensor {
+        CpuTensor {
+            data: vec![0.0; rows * cols],
+            rows,
+            cols,
+        }
+    }
+
+    fn shape(&self, t: &CpuTensor) -> (usize, usize) {
+        (t.rows, t.cols)
+    }
+
+    fn reshape(&self, t: &mut CpuTensor, rows: usize, cols: usize) {
+        assert!(
+            rows * cols <= t.data.len(),
+            "reshape to {rows}x{cols} exceeds capacity {}",
+            t.data.len()
+        );
+        t.rows = rows;
+        t.cols = cols;
+    }
+
+    fn write(&self, t: &mut CpuTensor, data: &[f32]) {
+        t.as_mut_slice().copy_from_slice(data);
+    }
+
+    fn read(&self, t: &CpuTensor) -> Vec<f32> {
+        t.as_slice().to_vec()
+    }
+
+    fn embed(&self, table: &CpuWeight, ids: &[u32], out: &mut CpuTensor) {
+        let row_bytes = table
+            .ty
+            .bytes_for(table.cols as u64)
+            .expect("checked at load") as usize;
+        for (r, &id) in ids.iter().enumerate() {
+            let start = id as usize * row_bytes;
+            let dst = &mut out.data[r * table.cols..(r + 1) * table.cols];
+            blockdraft_gguf::quants::dequantize(
+                table.ty,
+                &table.data[start..start + row_bytes],
+                dst,
+            )
+            .expect("row size checked at load");
+        }
+    }
+
+    fn matmul(&self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) {
+        debug_assert_eq!(x.cols, w.cols);
+        debug_assert_eq!((out.rows, out.cols), (x.rows, w.rows));
+        kernels::matmul(&self.pool, &w.matrix(), x.as_slice(), out.as_mut_slice());
+    }
+
+    fn add_bias(&self, x: &mut CpuTensor, bias: &CpuWeight) {
+        let cols = x.cols;
+        for row in x.as_mut_slice().chunks_exact_mut(cols) {
+            kernels::axpy_f32(row, 1.0, &bias.dense);
+        }
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CpuTensor,
+        weight: &CpuWeight,
+        group: usize,
+        eps: f32,
+        out: &mut CpuTensor,
+    ) {
+        ops::rms_norm(x.as_slice(), &weight.dense, group, eps, out.as_mut_slice());
+    }
+
+    fn rope(&self, x: &mut CpuTensor, pos0: usize, p: RopeParams) {
+        let cols = x.cols;
+        ops::rope(x.as_mut_slice(), cols, pos0, p);
+    }
+
+    fn gated(&self, act: GatedActivation, gate: &CpuTensor, up: &CpuTensor, out: &mut CpuTensor) {
+        ops::gated(act, gate.as_slice(), up.as_slice(), out.as_mut_slice());
+    }
+
+    fn add(&self, x: &mut CpuTensor, y: &CpuTensor) {
+        kernels::axpy_f32(x.as_mut_slice(), 1.0, y.as_slice());
+    }
+
+    fn scale(&self, x: &mut CpuTensor, s: f32) {
+        x.as_mut_slice().iter_mut().for_each(|v| *v *= s);
+    }
+
+    fn copy_rows(
+        &self,
+        src: &CpuTensor,
+        src_row: usize,
+        dst: &mut CpuTensor,
+        dst_row: usize,
+        dst_col: usize,
+        n_rows: usize,
+    ) {
+        assert!(
+            dst_col + src.cols <= dst.cols
+                && dst_row + n_rows <= dst.rows
+                && src_row + n_rows <= src.rows,
+            "copy_rows out of bounds"
+        );
+        for r in 0..n_rows {
+            let s = &src.data[(src_row + r) * src.cols..][..src.cols];
+            dst.data[(dst_row + r) * dst.cols + dst_col..][..src.cols].copy_from_slice(s);
+        }
+    }
+
+    fn attention(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        mask: AttentionMask,
+        p: AttentionParams,
+        out: &mut CpuTensor,
+    ) {
+        let out_cols = out.cols;
+        ops::attention(
+            &self.pool,
+            q.as_slice(),
+            &k.data,
+            &v.data,
+            mask,
+            p,
+            &mut out.data[..q.rows * out_cols],
+        );
+    }
+
+    fn argmax(&self, x: &CpuTensor) -> Vec<u32> {
+        x.as_slice()
+            .chunks_exact(x.cols)
+            .map(blockdraft_core::sampling::argmax)
+            .collect()
+    }
+}

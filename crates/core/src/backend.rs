@@ -1,0 +1,157 @@
+//! The backend trait: the kernels an LLM needs, and nothing more.
+//!
+//! The trait is open: each backend (CPU, wgpu, CUDA, Metal) implements it in
+//! its own crate and all model code is generic over it. Tensors are backend
+//! handles holding row-major f32 matrices; weights stay in their GGUF type on
+//! the device. Ops record work; `read` synchronizes.
+
+use blockdraft_gguf::{GgmlType, TensorData};
+
+/// Errors a backend reports.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("backend does not support {what}")]
+    Unsupported { what: String },
+    #[error("tensor `{name}`: {reason}")]
+    BadWeight { name: String, reason: String },
+    #[error("device: {0}")]
+    Device(String),
+}
+
+/// A weight tensor as the GGUF file stores it, handed to a backend to make resident.
+pub struct WeightSource<'a> {
+    pub name: &'a str,
+    pub ty: GgmlType,
+    /// ggml order: `dims[0]` is the row length.
+    pub dims: &'a [u64],
+    pub data: TensorData,
+}
+
+/// Which keys each query row may attend to. Query row `i` sits at
+/// position `q_pos0 + i`; the cache slot of a key is its position.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionMask {
+    /// Position of query row 0.
+    pub q_pos0: usize,
+    /// Keys visible to every row are `0..kv_len`, further cut per row by
+    /// `causal` (key position <= query position) and `window`.
+    pub kv_len: usize,
+    pub causal: bool,
+    /// Sliding window: a key is visible only if `q_pos - k_pos < window`.
+    pub window: Option<usize>,
+}
+
+/// Shape and scaling of one attention call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionParams {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+/// Rotary embedding layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(x[2i], x[2i+1])` (llama).
+    Normal,
+    /// Halves `(x[i], x[i + d/2])` (qwen2, qwen3, gemma3).
+    Neox,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    pub style: RopeStyle,
+    pub n_head: usize,
+    pub head_dim: usize,
+    /// Dimensions rotated within each head (the rest pass through).
+    pub n_rot: usize,
+    pub base: f32,
+}
+
+/// Gated feed-forward activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GatedActivation {
+    /// `silu(gate) * up`
+    SwiGlu,
+    /// `gelu_tanh(gate) * up`
+    GeGlu,
+}
+
+pub trait Backend: Send + Sync + 'static {
+    /// A row-major f32 matrix on the device with a fixed capacity.
+    type Tensor: Send + Sync;
+    /// A weight in its GGUF type, resident on the device.
+    type Weight: Send + Sync;
+
+    /// Human-readable backend and device name.
+    fn name(&self) -> String;
+
+    /// Makes a GGUF tensor resident. 1-D tensors (norms, biases) and 2-D
+    /// matrices of every supported type are accepted.
+    fn load_weight(&self, src: WeightSource<'_>) -> Result<Self::Weight, BackendError>;
+
+    /// A zeroed `rows x cols` tensor; its capacity is `rows * cols`.
+    fn tensor(&self, rows: usize, cols: usize) -> Self::Tensor;
+    /// Current `(rows, cols)`.
+    fn shape(&self, t: &Self::Tensor) -> (usize, usize);
+    /// Changes the logical shape within the capacity (no allocation).
+    fn reshape(&self, t: &mut Self::Tensor, rows: usize, cols: usize);
+    fn write(&self, t: &mut Self::Tensor, data: &[f32]);
+    fn read(&self, t: &Self::Tensor) -> Vec<f32>;
+
+    /// `out[r] = table[ids[r]]` (rows of the embedding table, dequantized).
+    fn embed(&self, table: &Self::Weight, ids: &[u32], out: &mut Self::Tensor);
+    /// `out = x · Wᵀ`: x is `n x cols`, W is `rows x cols`, out `n x rows`.
+    fn matmul(&self, w: &Self::Weight, x: &Self::Tensor, out: &mut Self::Tensor);
+    /// Adds a 1-D weight to every row.
+    fn add_bias(&self, x: &mut Self::Tensor, bias: &Self::Weight);
+    /// RMS norm of every `group`-wide slice of each row, times `weight` (length `group`).
+    fn rms_norm(
+        &self,
+        x: &Self::Tensor,
+        weight: &Self::Weight,
+        group: usize,
+        eps: f32,
+        out: &mut Self::Tensor,
+    );
+    /// In-place rotary embedding; row `i` has position `pos0 + i`.
+    fn rope(&self, x: &mut Self::Tensor, pos0: usize, p: RopeParams);
+    /// `out = act(gate) * up`.
+    fn gated(
+        &self,
+        act: GatedActivation,
+        gate: &Self::Tensor,
+        up: &Self::Tensor,
+        out: &mut Self::Tensor,
+    );
+    /// `x += y`.
+    fn add(&self, x: &mut Self::Tensor, y: &Self::Tensor);
+    /// `x *= s`.
+    fn scale(&self, x: &mut Self::Tensor, s: f32);
+    /// Copies `n_rows` whole rows of `src` (from `src_row`) into `dst`
+    /// at row `dst_row`, column `dst_col`. Used for KV appends, tap capture
+    /// and row selection.
+    fn copy_rows(
+        &self,
+        src: &Self::Tensor,
+        src_row: usize,
+        dst: &mut Self::Tensor,
+        dst_row: usize,
+        dst_col: usize,
+        n_rows: usize,
+    );
+    /// Scaled-dot-product attention of `q` (`n x n_head*head_dim`) over the
+    /// cached keys/values (`capacity x n_head_kv*head_dim`), grouped-query.
+    fn attention(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        mask: AttentionMask,
+        p: AttentionParams,
+        out: &mut Self::Tensor,
+    );
+    /// Index of the largest value of each row (first on ties).
+    fn argmax(&self, x: &Self::Tensor) -> Vec<u32>;
+}

@@ -1,0 +1,38 @@
+//! Errors of model loading and running.
+
+use crate::backend::BackendError;
+use blockdraft_gguf::GgufError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("unsupported architecture `{0}` (supported: llama, qwen2, qwen3, gemma3)")]
+    UnsupportedArchitecture(String),
+    #[error("metadata `{key}`: {reason}")]
+    InvalidMetadata { key: String, reason: String },
+    #[error("tensor `{name}` is missing")]
+    MissingTensor { name: String },
+    #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    TensorShape {
+        name: String,
+        found: Vec<u64>,
+        expected: Vec<u64>,
+    },
+    #[error("context full: {needed} positions needed, the KV cache holds {capacity}")]
+    ContextFull { needed: usize, capacity: usize },
+    #[error("token id {id} is outside the vocabulary of {n_vocab}")]
+    TokenOutOfRange { id: u32, n_vocab: usize },
+    #[error("tap {layer} is beyond the model's {n_layer} layers")]
+    TapOutOfRange { layer: usize, n_layer: usize },
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl ModelError {
+    pub fn invalid(key: String, reason: String) -> Self {
+        ModelError::InvalidMetadata { key, reason }
+    }
+}

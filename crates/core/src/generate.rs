@@ -1,0 +1,203 @@
+//! Plain (non-speculative) generation: prefill in chunks, then one token
+//! per forward pass.
+
+use crate::backend::Backend;
+use crate::error::ModelError;
+use crate::model::{Decoder, DecoderState, LogitRows};
+use crate::sampling::Sampler;
+use web_time::Instant;
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// An end-of-generation token was produced (it is not emitted).
+    EndOfGeneration,
+    /// `max_tokens` were produced.
+    Length,
+    /// The caller's callback asked to stop (stop string, abort).
+    Caller,
+}
+
+impl StopReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::EndOfGeneration => "eog",
+            StopReason::Length => "length",
+            StopReason::Caller => "stop",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GenerationStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+}
+
+impl GenerationStats {
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        rate(self.prompt_tokens, self.prefill_seconds)
+    }
+
+    /// Tokens per second after the first token (which comes from prefill).
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        rate(self.generated_tokens.saturating_sub(1), self.decode_seconds)
+    }
+}
+
+fn rate(n: usize, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        n as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+/// Runs `tokens` through the decoder in chunks of the state's batch size;
+/// the last chunk leaves the logits of the final row in `state`.
+pub fn prefill<B: Backend>(
+    decoder: &Decoder<B>,
+    state: &mut DecoderState<B>,
+    tokens: &[u32],
+) -> Result<(), ModelError> {
+    if tokens.is_empty() {
+        return Err(ModelError::Usage("the prompt is empty".into()));
+    }
+    let chunks: Vec<&[u32]> = tokens.chunks(state.max_batch()).collect();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let logits = if i + 1 == chunks.len() {
+            LogitRows::Last
+        } else {
+            LogitRows::None
+        };
+        decoder.forward(state, chunk, logits, true, None)?;
+    }
+    Ok(())
+}
+
+/// Generates up to `max_tokens` tokens after `prompt`. `on_token` receives
+/// each token and returns `false` to stop.
+pub fn generate<B: Backend>(
+    decoder: &Decoder<B>,
+    state: &mut DecoderState<B>,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampler: &mut Sampler,
+    is_eog: &dyn Fn(u32) -> bool,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<(Vec<u32>, StopReason, GenerationStats), ModelError> {
+    let be = &*decoder.backend;
+    let mut stats = GenerationStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
+    let mut history = prompt.to_vec();
+    let mut out = Vec::new();
+    if max_tokens == 0 {
+        return Ok((out, StopReason::Length, stats));
+    }
+    let t0 = Instant::now();
+    prefill(decoder, state, prompt)?;
+    stats.prefill_seconds = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let reason = loop {
+        let token = if sampler.params.is_greedy() && sampler.params.repeat_penalty == 1.0 {
+            be.argmax(state.logits())[0]
+        } else {
+            sampler.sample(&be.read(state.logits()), &history)
+        };
+        if is_eog(token) {
+            break StopReason::EndOfGeneration;
+        }
+        out.push(token);
+        history.push(token);
+        if !on_token(token) {
+            break StopReason::Caller;
+        }
+        if out.len() >= max_tokens {
+            break StopReason::Length;
+        }
+        decoder.forward(state, &[token], LogitRows::Last, true, None)?;
+    };
+    stats.generated_tokens = out.len();
+    stats.decode_seconds = t1.elapsed().as_secs_f64();
+    Ok((out, reason, stats))
+}
+
+/// Finds stop strings in streamed text, holding back any tail that could
+/// still become one.
+#[derive(Clone, Debug, Default)]
+pub struct StopStrings {
+    stops: Vec<String>,
+    pending: String,
+}
+
+impl StopStrings {
+    pub fn new(stops: Vec<String>) -> Self {
+        StopStrings {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            pending: String::new(),
+        }
+    }
+
+    /// Feeds new text; returns the text safe to emit and whether a stop
+    /// string was found (the stop string itself is not emitted).
+    pub fn push(&mut self, text: &str) -> (String, bool) {
+        self.pending.push_str(text);
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min()
+        {
+            let emit = self.pending[..at].to_string();
+            self.pending.clear();
+            return (emit, true);
+        }
+        // Keep the longest suffix that is a prefix of some stop string.
+        let mut keep = 0;
+        for s in &self.stops {
+            for (i, _) in s
+                .char_indices()
+                .skip(1)
+                .chain(std::iter::once((s.len(), ' ')))
+            {
+                if i <= self.pending.len()
+                    && i > keep
+                    && self.pending.ends_with(&s[..i])
+                    && i < s.len()
+                {
+                    keep = i;
+                }
+            }
+        }
+        let cut = self.pending.len() - keep;
+        let emit = self.pending[..cut].to_string();
+        self.pending.drain(..cut);
+        (emit, false)
+    }
+
+    /// Text still held back at the end of generation.
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_strings_hold_back_partial_matches() {
+        let mut s = StopStrings::new(vec!["</end>".into()]);
+        assert_eq!(s.push("hello </"), ("hello ".to_string(), false));
+        assert_eq!(s.push("en"), (String::new(), false));
+        assert_eq!(s.push("x"), ("</enx".to_string(), false));
+        assert_eq!(s.push(" a</end> tail"), (" a".to_string(), true));
+        let mut s = StopStrings::new(vec!["ab".into()]);
+        assert_eq!(s.push("xa"), ("x".to_string(), false));
+        assert_eq!(s.finish(), "a");
+    }
+}

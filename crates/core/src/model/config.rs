@@ -1,0 +1,187 @@
+//! Decoder hyper-parameters read from GGUF metadata.
+
+use crate::backend::{GatedActivation, RopeStyle};
+use crate::error::ModelError;
+use blockdraft_gguf::Metadata;
+
+/// The decoder families blockdraft runs. All share one block structure;
+/// the differences are switches in [`ModelConfig`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Qwen2,
+    Qwen3,
+    Gemma3,
+}
+
+impl Architecture {
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "llama" => Some(Self::Llama),
+            "qwen2" => Some(Self::Qwen2),
+            "qwen3" => Some(Self::Qwen3),
+            "gemma3" => Some(Self::Gemma3),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+            Self::Gemma3 => "gemma3",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Architecture,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub rms_eps: f32,
+    pub rope_style: RopeStyle,
+    pub n_rot: usize,
+    pub rope_base: f32,
+    /// Rope base of sliding-window layers (gemma3 uses 10k there).
+    pub rope_base_swa: f32,
+    /// Window of sliding-window layers, if any.
+    pub sliding_window: Option<usize>,
+    /// `swa_layers[il]` is true for sliding-window layers.
+    pub swa_layers: Vec<bool>,
+    pub activation: GatedActivation,
+    /// Multiplier applied to the token embeddings (gemma: sqrt(n_embd)).
+    pub embedding_scale: Option<f32>,
+    /// Multiplier applied to queries before `q·k` (the kernel scale is then 1).
+    pub attention_scale: f32,
+}
+
+impl ModelConfig {
+    pub fn from_metadata(md: &Metadata) -> Result<Self, ModelError> {
+        let arch_name = md.get_str("general.architecture")?;
+        let arch = Architecture::from_name(arch_name)
+            .ok_or_else(|| ModelError::UnsupportedArchitecture(arch_name.to_string()))?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let get = |k: &str| -> Result<usize, ModelError> { Ok(md.get_u64(&key(k))? as usize) };
+        let opt = |k: &str| -> Result<Option<usize>, ModelError> {
+            Ok(md.opt_u64(&key(k))?.map(|v| v as usize))
+        };
+
+        let n_layer = get("block_count")?;
+        let n_embd = get("embedding_length")?;
+        let n_ff = get("feed_forward_length")?;
+        let n_head = get("attention.head_count")?;
+        let n_head_kv = opt("attention.head_count_kv")?.unwrap_or(n_head);
+        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(ModelError::invalid(
+                key("attention.head_count_kv"),
+                format!("{n_head} query heads cannot be grouped over {n_head_kv} kv heads"),
+            ));
+        }
+        let head_dim = match opt("attention.key_length")? {
+            Some(d) => d,
+            None => {
+                if n_embd % n_head != 0 {
+                    return Err(ModelError::invalid(
+                        key("embedding_length"),
+                        format!("{n_embd} not divisible by {n_head} heads"),
+                    ));
+                }
+                n_embd / n_head
+            }
+        };
+        if let Some(v) = opt("attention.value_length")? {
+            if v != head_dim {
+                return Err(ModelError::invalid(
+                    key("attention.value_length"),
+                    format!("{v} differs from key length {head_dim}"),
+                ));
+            }
+        }
+        let n_rot = opt("rope.dimension_count")?.unwrap_or(head_dim);
+        if n_rot > head_dim || n_rot % 2 != 0 {
+            return Err(ModelError::invalid(
+                key("rope.dimension_count"),
+                format!("{n_rot} must be even and at most head_dim {head_dim}"),
+            ));
+        }
+        if let Some(kind) = md.opt_str(&key("rope.scaling.type"))? {
+            if kind != "none" {
+                return Err(ModelError::invalid(
+                    key("rope.scaling.type"),
+                    format!("rope scaling `{kind}` is not supported"),
+                ));
+            }
+        }
+        let n_vocab = match opt("vocab_size")? {
+            Some(v) => v,
+            None => md.get_array("tokenizer.ggml.tokens")?.len(),
+        };
+        let rms_eps = md.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
+        let rope_base = md.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
+        let n_ctx_train = opt("context_length")?.unwrap_or(4096);
+
+        let mut cfg = ModelConfig {
+            arch,
+            n_layer,
+            n_embd,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_vocab,
+            n_ctx_train,
+            rms_eps,
+            rope_style: RopeStyle::Neox,
+            n_rot,
+            rope_base,
+            rope_base_swa: rope_base,
+            sliding_window: None,
+            swa_layers: vec![false; n_layer],
+            activation: GatedActivation::SwiGlu,
+            embedding_scale: None,
+            attention_scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        match arch {
+            Architecture::Llama => cfg.rope_style = RopeStyle::Normal,
+            Architecture::Qwen2 | Architecture::Qwen3 => {}
+            Architecture::Gemma3 => {
+                cfg.activation = GatedActivation::GeGlu;
+                cfg.embedding_scale = Some((n_embd as f32).sqrt());
+                // Gemma 3 fixes the local layers' rope base at 10k and uses a
+                // 5 local : 1 global layer pattern.
+                cfg.rope_base_swa = 10_000.0;
+                let window = opt("attention.sliding_window")?.ok_or_else(|| {
+                    ModelError::invalid(
+                        key("attention.sliding_window"),
+                        "required for gemma3".into(),
+                    )
+                })?;
+                cfg.sliding_window = Some(window);
+                cfg.swa_layers = (0..n_layer).map(|il| il % 6 < 5).collect();
+            }
+        }
+        if n_layer == 0 || n_embd == 0 || n_ff == 0 || n_vocab == 0 {
+            return Err(ModelError::invalid(
+                key("block_count"),
+                "layer, embedding, feed-forward and vocab sizes must be non-zero".into(),
+            ));
+        }
+        Ok(cfg)
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}

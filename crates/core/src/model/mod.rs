@@ -1,0 +1,339 @@
+//! One decoder for every supported architecture, driven by GGUF metadata.
+
+mod config;
+mod weights;
+
+pub use config::{Architecture, ModelConfig};
+pub use weights::{DecoderWeights, LayerWeights, TensorLoader};
+
+use crate::backend::{AttentionMask, AttentionParams, Backend, RopeParams};
+use crate::error::ModelError;
+use crate::kv_cache::KvCache;
+use blockdraft_gguf::GgufFile;
+use std::sync::Arc;
+
+/// Which rows of a forward pass produce logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitRows {
+    None,
+    /// Only the last row (prefill, plain decoding).
+    Last,
+    /// Every row (verification of a drafted block, scoring).
+    All,
+}
+
+/// Hidden states to capture during a forward pass: the input of each listed
+/// block, where `n_layer` means the output of the last block before the
+/// final norm. Captured rows are concatenated per token in list order, so
+/// row `r` of `out` is `[h_{l0}(r) | h_{l1}(r) | ...]`.
+pub struct Taps<B: Backend> {
+    layers: Vec<usize>,
+    out: B::Tensor,
+    n_embd: usize,
+}
+
+impl<B: Backend> Taps<B> {
+    pub fn new(
+        backend: &B,
+        cfg: &ModelConfig,
+        layers: &[usize],
+        max_rows: usize,
+    ) -> Result<Self, ModelError> {
+        if let Some(&l) = layers.iter().find(|&&l| l > cfg.n_layer) {
+            return Err(ModelError::TapOutOfRange {
+                layer: l,
+                n_layer: cfg.n_layer,
+            });
+        }
+        let out = backend.tensor(max_rows, layers.len().max(1) * cfg.n_embd);
+        Ok(Taps {
+            layers: layers.to_vec(),
+            out,
+            n_embd: cfg.n_embd,
+        })
+    }
+
+    pub fn layers(&self) -> &[usize] {
+        &self.layers
+    }
+
+    /// The captured rows of the last forward pass (`n x layers·n_embd`).
+    pub fn output(&self) -> &B::Tensor {
+        &self.out
+    }
+
+    fn capture(&mut self, backend: &B, layer: usize, h: &B::Tensor, n: usize) {
+        for (slot, _) in self.layers.iter().enumerate().filter(|(_, &l)| l == layer) {
+            backend.copy_rows(h, 0, &mut self.out, 0, slot * self.n_embd, n);
+        }
+    }
+}
+
+/// A loaded decoder: config, resident weights, backend.
+pub struct Decoder<B: Backend> {
+    pub config: ModelConfig,
+    pub weights: DecoderWeights<B>,
+    pub backend: Arc<B>,
+}
+
+impl<B: Backend> Decoder<B> {
+    /// Loads the decoder in `file` onto `backend`; `on_progress` receives
+    /// the bytes loaded so far.
+    pub fn load(
+        file: &GgufFile,
+        backend: Arc<B>,
+        on_progress: &mut dyn FnMut(u64),
+    ) -> Result<Self, ModelError> {
+        let config = ModelConfig::from_metadata(file.metadata())?;
+        let mut loader = TensorLoader {
+            file,
+            backend: &*backend,
+            on_progress,
+            loaded_bytes: 0,
+        };
+        let weights = DecoderWeights::load(&config, &mut loader)?;
+        Ok(Decoder {
+            config,
+            weights,
+            backend,
+        })
+    }
+
+    pub fn backend_name(&self) -> String {
+        self.backend.name()
+    }
+
+    /// A fresh sequence state holding `n_ctx` positions and forward passes of
+    /// up to `max_batch` rows.
+    pub fn new_state(&self, n_ctx: usize, max_batch: usize) -> DecoderState<B> {
+        DecoderState::new(&*self.backend, &self.config, n_ctx, max_batch)
+    }
+
+    /// Runs `tokens` through the decoder at the next positions of `state`,
+    /// appending their keys/values to its cache. `causal = false` lets the
+    /// rows of this call see each other in both directions.
+    pub fn forward(
+        &self,
+        state: &mut DecoderState<B>,
+        tokens: &[u32],
+        logits: LogitRows,
+        causal: bool,
+        mut taps: Option<&mut Taps<B>>,
+    ) -> Result<(), ModelError> {
+        let cfg = &self.config;
+        let be = &*self.backend;
+        let n = tokens.len();
+        if n == 0 || n > state.max_batch {
+            return Err(ModelError::Usage(format!(
+                "a forward pass takes 1..={} tokens, got {n}",
+                state.max_batch
+            )));
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= cfg.n_vocab) {
+            return Err(ModelError::TokenOutOfRange {
+                id,
+                n_vocab: cfg.n_vocab,
+            });
+        }
+        let pos0 = state.kv.len();
+        state.kv.reserve(pos0 + n)?;
+        let w = &self.weights;
+        let s = &mut state.scratch;
+        s.shape(be, n, cfg);
+
+        be.embed(&w.tok_embd, tokens, &mut s.x);
+        if let Some(scale) = cfg.embedding_scale {
+            be.scale(&mut s.x, scale);
+        }
+        for (il, lw) in w.layers.iter().enumerate() {
+            if let Some(t) = taps.as_deref_mut() {
+                t.capture(be, il, &s.x, n);
+            }
+            // Attention.
+            be.rms_norm(&s.x, &lw.attn_norm, cfg.n_embd, cfg.rms_eps, &mut s.xn);
+            be.matmul(&lw.wq, &s.xn, &mut s.q);
+            be.matmul(&lw.wk, &s.xn, &mut s.k);
+            be.matmul(&lw.wv, &s.xn, &mut s.v);
+            for (t, b) in [(&mut s.q, &lw.bq), (&mut s.k, &lw.bk), (&mut s.v, &lw.bv)] {
+                if let Some(b) = b {
+                    be.add_bias(t, b);
+                }
+            }
+            if let Some(qn) = &lw.q_norm {
+                be.rms_norm(&s.q, qn, cfg.head_dim, cfg.rms_eps, &mut s.tmp_q);
+                std::mem::swap(&mut s.q, &mut s.tmp_q);
+            }
+            if let Some(kn) = &lw.k_norm {
+                be.rms_norm(&s.k, kn, cfg.head_dim, cfg.rms_eps, &mut s.tmp_k);
+                std::mem::swap(&mut s.k, &mut s.tmp_k);
+            }
+            let swa = cfg.swa_layers[il];
+            let base = if swa {
+                cfg.rope_base_swa
+            } else {
+                cfg.rope_base
+            };
+            let rope = |n_head| RopeParams {
+                style: cfg.rope_style,
+                n_head,
+                head_dim: cfg.head_dim,
+                n_rot: cfg.n_rot,
+                base,
+            };
+            be.rope(&mut s.q, pos0, rope(cfg.n_head));
+            be.rope(&mut s.k, pos0, rope(cfg.n_head_kv));
+            let (kc, vc) = state.kv.layer_mut(il);
+            be.copy_rows(&s.k, 0, kc, pos0, 0, n);
+            be.copy_rows(&s.v, 0, vc, pos0, 0, n);
+            let mask = AttentionMask {
+                q_pos0: pos0,
+                kv_len: pos0 + n,
+                causal,
+                window: if swa { cfg.sliding_window } else { None },
+            };
+            let params = AttentionParams {
+                n_head: cfg.n_head,
+                n_head_kv: cfg.n_head_kv,
+                head_dim: cfg.head_dim,
+                scale: cfg.attention_scale,
+            };
+            let (kc, vc) = state.kv.layer(il);
+            be.attention(&s.q, kc, vc, mask, params, &mut s.attn);
+            be.matmul(&lw.wo, &s.attn, &mut s.o);
+            if let Some(pn) = &lw.post_attn_norm {
+                be.rms_norm(&s.o, pn, cfg.n_embd, cfg.rms_eps, &mut s.xn);
+                be.add(&mut s.x, &s.xn);
+            } else {
+                be.add(&mut s.x, &s.o);
+            }
+            // Feed-forward.
+            be.rms_norm(&s.x, &lw.ffn_norm, cfg.n_embd, cfg.rms_eps, &mut s.xn);
+            be.matmul(&lw.w_gate, &s.xn, &mut s.gate);
+            be.matmul(&lw.w_up, &s.xn, &mut s.up);
+            be.gated(cfg.activation, &s.gate, &s.up, &mut s.hidden);
+            be.matmul(&lw.w_down, &s.hidden, &mut s.o);
+            if let Some(pn) = &lw.post_ffn_norm {
+                be.rms_norm(&s.o, pn, cfg.n_embd, cfg.rms_eps, &mut s.xn);
+                be.add(&mut s.x, &s.xn);
+            } else {
+                be.add(&mut s.x, &s.o);
+            }
+        }
+        if let Some(t) = taps.as_deref_mut() {
+            t.capture(be, cfg.n_layer, &s.x, n);
+            be.reshape(&mut t.out, n, t.layers.len().max(1) * cfg.n_embd);
+        }
+        state.kv.set_len(pos0 + n);
+
+        let (first, rows) = match logits {
+            LogitRows::None => return Ok(()),
+            LogitRows::Last => (n - 1, 1),
+            LogitRows::All => (0, n),
+        };
+        be.reshape(&mut s.xn, rows, cfg.n_embd);
+        be.copy_rows(&s.x, first, &mut s.xn, 0, 0, rows);
+        be.reshape(&mut s.o, rows, cfg.n_embd);
+        be.rms_norm(&s.xn, &w.output_norm, cfg.n_embd, cfg.rms_eps, &mut s.o);
+        be.reshape(&mut state.logits, rows, cfg.n_vocab);
+        be.matmul(w.head(), &s.o, &mut state.logits);
+        Ok(())
+    }
+}
+
+/// Preallocated activations of one forward pass.
+struct Scratch<B: Backend> {
+    x: B::Tensor,
+    xn: B::Tensor,
+    q: B::Tensor,
+    k: B::Tensor,
+    v: B::Tensor,
+    tmp_q: B::Tensor,
+    tmp_k: B::Tensor,
+    attn: B::Tensor,
+    o: B::Tensor,
+    gate: B::Tensor,
+    up: B::Tensor,
+    hidden: B::Tensor,
+}
+
+impl<B: Backend> Scratch<B> {
+    fn new(be: &B, cfg: &ModelConfig, rows: usize) -> Self {
+        let t = |cols| be.tensor(rows, cols);
+        Scratch {
+            x: t(cfg.n_embd),
+            xn: t(cfg.n_embd),
+            q: t(cfg.q_dim()),
+            k: t(cfg.kv_dim()),
+            v: t(cfg.kv_dim()),
+            tmp_q: t(cfg.q_dim()),
+            tmp_k: t(cfg.kv_dim()),
+            attn: t(cfg.q_dim()),
+            o: t(cfg.n_embd),
+            gate: t(cfg.n_ff),
+            up: t(cfg.n_ff),
+            hidden: t(cfg.n_ff),
+        }
+    }
+
+    fn shape(&mut self, be: &B, n: usize, cfg: &ModelConfig) {
+        for (t, cols) in [
+            (&mut self.x, cfg.n_embd),
+            (&mut self.xn, cfg.n_embd),
+            (&mut self.q, cfg.q_dim()),
+            (&mut self.k, cfg.kv_dim()),
+            (&mut self.v, cfg.kv_dim()),
+            (&mut self.tmp_q, cfg.q_dim()),
+            (&mut self.tmp_k, cfg.kv_dim()),
+            (&mut self.attn, cfg.q_dim()),
+            (&mut self.o, cfg.n_embd),
+            (&mut self.gate, cfg.n_ff),
+            (&mut self.up, cfg.n_ff),
+            (&mut self.hidden, cfg.n_ff),
+        ] {
+            be.reshape(t, n, cols);
+        }
+    }
+}
+
+/// One sequence: its KV cache, scratch activations and last logits.
+pub struct DecoderState<B: Backend> {
+    pub kv: KvCache<B>,
+    scratch: Scratch<B>,
+    logits: B::Tensor,
+    max_batch: usize,
+}
+
+impl<B: Backend> DecoderState<B> {
+    fn new(be: &B, cfg: &ModelConfig, n_ctx: usize, max_batch: usize) -> Self {
+        let max_batch = max_batch.max(1);
+        DecoderState {
+            kv: KvCache::new(be, cfg.n_layer, cfg.kv_dim(), n_ctx),
+            scratch: Scratch::new(be, cfg, max_batch),
+            logits: be.tensor(max_batch, cfg.n_vocab),
+            max_batch,
+        }
+    }
+
+    /// Logits of the rows the last forward pass asked for.
+    pub fn logits(&self) -> &B::Tensor {
+        &self.logits
+    }
+
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// Positions held in the cache.
+    pub fn len(&self) -> usize {
+        self.kv.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.kv.len() == 0
+    }
+
+    /// Forgets every position from `len` on (speculative rollback).
+    pub fn truncate(&mut self, len: usize) {
+        self.kv.truncate(len);
+    }
+}

@@ -1,0 +1,339 @@
+//! Token sampling: greedy, temperature, top-k, top-p, min-p, repetition
+//! penalty, with a seeded RNG so runs are reproducible on every target.
+
+/// Sampling settings; `temperature <= 0` means greedy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    /// 0 disables.
+    pub top_k: usize,
+    /// 1.0 disables.
+    pub top_p: f32,
+    /// 0.0 disables.
+    pub min_p: f32,
+    /// 1.0 disables.
+    pub repeat_penalty: f32,
+    /// How many recent tokens the penalty looks at.
+    pub repeat_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+}
+
+/// xoshiro256** seeded by splitmix64. Hand-written rather than a crate so the
+/// stream is fixed forever and identical on native and wasm32.
+#[derive(Clone, Debug)]
+pub struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        let mut x = seed;
+        let mut next = || {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        Rng {
+            s: [next(), next(), next(), next()],
+        }
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let result = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = self.s[1] << 17;
+        self.s[2] ^= self.s[0];
+        self.s[3] ^= self.s[1];
+        self.s[1] ^= self.s[2];
+        self.s[0] ^= self.s[3];
+        self.s[2] ^= t;
+        self.s[3] = self.s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// Index of the largest value (first on ties), or 0 for an empty slice.
+pub fn argmax(values: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in values.iter().enumerate() {
+        if v > values[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// A normalised distribution over a subset of the vocabulary, sorted by
+/// probability (highest first).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Distribution {
+    pub candidates: Vec<(u32, f32)>,
+}
+
+impl Distribution {
+    /// Probability of `id` (0 if filtered out).
+    pub fn prob(&self, id: u32) -> f32 {
+        self.candidates
+            .iter()
+            .find(|c| c.0 == id)
+            .map_or(0.0, |c| c.1)
+    }
+
+    /// Draws a token by inverse CDF.
+    pub fn sample(&self, rng: &mut Rng) -> u32 {
+        let u = rng.next_f64() as f32;
+        let mut acc = 0.0;
+        for &(id, p) in &self.candidates {
+            acc += p;
+            if u < acc {
+                return id;
+            }
+        }
+        self.candidates.last().map_or(0, |c| c.0)
+    }
+}
+
+/// Stateful sampler: parameters plus the RNG stream.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    pub params: SamplingParams,
+    pub rng: Rng,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Self {
+        let rng = Rng::new(params.seed);
+        Sampler { params, rng }
+    }
+
+    /// Applies the repetition penalty to `logits` for tokens in `history`
+    /// (positive logits divided, negative multiplied, as llama.cpp does).
+    pub fn penalize(&self, logits: &mut [f32], history: &[u32]) {
+        let p = self.params.repeat_penalty;
+        if p == 1.0 || self.params.repeat_last_n == 0 {
+            return;
+        }
+        let start = history.len().saturating_sub(self.params.repeat_last_n);
+        let mut seen: Vec<u32> = history[start..].to_vec();
+        seen.sort_unstable();
+        seen.dedup();
+        for id in seen {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l = if *l > 0.0 { *l / p } else { *l * p };
+            }
+        }
+    }
+
+    /// The distribution tokens are drawn from at temperature > 0, after
+    /// top-k, top-p, min-p and temperature (llama.cpp's default order).
+    pub fn distribution(&self, logits: &[f32]) -> Distribution {
+        let p = &self.params;
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .filter(|c| c.1.is_finite())
+            .collect();
+        let k = if p.top_k == 0 {
+            cand.len()
+        } else {
+            p.top_k.min(cand.len())
+        };
+        if k < cand.len() && k > 0 {
+            cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
+            cand.truncate(k);
+        }
+        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if cand.is_empty() {
+            return Distribution {
+                candidates: vec![(argmax(logits), 1.0)],
+            };
+        }
+        softmax_in_place(&mut cand, 1.0);
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            let mut keep = cand.len();
+            for (i, c) in cand.iter().enumerate() {
+                acc += c.1;
+                if acc >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            cand.truncate(keep.max(1));
+        }
+        if p.min_p > 0.0 {
+            let floor = cand[0].1 * p.min_p;
+            let keep = cand.iter().take_while(|c| c.1 >= floor).count().max(1);
+            cand.truncate(keep);
+        }
+        // Back to logits, then temperature.
+        let max_logit = logits[cand[0].0 as usize];
+        for c in cand.iter_mut() {
+            c.1 = logits[c.0 as usize] - max_logit;
+        }
+        softmax_in_place(&mut cand, p.temperature.max(1e-6));
+        Distribution { candidates: cand }
+    }
+
+    /// Picks the next token from one row of logits.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        if self.params.repeat_penalty == 1.0 {
+            if self.params.is_greedy() {
+                return argmax(logits);
+            }
+            let d = self.distribution(logits);
+            return d.sample(&mut self.rng);
+        }
+        let mut penalized = logits.to_vec();
+        self.penalize(&mut penalized, history);
+        if self.params.is_greedy() {
+            return argmax(&penalized);
+        }
+        let d = self.distribution(&penalized);
+        d.sample(&mut self.rng)
+    }
+}
+
+fn softmax_in_place(cand: &mut [(u32, f32)], temperature: f32) {
+    let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for c in cand.iter_mut() {
+        c.1 = ((c.1 - max) / temperature).exp();
+        sum += c.1;
+    }
+    for c in cand.iter_mut() {
+        c.1 /= sum;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_picks_first_maximum() {
+        let mut s = Sampler::new(SamplingParams::greedy());
+        assert_eq!(s.sample(&[0.1, 3.0, 3.0, -1.0], &[]), 1);
+    }
+
+    #[test]
+    fn filters_cut_the_tail() {
+        let logits = [4.0, 3.0, 2.0, -10.0, 1.0];
+        let s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 3,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        });
+        let d = s.distribution(&logits);
+        assert_eq!(
+            d.candidates.iter().map(|c| c.0).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        let total: f32 = d.candidates.iter().map(|c| c.1).sum();
+        assert!((total - 1.0).abs() < 1e-6);
+
+        let s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.5,
+            min_p: 0.0,
+            ..Default::default()
+        });
+        assert_eq!(
+            s.distribution(&logits).candidates.len(),
+            1,
+            "top-1 already holds > 50 %"
+        );
+
+        let s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.3,
+            ..Default::default()
+        });
+        // p(1)/p(0) = e^-1 = 0.37 >= 0.3, p(2)/p(0) = e^-2 = 0.14 < 0.3
+        assert_eq!(s.distribution(&logits).candidates.len(), 2);
+    }
+
+    #[test]
+    fn sampling_follows_the_distribution_and_is_seeded() {
+        let logits = [1.0f32, 0.0, 2.0];
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 7,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(params.clone());
+        let n = 200_000;
+        let mut counts = [0usize; 3];
+        for _ in 0..n {
+            counts[s.sample(&logits, &[]) as usize] += 1;
+        }
+        let z: f32 = logits.iter().map(|l| l.exp()).sum();
+        for (i, &c) in counts.iter().enumerate() {
+            let expected = logits[i].exp() / z;
+            let got = c as f32 / n as f32;
+            // 5 sigma of a binomial proportion.
+            let sigma = (expected * (1.0 - expected) / n as f32).sqrt();
+            assert!(
+                (got - expected).abs() < 5.0 * sigma,
+                "token {i}: {got} vs {expected}"
+            );
+        }
+        let mut a = Sampler::new(params.clone());
+        let mut b = Sampler::new(params);
+        let ra: Vec<u32> = (0..50).map(|_| a.sample(&logits, &[])).collect();
+        let rb: Vec<u32> = (0..50).map(|_| b.sample(&logits, &[])).collect();
+        assert_eq!(ra, rb);
+    }
+
+    #[test]
+    fn repetition_penalty_changes_the_greedy_choice() {
+        let mut s = Sampler::new(SamplingParams {
+            repeat_penalty: 2.0,
+            ..SamplingParams::greedy()
+        });
+        assert_eq!(s.sample(&[3.0, 2.0], &[0]), 1);
+        assert_eq!(s.sample(&[3.0, 2.0], &[]), 0);
+    }
+}

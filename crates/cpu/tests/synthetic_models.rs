@@ -1,0 +1,434 @@
+//! Every architecture's decoder on small random GGUFs written with the
+//! writer, checked against an independent f64 reference written here from
+//! the published model definitions (no Qwen3 weights exist in any registry
+//! reachable here, so this is how the Qwen3 path is tested).
+
+use blockdraft_core::model::{Decoder, LogitRows, Taps};
+use blockdraft_core::sampling::Rng;
+use blockdraft_core::Backend;
+use blockdraft_cpu::CpuBackend;
+use blockdraft_gguf::{GgufFile, GgufWriter};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+#[derive(Clone, Copy)]
+struct Dims {
+    n_layer: usize,
+    n_embd: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+    n_ff: usize,
+    n_vocab: usize,
+    window: usize,
+}
+
+const DIMS: Dims = Dims {
+    n_layer: 7,
+    n_embd: 48,
+    n_head: 4,
+    n_head_kv: 2,
+    head_dim: 16,
+    n_ff: 80,
+    n_vocab: 61,
+    window: 3,
+};
+
+struct Synthetic {
+    bytes: Vec<u8>,
+    w: HashMap<String, Vec<f64>>,
+}
+
+fn random(rng: &mut Rng, n: usize, scale: f64) -> Vec<f32> {
+    (0..n)
+        .map(|_| ((rng.next_f64() * 2.0 - 1.0) * scale) as f32)
+        .collect()
+}
+
+fn build(arch: &str, d: Dims, seed: u64) -> Synthetic {
+    let mut rng = Rng::new(seed);
+    let mut wr = GgufWriter::new();
+    let key = |k: &str| format!("{arch}.{k}");
+    wr.add("general.architecture", arch);
+    wr.add(key("block_count"), d.n_layer as u32);
+    wr.add(key("embedding_length"), d.n_embd as u32);
+    wr.add(key("feed_forward_length"), d.n_ff as u32);
+    wr.add(key("attention.head_count"), d.n_head as u32);
+    wr.add(key("attention.head_count_kv"), d.n_head_kv as u32);
+    wr.add(key("attention.key_length"), d.head_dim as u32);
+    wr.add(key("attention.value_length"), d.head_dim as u32);
+    wr.add(key("attention.layer_norm_rms_epsilon"), 1e-6f32);
+    wr.add(key("rope.freq_base"), 1000.0f32);
+    wr.add(key("vocab_size"), d.n_vocab as u32);
+    wr.add(key("context_length"), 64u32);
+    if arch == "gemma3" {
+        wr.add(key("attention.sliding_window"), d.window as u32);
+    }
+    let mut w = HashMap::new();
+    let mut add = |wr: &mut GgufWriter, name: String, dims: &[usize], scale: f64, offset: f32| {
+        let n = dims.iter().product();
+        let v: Vec<f32> = random(&mut rng, n, scale)
+            .into_iter()
+            .map(|x| x + offset)
+            .collect();
+        let d64: Vec<u64> = dims.iter().map(|&x| x as u64).collect();
+        wr.add_f32_tensor(name.clone(), &d64, &v).unwrap();
+        w.insert(name, v.into_iter().map(f64::from).collect::<Vec<f64>>());
+    };
+    let (e, q, kv, ff) = (
+        d.n_embd,
+        d.n_head * d.head_dim,
+        d.n_head_kv * d.head_dim,
+        d.n_ff,
+    );
+    add(
+        &mut wr,
+        "token_embd.weight".into(),
+        &[e, d.n_vocab],
+        1.0,
+        0.0,
+    );
+    add(&mut wr, "output_norm.weight".into(), &[e], 0.2, 1.0);
+    if arch != "gemma3" {
+        add(&mut wr, "output.weight".into(), &[e, d.n_vocab], 0.3, 0.0);
+    }
+    for il in 0..d.n_layer {
+        let n = |t: &str| format!("blk.{il}.{t}");
+        add(&mut wr, n("attn_norm.weight"), &[e], 0.2, 1.0);
+        add(&mut wr, n("attn_q.weight"), &[e, q], 0.3, 0.0);
+        add(&mut wr, n("attn_k.weight"), &[e, kv], 0.3, 0.0);
+        add(&mut wr, n("attn_v.weight"), &[e, kv], 0.3, 0.0);
+        add(&mut wr, n("attn_output.weight"), &[q, e], 0.2, 0.0);
+        if arch == "qwen2" {
+            add(&mut wr, n("attn_q.bias"), &[q], 0.5, 0.0);
+            add(&mut wr, n("attn_k.bias"), &[kv], 0.5, 0.0);
+            add(&mut wr, n("attn_v.bias"), &[kv], 0.5, 0.0);
+        }
+        if arch == "qwen3" || arch == "gemma3" {
+            add(&mut wr, n("attn_q_norm.weight"), &[d.head_dim], 0.2, 1.0);
+            add(&mut wr, n("attn_k_norm.weight"), &[d.head_dim], 0.2, 1.0);
+        }
+        if arch == "gemma3" {
+            add(&mut wr, n("post_attention_norm.weight"), &[e], 0.2, 1.0);
+            add(&mut wr, n("post_ffw_norm.weight"), &[e], 0.2, 1.0);
+        }
+        add(&mut wr, n("ffn_norm.weight"), &[e], 0.2, 1.0);
+        add(&mut wr, n("ffn_gate.weight"), &[e, ff], 0.3, 0.0);
+        add(&mut wr, n("ffn_up.weight"), &[e, ff], 0.3, 0.0);
+        add(&mut wr, n("ffn_down.weight"), &[ff, e], 0.2, 0.0);
+    }
+    Synthetic {
+        bytes: wr.to_bytes().unwrap(),
+        w,
+    }
+}
+
+// ---- the independent reference, in f64 -------------------------------------
+
+fn matvec(w: &[f64], x: &[f64], rows: usize) -> Vec<f64> {
+    let cols = x.len();
+    (0..rows)
+        .map(|r| (0..cols).map(|c| w[r * cols + c] * x[c]).sum())
+        .collect()
+}
+
+fn rms(x: &[f64], w: &[f64]) -> Vec<f64> {
+    let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+    let s = 1.0 / (ms + 1e-6).sqrt();
+    x.iter().zip(w).map(|(v, g)| v * s * g).collect()
+}
+
+/// Rotates one head. `interleaved`: pairs (2i, 2i+1) (llama); otherwise
+/// pairs (i, i + d/2) (GPT-NeoX style, qwen and gemma).
+fn rope_head(x: &mut [f64], pos: usize, base: f64, interleaved: bool) {
+    let d = x.len();
+    for i in 0..d / 2 {
+        let theta = pos as f64 * base.powf(-2.0 * i as f64 / d as f64);
+        let (a, b) = if interleaved {
+            (2 * i, 2 * i + 1)
+        } else {
+            (i, i + d / 2)
+        };
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0 * theta.cos() - x1 * theta.sin();
+        x[b] = x0 * theta.sin() + x1 * theta.cos();
+    }
+}
+
+/// Logits for every position, and the residual stream entering each layer
+/// (index n_layer = final pre-norm output).
+fn reference(
+    arch: &str,
+    d: Dims,
+    w: &HashMap<String, Vec<f64>>,
+    tokens: &[u32],
+) -> (Vec<Vec<f64>>, Vec<Vec<Vec<f64>>>) {
+    let gemma = arch == "gemma3";
+    let e = d.n_embd;
+    let hd = d.head_dim;
+    let mut h: Vec<Vec<f64>> = tokens
+        .iter()
+        .map(|&t| w["token_embd.weight"][t as usize * e..][..e].to_vec())
+        .collect();
+    if gemma {
+        h.iter_mut()
+            .for_each(|r| r.iter_mut().for_each(|v| *v *= (e as f64).sqrt()));
+    }
+    let mut taps = Vec::new();
+    for il in 0..d.n_layer {
+        taps.push(h.clone());
+        let g = |t: &str| &w[&format!("blk.{il}.{t}")];
+        let swa = gemma && il % 6 != 5;
+        let base = if swa { 10_000.0 } else { 1000.0 };
+        let mut qs = Vec::new();
+        let mut ks = Vec::new();
+        let mut vs = Vec::new();
+        for (pos, x) in h.iter().enumerate() {
+            let a = rms(x, g("attn_norm.weight"));
+            let mut q = matvec(g("attn_q.weight"), &a, d.n_head * hd);
+            let mut k = matvec(g("attn_k.weight"), &a, d.n_head_kv * hd);
+            let mut v = matvec(g("attn_v.weight"), &a, d.n_head_kv * hd);
+            if arch == "qwen2" {
+                for (t, b) in [
+                    (&mut q, "attn_q.bias"),
+                    (&mut k, "attn_k.bias"),
+                    (&mut v, "attn_v.bias"),
+                ] {
+                    t.iter_mut().zip(g(b)).for_each(|(x, b)| *x += b);
+                }
+            }
+            for (t, norm) in [
+                (&mut q, "attn_q_norm.weight"),
+                (&mut k, "attn_k_norm.weight"),
+            ] {
+                for head in t.chunks_mut(hd) {
+                    if arch == "qwen3" || gemma {
+                        let n = rms(head, g(norm));
+                        head.copy_from_slice(&n);
+                    }
+                    rope_head(head, pos, base, arch == "llama");
+                }
+            }
+            qs.push(q);
+            ks.push(k);
+            vs.push(v);
+        }
+        for (pos, x) in h.iter_mut().enumerate() {
+            let mut attn = vec![0.0; d.n_head * hd];
+            for head in 0..d.n_head {
+                let kvh = head / (d.n_head / d.n_head_kv);
+                let q = &qs[pos][head * hd..][..hd];
+                let visible: Vec<usize> =
+                    (0..=pos).filter(|&j| !swa || pos - j < d.window).collect();
+                let scores: Vec<f64> = visible
+                    .iter()
+                    .map(|&j| {
+                        q.iter()
+                            .zip(&ks[j][kvh * hd..][..hd])
+                            .map(|(a, b)| a * b)
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
+                for (&j, s) in visible.iter().zip(&scores) {
+                    for c in 0..hd {
+                        attn[head * hd + c] += (s - m).exp() / z * vs[j][kvh * hd + c];
+                    }
+                }
+            }
+            let mut o = matvec(g("attn_output.weight"), &attn, e);
+            if gemma {
+                o = rms(&o, g("post_attention_norm.weight"));
+            }
+            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            let f = rms(x, g("ffn_norm.weight"));
+            let gate = matvec(g("ffn_gate.weight"), &f, d.n_ff);
+            let up = matvec(g("ffn_up.weight"), &f, d.n_ff);
+            let act: Vec<f64> = gate
+                .iter()
+                .zip(&up)
+                .map(|(&gv, &u)| {
+                    let a = if gemma {
+                        0.5 * gv
+                            * (1.0
+                                + ((2.0 / std::f64::consts::PI).sqrt()
+                                    * (gv + 0.044715 * gv.powi(3)))
+                                .tanh())
+                    } else {
+                        gv / (1.0 + (-gv).exp())
+                    };
+                    a * u
+                })
+                .collect();
+            let mut down = matvec(g("ffn_down.weight"), &act, e);
+            if gemma {
+                down = rms(&down, g("post_ffw_norm.weight"));
+            }
+            x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
+        }
+    }
+    taps.push(h.clone());
+    let head = if gemma {
+        &w["token_embd.weight"]
+    } else {
+        &w["output.weight"]
+    };
+    let logits = h
+        .iter()
+        .map(|x| matvec(head, &rms(x, &w["output_norm.weight"]), d.n_vocab))
+        .collect();
+    (logits, taps)
+}
+
+fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
+    let scale = want.iter().map(|v| v.abs()).fold(0.0, f64::max).max(1e-6);
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| (g as f64 - w).abs())
+        .fold(0.0, f64::max)
+        / scale
+}
+
+fn check_arch(arch: &str) {
+    let d = DIMS;
+    let syn = build(arch, d, 7);
+    let file = GgufFile::from_bytes(syn.bytes.clone()).unwrap();
+    let backend = Arc::new(CpuBackend::new(2));
+    let dec = Decoder::load(&file, backend.clone(), &mut |_| {}).unwrap();
+    let tokens: Vec<u32> = vec![3, 17, 42, 5, 60, 0, 33, 8, 21, 9];
+    let (want_logits, want_taps) = reference(arch, d, &syn.w, &tokens);
+
+    // One batch with every row's logits and taps.
+    let tap_layers = [0, 2, d.n_layer];
+    let mut taps = Taps::new(&*backend, &dec.config, &tap_layers, tokens.len()).unwrap();
+    let mut state = dec.new_state(32, 16);
+    dec.forward(&mut state, &tokens, LogitRows::All, true, Some(&mut taps))
+        .unwrap();
+    let got = backend.read(state.logits());
+    for (i, want) in want_logits.iter().enumerate() {
+        let err = max_rel_err(&got[i * d.n_vocab..][..d.n_vocab], want);
+        assert!(err < 1e-4, "{arch}: batched logits row {i} off by {err}");
+    }
+    let got_taps = backend.read(taps.output());
+    let width = tap_layers.len() * d.n_embd;
+    for (slot, &layer) in tap_layers.iter().enumerate() {
+        for (i, want) in want_taps[layer].iter().enumerate() {
+            let err = max_rel_err(&got_taps[i * width + slot * d.n_embd..][..d.n_embd], want);
+            assert!(err < 1e-4, "{arch}: tap {layer} row {i} off by {err}");
+        }
+    }
+
+    // Token by token (decode path) after a 4-token prefill, then a rollback
+    // and a multi-row verify of the same tokens.
+    let mut state = dec.new_state(32, 16);
+    dec.forward(&mut state, &tokens[..4], LogitRows::Last, true, None)
+        .unwrap();
+    assert!(max_rel_err(&backend.read(state.logits()), &want_logits[3]) < 1e-4);
+    for i in 4..tokens.len() {
+        dec.forward(&mut state, &tokens[i..i + 1], LogitRows::Last, true, None)
+            .unwrap();
+        let err = max_rel_err(&backend.read(state.logits()), &want_logits[i]);
+        assert!(err < 1e-4, "{arch}: decode position {i} off by {err}");
+    }
+    state.truncate(6);
+    dec.forward(&mut state, &tokens[6..], LogitRows::All, true, None)
+        .unwrap();
+    let got = backend.read(state.logits());
+    for (r, i) in (6..tokens.len()).enumerate() {
+        let err = max_rel_err(&got[r * d.n_vocab..][..d.n_vocab], &want_logits[i]);
+        assert!(
+            err < 1e-4,
+            "{arch}: verify after rollback, position {i} off by {err}"
+        );
+    }
+}
+
+#[test]
+fn llama_matches_reference() {
+    check_arch("llama");
+}
+
+#[test]
+fn qwen2_matches_reference() {
+    check_arch("qwen2");
+}
+
+#[test]
+fn qwen3_matches_reference() {
+    check_arch("qwen3");
+}
+
+#[test]
+fn gemma3_matches_reference() {
+    check_arch("gemma3");
+}
+
+#[test]
+fn non_causal_rows_see_each_other() {
+    let syn = build("qwen3", DIMS, 11);
+    let file = GgufFile::from_bytes(syn.bytes).unwrap();
+    let backend = Arc::new(CpuBackend::new(1));
+    let dec = Decoder::load(&file, backend.clone(), &mut |_| {}).unwrap();
+    let run = |block: &[u32], causal: bool| {
+        let mut state = dec.new_state(16, 8);
+        dec.forward(&mut state, &[1, 2, 3], LogitRows::None, true, None)
+            .unwrap();
+        dec.forward(&mut state, block, LogitRows::All, causal, None)
+            .unwrap();
+        backend.read(state.logits())[..DIMS.n_vocab].to_vec()
+    };
+    // Changing a later block token changes row 0 only without the causal mask.
+    assert_eq!(run(&[4, 5, 6], true), run(&[4, 5, 7], true));
+    assert_ne!(run(&[4, 5, 6], false), run(&[4, 5, 7], false));
+}
+
+#[test]
+fn malformed_models_are_rejected_with_named_errors() {
+    let syn = build("qwen3", DIMS, 3);
+    let file = GgufFile::from_bytes(syn.bytes).unwrap();
+    let backend = Arc::new(CpuBackend::new(1));
+    // Wrong architecture name.
+    let mut md_bytes = GgufWriter::new();
+    md_bytes.add_all(file.metadata());
+    md_bytes.add("general.architecture", "mamba");
+    let f = GgufFile::from_bytes(md_bytes.to_bytes().unwrap()).unwrap();
+    let err = Decoder::load(&f, backend.clone(), &mut |_| {})
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("mamba"), "{err}");
+    // Metadata only: the first tensor is reported missing by name.
+    let mut no_tensors = GgufWriter::new();
+    no_tensors.add_all(file.metadata());
+    let f = GgufFile::from_bytes(no_tensors.to_bytes().unwrap()).unwrap();
+    let err = Decoder::load(&f, backend.clone(), &mut |_| {})
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("token_embd.weight"), "{err}");
+    // Token ids beyond the vocabulary.
+    let dec = Decoder::load(&file, backend, &mut |_| {}).unwrap();
+    let mut state = dec.new_state(6, 4);
+    let err = dec
+        .forward(
+            &mut state,
+            &[DIMS.n_vocab as u32],
+            LogitRows::Last,
+            true,
+            None,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("outside the vocabulary"), "{err}");
+    // Context overflow.
+    let err = dec
+        .forward(&mut state, &[1, 2, 3, 4], LogitRows::Last, true, None)
+        .and_then(|_| dec.forward(&mut state, &[1; 4], LogitRows::Last, true, None))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("context full"), "{err}");
+}
