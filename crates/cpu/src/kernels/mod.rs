@@ -1,1 +1,410 @@
 //! Quantized matmul kernels.
+//!
+//! Weights stay in their ggml blocks (read in place from the mmap). The
+//! activations are quantized once per call to 8-bit blocks matching the weight
+//! family (32-blocks for Q4_0..Q8_1, 256-super-blocks for the K-quants) and the
+//! dots are integer per block, scaled once per block — the same scheme as
+//! llama.cpp's CPU path, so accuracy matches it. Float weights (F32/F16/BF16)
+//! dot the f32 activations directly.
+//!
+//! Multi-row: every kernel dots one weight row with up to `MAX_NR` activation
+//! rows at once, so a weight block is decoded once for all of them; that is
+//! what makes verifying n draft tokens cost about one decode step.
+
+use crate::pool::ThreadPool;
+use blockdraft_gguf::GgmlType;
+use std::cell::RefCell;
+
+pub(crate) mod scalar;
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86;
+
+/// A weight matrix in its on-disk layout: `rows` output features, each a row
+/// of `cols` input features (`cols` a multiple of the type's block length).
+#[derive(Clone, Copy, Debug)]
+pub struct WeightRef<'a> {
+    pub ty: GgmlType,
+    pub data: &'a [u8],
+    /// Output features.
+    pub rows: usize,
+    /// Input features = row length.
+    pub cols: usize,
+}
+
+/// One activation row as the kernels see it (raw pointers into the scratch so
+/// building one costs nothing in the inner loop).
+#[derive(Clone, Copy)]
+pub(crate) struct Act {
+    /// Quantized values, `cols` of them.
+    pub qs: *const i8,
+    /// Scale per block (per 32 or per 256 values).
+    pub d: *const f32,
+    /// 32-blocks: `d * sum(qs)` per block.
+    pub s: *const f32,
+    /// 256-blocks: sum of each 16 quants.
+    pub bs: *const i16,
+    /// The f32 row itself (float weights).
+    pub f: *const f32,
+}
+
+impl Act {
+    // A method, so closures capture the whole (Sync) struct, not its fields.
+    fn offset(self, q: usize, d: usize, b: usize, f: usize) -> Act {
+        Act {
+            qs: self.qs.wrapping_add(q),
+            d: self.d.wrapping_add(d),
+            s: self.s.wrapping_add(d),
+            bs: self.bs.wrapping_add(b),
+            f: self.f.wrapping_add(f),
+        }
+    }
+}
+
+// SAFETY: read-only views of buffers that outlive the parallel section.
+unsafe impl Send for Act {}
+unsafe impl Sync for Act {}
+
+/// Dot one weight row of `nb` blocks with `x.len()` (1..=MAX_NR) activation
+/// rows; `out.len() == x.len()`.
+pub(crate) type Kernel = unsafe fn(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]);
+
+/// Activation rows handled per kernel call.
+pub(crate) const MAX_NR: usize = 4;
+
+/// How the activations must be prepared for a weight type.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum ActKind {
+    F32,
+    Q8_0,
+    Q8K,
+}
+
+pub(crate) fn act_kind(ty: GgmlType) -> ActKind {
+    use GgmlType::*;
+    match ty {
+        F32 | F16 | BF16 => ActKind::F32,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 => ActKind::Q8_0,
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => ActKind::Q8K,
+        t => panic!("matmul: unsupported weight type {t}"),
+    }
+}
+
+/// The portable kernel for a weight type.
+pub(crate) fn scalar_kernel(ty: GgmlType) -> Kernel {
+    use GgmlType::*;
+    match ty {
+        F32 => scalar::f32w,
+        F16 => scalar::f16w,
+        BF16 => scalar::bf16w,
+        Q4_0 => scalar::q4_0,
+        Q4_1 => scalar::q4_1,
+        Q5_0 => scalar::q5_0,
+        Q5_1 => scalar::q5_1,
+        Q8_0 => scalar::q8_0,
+        Q8_1 => scalar::q8_1,
+        Q2_K => scalar::q2_k,
+        Q3_K => scalar::q3_k,
+        Q4_K => scalar::q4_k,
+        Q5_K => scalar::q5_k,
+        Q6_K => scalar::q6_k,
+        Q8_K => scalar::q8_k,
+        t => panic!("matmul: unsupported weight type {t}"),
+    }
+}
+
+/// The fastest kernel this CPU supports for `ty`.
+pub(crate) fn best_kernel(ty: GgmlType) -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(k) = x86::kernel(ty) {
+        return k;
+    }
+    scalar_kernel(ty)
+}
+
+/// Reused per-thread activation scratch, so the hot path does not allocate
+/// once it has grown to the largest shape.
+#[derive(Default)]
+struct Scratch {
+    qs: Vec<i8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+    bs: Vec<i16>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+fn grow<T: Default + Clone>(v: &mut Vec<T>, n: usize) {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+}
+
+/// A raw pointer that may cross threads; every task writes disjoint elements.
+#[derive(Clone, Copy)]
+struct SendPtr<T>(*mut T);
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+impl<T> SendPtr<T> {
+    // A method (not field access) so closures capture the whole Sync wrapper.
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// `out[r * w.rows + o] = sum_k W[o, k] * x[r * w.cols + k]` for every
+/// activation row `r` in `0..x.len() / w.cols`.
+pub fn matmul(pool: &ThreadPool, w: &WeightRef, x: &[f32], out: &mut [f32]) {
+    matmul_with(pool, w, x, out, best_kernel(w.ty));
+}
+
+pub(crate) fn matmul_with(
+    pool: &ThreadPool,
+    w: &WeightRef,
+    x: &[f32],
+    out: &mut [f32],
+    kernel: Kernel,
+) {
+    let (rows, cols) = (w.rows, w.cols);
+    let bl = w.ty.block_len();
+    assert!(
+        cols > 0 && cols % bl == 0,
+        "matmul: cols {cols} not a multiple of {bl}"
+    );
+    let row_bytes = cols / bl * w.ty.block_bytes();
+    assert!(
+        w.data.len() >= rows * row_bytes,
+        "matmul: weight data too short"
+    );
+    assert_eq!(x.len() % cols, 0, "matmul: x is not whole rows");
+    let n = x.len() / cols;
+    assert_eq!(out.len(), n * rows, "matmul: out has the wrong size");
+    if n == 0 || rows == 0 {
+        return;
+    }
+    let kind = act_kind(w.ty);
+
+    SCRATCH.with(|cell| {
+        // A nested matmul on this thread (not expected) gets its own scratch.
+        let mut fresh = Scratch::default();
+        let mut guard = cell.try_borrow_mut();
+        let sc: &mut Scratch = match guard {
+            Ok(ref mut g) => g,
+            Err(_) => &mut fresh,
+        };
+        let nblk = match kind {
+            ActKind::F32 => 0,
+            ActKind::Q8_0 => cols / 32,
+            ActKind::Q8K => cols / 256,
+        };
+        if kind != ActKind::F32 {
+            grow(&mut sc.qs, n * cols);
+            grow(&mut sc.d, n * nblk);
+            if kind == ActKind::Q8_0 {
+                grow(&mut sc.s, n * nblk);
+            } else {
+                grow(&mut sc.bs, n * cols / 16);
+            }
+            quantize_rows(pool, kind, x, cols, n, sc);
+        }
+        let base = Act {
+            qs: sc.qs.as_ptr(),
+            d: sc.d.as_ptr(),
+            s: sc.s.as_ptr(),
+            bs: sc.bs.as_ptr(),
+            f: x.as_ptr(),
+        };
+        let act = move |r: usize| -> Act {
+            // Offsets only matter for the buffers this kind uses (the others
+            // may be empty), hence wrapping_add.
+            let (q_off, d_off, b_off) = match kind {
+                ActKind::F32 => (0, 0, 0),
+                _ => (r * cols, r * nblk, r * cols / 16),
+            };
+            base.offset(q_off, d_off, b_off, r * cols)
+        };
+        let nb = cols / bl;
+        let wdata = w.data;
+        let outp = SendPtr(out.as_mut_ptr());
+
+        // Split output rows into chunks; several per thread so dynamic
+        // scheduling absorbs uneven cores (the machine is shared).
+        let nt = pool.n_threads();
+        let chunk = if nt == 1 {
+            rows
+        } else {
+            rows.div_ceil(nt * 8).max(8)
+        };
+        let n_chunks = rows.div_ceil(chunk);
+        // Activation rows processed against one weight chunk before moving on:
+        // the chunk stays in L2 while those rows stream past (prefill tiling).
+        const ROW_TILE: usize = 64;
+        let task = |t: usize| {
+            let o0 = t * chunk;
+            let o1 = (o0 + chunk).min(rows);
+            let mut tmp = [0f32; MAX_NR];
+            let mut xs = [act(0); MAX_NR];
+            for r0 in (0..n).step_by(ROW_TILE) {
+                let r1 = (r0 + ROW_TILE).min(n);
+                for o in o0..o1 {
+                    // SAFETY: `o < rows` and the data length was checked.
+                    let wrow = unsafe { wdata.as_ptr().add(o * row_bytes) };
+                    let mut g = r0;
+                    while g < r1 {
+                        let nr = (r1 - g).min(MAX_NR);
+                        for (i, a) in xs[..nr].iter_mut().enumerate() {
+                            *a = act(g + i);
+                        }
+                        // SAFETY: the kernel reads `nb` blocks of the row and
+                        // `cols` activations of rows < n, all in bounds.
+                        unsafe { kernel(wrow, nb, &xs[..nr], &mut tmp[..nr]) };
+                        for (i, &v) in tmp[..nr].iter().enumerate() {
+                            // SAFETY: (g + i, o) is in bounds and owned by
+                            // this task alone (o is in its chunk).
+                            unsafe { *outp.get().add((g + i) * rows + o) = v };
+                        }
+                        g += nr;
+                    }
+                }
+            }
+        };
+        pool.run(n_chunks, &task);
+    });
+}
+
+/// Quantize the `n` rows of `x` into the scratch (in parallel when large).
+fn quantize_rows(
+    pool: &ThreadPool,
+    kind: ActKind,
+    x: &[f32],
+    cols: usize,
+    n: usize,
+    sc: &mut Scratch,
+) {
+    let (qs, d, s, bs) = (
+        SendPtr(sc.qs.as_mut_ptr()),
+        SendPtr(sc.d.as_mut_ptr()),
+        SendPtr(sc.s.as_mut_ptr()),
+        SendPtr(sc.bs.as_mut_ptr()),
+    );
+    let one = |r: usize| {
+        let xr = &x[r * cols..(r + 1) * cols];
+        // SAFETY: row r owns these disjoint ranges of buffers grown to n rows.
+        unsafe {
+            let q = std::slice::from_raw_parts_mut(qs.get().add(r * cols), cols);
+            match kind {
+                ActKind::Q8_0 => {
+                    let nbk = cols / 32;
+                    let d = std::slice::from_raw_parts_mut(d.get().add(r * nbk), nbk);
+                    let s = std::slice::from_raw_parts_mut(s.get().add(r * nbk), nbk);
+                    quantize_q8_0(xr, q, d, s);
+                }
+                ActKind::Q8K => {
+                    let nbk = cols / 256;
+                    let d = std::slice::from_raw_parts_mut(d.get().add(r * nbk), nbk);
+                    let b = std::slice::from_raw_parts_mut(bs.get().add(r * cols / 16), cols / 16);
+                    quantize_q8_k(xr, q, d, b);
+                }
+                ActKind::F32 => {}
+            }
+        }
+    };
+    if n * cols >= 1 << 16 && pool.n_threads() > 1 {
+        pool.run(n, &one);
+    } else {
+        (0..n).for_each(one);
+    }
+}
+
+fn quantize_q8_0(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::has_avx2() {
+        // SAFETY: AVX2 checked at runtime.
+        return unsafe { x86::quantize_q8_0(x, qs, d, s) };
+    }
+    scalar::quantize_q8_0(x, qs, d, s)
+}
+
+fn quantize_q8_k(x: &[f32], qs: &mut [i8], d: &mut [f32], bs: &mut [i16]) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::has_avx2() {
+        // SAFETY: AVX2 checked at runtime.
+        return unsafe { x86::quantize_q8_k(x, qs, d, bs) };
+    }
+    scalar::quantize_q8_k(x, qs, d, bs)
+}
+
+/// Dot product of two equal-length f32 slices.
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot_f32: length mismatch");
+    #[cfg(target_arch = "x86_64")]
+    if x86::has_avx2() {
+        // SAFETY: AVX2+FMA checked at runtime; lengths equal.
+        return unsafe { x86::dot_f32(a, b) };
+    }
+    dot_f32_scalar(a, b)
+}
+
+pub(crate) fn dot_f32_scalar(a: &[f32], b: &[f32]) -> f32 {
+    // Eight partial sums: vectorisable without fast-math, and more accurate.
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}
+
+/// `y += a * x`.
+pub fn axpy_f32(y: &mut [f32], a: f32, x: &[f32]) {
+    assert_eq!(y.len(), x.len(), "axpy_f32: length mismatch");
+    #[cfg(target_arch = "x86_64")]
+    if x86::has_avx2() {
+        // SAFETY: AVX2+FMA checked at runtime; lengths equal.
+        return unsafe { x86::axpy_f32(y, a, x) };
+    }
+    for (yv, &xv) in y.iter_mut().zip(x) {
+        *yv += a * xv;
+    }
+}
+
+/// Whether `matmul` handles weights of type `ty`.
+pub fn supports(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q8_1
+            | Q2_K
+            | Q3_K
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | Q8_K
+    )
+}
+
+/// The SIMD instruction set the kernels use on this CPU, for logs.
+pub fn simd_level() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    if x86::has_avx2() {
+        return "avx2+fma";
+    }
+    "scalar"
+}

@@ -1,0 +1,423 @@
+//! Kernel tests: every weight type against a dequantize-then-f64 reference,
+//! every SIMD kernel against the scalar one, thread counts against each other.
+
+use super::*;
+use blockdraft_gguf::GgmlType::{self, *};
+
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub(crate) fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [-1, 1).
+    pub(crate) fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+pub(crate) const ALL_TYPES: [GgmlType; 15] = [
+    F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
+];
+
+fn put_f16(b: &mut [u8], at: usize, v: f32) {
+    b[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes());
+}
+
+/// Random but valid weight data: random quant bits, small finite scales.
+pub(crate) fn random_weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let n = rows * cols;
+    match ty {
+        F32 => return (0..n).flat_map(|_| rng.f().to_le_bytes()).collect(),
+        F16 => {
+            return (0..n)
+                .flat_map(|_| half::f16::from_f32(rng.f()).to_bits().to_le_bytes())
+                .collect()
+        }
+        BF16 => {
+            return (0..n)
+                .flat_map(|_| ((rng.f().to_bits() >> 16) as u16).to_le_bytes())
+                .collect()
+        }
+        _ => {}
+    }
+    let (bl, bb) = (ty.block_len(), ty.block_bytes());
+    let mut data: Vec<u8> = (0..n / bl * bb).map(|_| rng.next() as u8).collect();
+    for blk in data.chunks_exact_mut(bb) {
+        // Scales positive and negative, like real files (Q6_K/Q3_K d may be either).
+        let mut sc = || rng.f() * 0.05;
+        match ty {
+            Q4_0 | Q5_0 | Q8_0 | Q4_K | Q5_K => {
+                put_f16(blk, 0, sc());
+                if matches!(ty, Q4_K | Q5_K) {
+                    put_f16(blk, 2, sc().abs());
+                }
+            }
+            Q4_1 | Q5_1 | Q8_1 => {
+                put_f16(blk, 0, sc());
+                put_f16(blk, 2, sc());
+            }
+            Q2_K => {
+                put_f16(blk, 80, sc());
+                put_f16(blk, 82, sc().abs());
+            }
+            Q3_K => put_f16(blk, 108, sc()),
+            Q6_K => put_f16(blk, 208, sc()),
+            Q8_K => {
+                blk[..4].copy_from_slice(&(sc() * 0.1).to_le_bytes());
+                // Real Q8_K quants are in -127..=127.
+                for q in &mut blk[4..260] {
+                    if *q == 0x80 {
+                        *q = 0x81;
+                    }
+                }
+            }
+            _ => unreachable!(),
+        }
+    }
+    data
+}
+
+fn f16v(b: &[u8], at: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// Independent scalar dequantization of one row, written from the ggml
+/// format description (element-order loops, not the kernels' code).
+pub(crate) fn dequant_row(ty: GgmlType, b: &[u8], out: &mut [f32]) {
+    let bl = ty.block_len();
+    let bb = ty.block_bytes();
+    for (blk, y) in b.chunks_exact(bb).zip(out.chunks_exact_mut(bl)) {
+        match ty {
+            F32 => y[0] = f32::from_le_bytes(blk.try_into().unwrap()),
+            F16 => y[0] = f16v(blk, 0),
+            BF16 => y[0] = f32::from_bits((u16::from_le_bytes([blk[0], blk[1]]) as u32) << 16),
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 => {
+                let d = f16v(blk, 0);
+                let has_m = matches!(ty, Q4_1 | Q5_1);
+                let m = if has_m { f16v(blk, 2) } else { 0.0 };
+                let five = matches!(ty, Q5_0 | Q5_1);
+                let mut off = if has_m { 4 } else { 2 };
+                let qh = if five {
+                    off += 4;
+                    u32::from_le_bytes(blk[off - 4..off].try_into().unwrap())
+                } else {
+                    0
+                };
+                for (i, v) in y.iter_mut().enumerate() {
+                    let byte = blk[off + i % 16];
+                    let mut q = if i < 16 { byte & 15 } else { byte >> 4 } as i32;
+                    if five {
+                        q |= (((qh >> i) & 1) << 4) as i32;
+                    }
+                    *v = match ty {
+                        Q4_0 => (q - 8) as f32 * d,
+                        Q5_0 => (q - 16) as f32 * d,
+                        _ => q as f32 * d + m,
+                    };
+                }
+            }
+            Q8_0 | Q8_1 => {
+                let d = f16v(blk, 0);
+                let off = bb - 32;
+                for (i, v) in y.iter_mut().enumerate() {
+                    *v = blk[off + i] as i8 as f32 * d;
+                }
+            }
+            Q8_K => {
+                let d = f32::from_le_bytes(blk[..4].try_into().unwrap());
+                for (i, v) in y.iter_mut().enumerate() {
+                    *v = blk[4 + i] as i8 as f32 * d;
+                }
+            }
+            Q2_K => {
+                let (d, dmin) = (f16v(blk, 80), f16v(blk, 82));
+                for (i, v) in y.iter_mut().enumerate() {
+                    // i = 128 h + 32 j + l32 ; sub-block i / 16.
+                    let (h, j, l) = (i / 128, (i % 128) / 32, i % 32);
+                    let q = (blk[16 + 32 * h + l] >> (2 * j)) & 3;
+                    let sc = blk[i / 16];
+                    *v = d * (sc & 15) as f32 * q as f32 - dmin * (sc >> 4) as f32;
+                }
+            }
+            Q3_K => {
+                let d = f16v(blk, 108);
+                let s = &blk[96..108];
+                for (i, v) in y.iter_mut().enumerate() {
+                    let (h, j, l) = (i / 128, (i % 128) / 32, i % 32);
+                    let q = ((blk[32 + 32 * h + l] >> (2 * j)) & 3) as i32;
+                    let hb = (blk[l] >> (4 * h + j)) & 1;
+                    let q = q - if hb == 1 { 0 } else { 4 };
+                    let is = i / 16;
+                    // 6-bit scale: low 4 bits from bytes 0..8 (nibbles), high 2 bits from 8..12.
+                    let lo = if is < 8 { s[is] & 15 } else { s[is - 8] >> 4 };
+                    let hi = (s[8 + is % 4] >> (2 * (is / 4))) & 3;
+                    let sc = (lo | (hi << 4)) as i32 - 32;
+                    *v = d * sc as f32 * q as f32;
+                }
+            }
+            Q4_K | Q5_K => {
+                let (d, dmin) = (f16v(blk, 0), f16v(blk, 2));
+                let s = &blk[4..16];
+                let qs_off = if ty == Q5_K { 48 } else { 16 };
+                for (i, v) in y.iter_mut().enumerate() {
+                    let j = i / 32; // sub-block
+                    let (sc, m) = if j < 4 {
+                        (s[j] & 63, s[j + 4] & 63)
+                    } else {
+                        (
+                            (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4),
+                            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+                        )
+                    };
+                    let byte = blk[qs_off + 32 * (j / 2) + i % 32];
+                    let mut q = if j % 2 == 0 { byte & 15 } else { byte >> 4 } as i32;
+                    if ty == Q5_K {
+                        q |= (((blk[16 + i % 32] >> j) & 1) as i32) << 4;
+                    }
+                    *v = d * sc as f32 * q as f32 - dmin * m as f32;
+                }
+            }
+            Q6_K => {
+                let d = f16v(blk, 208);
+                for (i, v) in y.iter_mut().enumerate() {
+                    let (h, k, l) = (i / 128, (i % 128) / 32, i % 32);
+                    let ql = blk[64 * h + l + 32 * (k % 2)];
+                    let lo = if k < 2 { ql & 15 } else { ql >> 4 };
+                    let hi = (blk[128 + 32 * h + l] >> (2 * k)) & 3;
+                    let q = (lo | (hi << 4)) as i32 - 32;
+                    let sc = blk[192 + i / 16] as i8 as f32;
+                    *v = d * sc * q as f32;
+                }
+            }
+            t => panic!("no reference for {t}"),
+        }
+    }
+}
+
+/// The activations as the kernels see them: quantized then dequantized.
+fn requantized(ty: GgmlType, x: &[f32]) -> Vec<f32> {
+    let blk = match act_kind(ty) {
+        ActKind::F32 => return x.to_vec(),
+        ActKind::Q8_0 => 32,
+        ActKind::Q8K => 256,
+    };
+    let mut q = vec![0i8; x.len()];
+    let nb = x.len() / blk;
+    let mut d = vec![0f32; nb];
+    if blk == 32 {
+        scalar::quantize_q8_0(x, &mut q, &mut d, &mut vec![0f32; nb]);
+    } else {
+        scalar::quantize_q8_k(x, &mut q, &mut d, &mut vec![0i16; x.len() / 16]);
+    }
+    q.iter()
+        .enumerate()
+        .map(|(i, &v)| v as f32 * d[i / blk])
+        .collect()
+}
+
+fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
+    let mut v = Vec::new();
+    for cols in [256, 512, 896, 1536] {
+        if cols % ty.block_len() != 0 {
+            continue;
+        }
+        for rows in [1, 7, 16, 37] {
+            v.push((rows, cols));
+        }
+    }
+    v
+}
+
+const NS: [usize; 6] = [1, 2, 3, 8, 16, 33];
+
+/// `matmul` (best kernels, 2 threads) against dequantized weights times the
+/// requantized activations in f64 (tight: only float rounding differs), and
+/// against the true activations within the Q8 rounding error.
+#[test]
+fn matmul_matches_dequantized_reference() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(1);
+    for ty in ALL_TYPES {
+        for (rows, cols) in shapes(ty) {
+            let data = random_weights(ty, rows, cols, &mut rng);
+            let mut wf = vec![0f32; rows * cols];
+            let row_bytes = cols / ty.block_len() * ty.block_bytes();
+            for o in 0..rows {
+                let r = &data[o * row_bytes..(o + 1) * row_bytes];
+                dequant_row(ty, r, &mut wf[o * cols..(o + 1) * cols]);
+            }
+            let w = WeightRef {
+                ty,
+                data: &data,
+                rows,
+                cols,
+            };
+            for n in NS {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+                let mut out = vec![f32::NAN; n * rows];
+                matmul(&pool, &w, &x, &mut out);
+                for r in 0..n {
+                    let xr = &x[r * cols..(r + 1) * cols];
+                    let xq = requantized(ty, xr);
+                    let blk = match act_kind(ty) {
+                        ActKind::F32 => 1,
+                        ActKind::Q8_0 => 32,
+                        ActKind::Q8K => 256,
+                    };
+                    for o in 0..rows {
+                        let wr = &wf[o * cols..(o + 1) * cols];
+                        let (mut exact, mut quant, mut mag, mut var) = (0f64, 0f64, 0f64, 0f64);
+                        for k in 0..cols {
+                            let (wv, xv) = (wr[k] as f64, xr[k] as f64);
+                            exact += wv * xv;
+                            quant += wv * xq[k] as f64;
+                            mag += (wv * xv).abs();
+                            if blk > 1 {
+                                let b = k / blk * blk;
+                                let amax = xr[b..b + blk].iter().fold(0f32, |m, v| m.max(v.abs()));
+                                let step = amax as f64 / 127.0;
+                                // Rounding error ~ uniform in ±step/2: variance step²/12.
+                                var += wv * wv * step * step / 12.0;
+                            }
+                        }
+                        let got = out[r * rows + o] as f64;
+                        // Float accumulation error (f32 sums, f16 scale products).
+                        let fl = 1e-4 * mag + 1e-6;
+                        assert!(
+                            (got - quant).abs() <= fl,
+                            "{ty} {rows}x{cols} n={n} r={r} o={o}: got {got} want {quant} (requantized x)"
+                        );
+                        // Six standard deviations of the activation rounding.
+                        let tol = 6.0 * var.sqrt() + fl;
+                        assert!(
+                            (got - exact).abs() <= tol,
+                            "{ty} {rows}x{cols} n={n}: got {got} want {exact} tol {tol}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Every kernel `best_kernel` picks agrees with the scalar one.
+#[test]
+fn simd_kernels_match_scalar() {
+    let pool = ThreadPool::new(1);
+    let mut rng = Rng::new(2);
+    for ty in ALL_TYPES {
+        let best = best_kernel(ty);
+        for (rows, cols) in shapes(ty) {
+            let data = random_weights(ty, rows, cols, &mut rng);
+            let w = WeightRef {
+                ty,
+                data: &data,
+                rows,
+                cols,
+            };
+            for n in NS {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
+                let mut a = vec![0f32; n * rows];
+                let mut b = vec![0f32; n * rows];
+                matmul_with(&pool, &w, &x, &mut a, best);
+                matmul_with(&pool, &w, &x, &mut b, scalar_kernel(ty));
+                for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+                    let tol = 1e-4 * (p.abs() + q.abs()) + 2e-3;
+                    assert!(
+                        (p - q).abs() <= tol,
+                        "{ty} {rows}x{cols} n={n} [{i}]: simd {p} scalar {q}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn results_identical_across_thread_counts() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(4)];
+    let mut rng = Rng::new(3);
+    for ty in [Q4_K, Q6_K, Q8_0, Q5_0, F16] {
+        let (rows, cols) = (301, 512);
+        let data = random_weights(ty, rows, cols, &mut rng);
+        let w = WeightRef {
+            ty,
+            data: &data,
+            rows,
+            cols,
+        };
+        for n in [1, 5, 70] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+            let outs: Vec<Vec<f32>> = pools
+                .iter()
+                .map(|p| {
+                    let mut o = vec![0f32; n * rows];
+                    matmul(p, &w, &x, &mut o);
+                    o
+                })
+                .collect();
+            assert!(outs[0] == outs[1] && outs[0] == outs[2], "{ty} n={n}");
+        }
+    }
+}
+
+#[test]
+fn simd_quantizers_match_scalar() {
+    let mut rng = Rng::new(4);
+    let x: Vec<f32> = (0..1536).map(|_| rng.f() * 4.0).collect();
+    let (mut q1, mut q2) = (vec![0i8; 1536], vec![0i8; 1536]);
+    let (mut d1, mut d2) = (vec![0f32; 48], vec![0f32; 48]);
+    let (mut s1, mut s2) = (vec![0f32; 48], vec![0f32; 48]);
+    scalar::quantize_q8_0(&x, &mut q1, &mut d1, &mut s1);
+    quantize_q8_0(&x, &mut q2, &mut d2, &mut s2);
+    assert_eq!((&q1, &d1, &s1), (&q2, &d2, &s2));
+    let (mut b1, mut b2) = (vec![0i16; 96], vec![0i16; 96]);
+    scalar::quantize_q8_k(&x, &mut q1, &mut d1[..6], &mut b1);
+    quantize_q8_k(&x, &mut q2, &mut d2[..6], &mut b2);
+    assert_eq!((&q1, &d1, &b1), (&q2, &d2, &b2));
+}
+
+#[test]
+fn dot_and_axpy() {
+    let mut rng = Rng::new(5);
+    for len in [0, 1, 7, 8, 31, 32, 33, 100, 1000] {
+        let a: Vec<f32> = (0..len).map(|_| rng.f()).collect();
+        let b: Vec<f32> = (0..len).map(|_| rng.f()).collect();
+        let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        assert!((dot_f32(&a, &b) as f64 - want).abs() < 1e-4 * (len as f64).sqrt() + 1e-6);
+        assert!((dot_f32_scalar(&a, &b) as f64 - want).abs() < 1e-4 * (len as f64).sqrt() + 1e-6);
+        let mut y = b.clone();
+        axpy_f32(&mut y, 0.5, &a);
+        for i in 0..len {
+            assert!((y[i] - (b[i] + 0.5 * a[i])).abs() < 1e-6);
+        }
+    }
+}
+
+#[test]
+fn zero_rows_and_zero_activations() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(6);
+    for ty in ALL_TYPES {
+        let cols = 256;
+        let data = random_weights(ty, 3, cols, &mut rng);
+        let w = WeightRef {
+            ty,
+            data: &data,
+            rows: 3,
+            cols,
+        };
+        let mut out = vec![1f32; 6];
+        matmul(&pool, &w, &vec![0f32; 2 * cols], &mut out);
+        assert!(out.iter().all(|&v| v == 0.0), "{ty}: {out:?}");
+        matmul(&pool, &w, &[], &mut []);
+    }
+}

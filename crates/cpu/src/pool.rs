@@ -1,0 +1,301 @@
+//! A persistent thread pool for data-parallel kernels.
+//!
+//! `run(n_tasks, f)` hands out task indices through one atomic counter; the
+//! calling thread works too. Workers spin briefly after a job (consecutive
+//! matmuls in a forward pass arrive microseconds apart) and then sleep on a
+//! condvar, so an idle pool costs no CPU. With one thread (and always on
+//! wasm32) there are no workers and `run` is a plain loop.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+/// How long a worker (or the waiting caller) spins before sleeping.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(100);
+
+type Job = *const (dyn Fn(usize) + Sync);
+
+struct Shared {
+    /// Bumped once per `run`; workers wait for it to change.
+    generation: AtomicU64,
+    /// The current job. Written by the caller before `generation` is bumped
+    /// (Release) and read by workers after they observe it (Acquire).
+    job: std::cell::UnsafeCell<(usize, Job)>,
+    /// Next task index to hand out.
+    next: AtomicUsize,
+    /// Workers that have finished the current generation.
+    done: AtomicUsize,
+    /// Number of threads sleeping on `wake` / `finished`, to skip futex calls.
+    sleepers: AtomicUsize,
+    caller_sleeping: AtomicBool,
+    panicked: AtomicBool,
+    shutdown: AtomicBool,
+    lock: Mutex<()>,
+    wake: Condvar,
+    finished: Condvar,
+}
+
+// SAFETY: `job` is only written while no worker reads it (between the end of
+// one generation, when every worker has acknowledged, and the next bump).
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+/// Persistent worker threads; see the module docs.
+pub struct ThreadPool {
+    n_threads: usize,
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    /// Serialises concurrent `run` calls from different threads; a nested
+    /// `run` (from inside a task) finds it held and runs inline.
+    run_lock: Mutex<()>,
+}
+
+impl ThreadPool {
+    /// A pool of `n_threads` threads in total, counting the caller
+    /// (`n_threads - 1` workers are spawned). 0 is treated as 1.
+    pub fn new(n_threads: usize) -> ThreadPool {
+        let n_threads = if cfg!(target_arch = "wasm32") {
+            1
+        } else {
+            n_threads.max(1)
+        };
+        let shared = Arc::new(Shared {
+            generation: AtomicU64::new(0),
+            job: std::cell::UnsafeCell::new((0, &noop as &(dyn Fn(usize) + Sync) as Job)),
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            sleepers: AtomicUsize::new(0),
+            caller_sleeping: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
+            finished: Condvar::new(),
+        });
+        let workers = (1..n_threads)
+            .map(|i| {
+                let s = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("blockdraft-cpu-{i}"))
+                    .spawn(move || worker(&s))
+                    .expect("spawn pool worker")
+            })
+            .collect();
+        ThreadPool {
+            n_threads,
+            shared,
+            workers,
+            run_lock: Mutex::new(()),
+        }
+    }
+
+    pub fn n_threads(&self) -> usize {
+        self.n_threads
+    }
+
+    /// Run `f(task)` for every task in `0..n_tasks` across the pool, blocking
+    /// until all are done; the calling thread works too. Each task runs exactly
+    /// once. A panic in a task is re-raised here after the others finish.
+    pub fn run(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        if n_tasks == 0 {
+            return;
+        }
+        if self.workers.is_empty() || n_tasks == 1 {
+            (0..n_tasks).for_each(f);
+            return;
+        }
+        let _guard = match self.run_lock.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::WouldBlock) => {
+                // Nested call from inside a task, or another thread is using
+                // the pool: do not wait on ourselves, just run inline.
+                (0..n_tasks).for_each(f);
+                return;
+            }
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+        };
+        let s = &*self.shared;
+        // SAFETY: every worker acknowledged the previous generation (we waited
+        // for `done == workers` below), so nobody reads `job` now. The lifetime
+        // is erased; we do not return until every worker is done with `f`.
+        unsafe {
+            let f: Job = std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(f);
+            *s.job.get() = (n_tasks, f);
+        }
+        s.next.store(0, Ordering::Relaxed);
+        s.done.store(0, Ordering::Relaxed);
+        s.generation.fetch_add(1, Ordering::SeqCst);
+        if s.sleepers.load(Ordering::SeqCst) > 0 {
+            let _l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.wake.notify_all();
+        }
+
+        let caller_result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(s, n_tasks, f)));
+
+        // Wait for every worker to finish this generation.
+        let n_workers = self.workers.len();
+        let start = std::time::Instant::now();
+        let mut spins = 0u32;
+        while s.done.load(Ordering::Acquire) < n_workers {
+            spins += 1;
+            if spins % 64 == 0 && start.elapsed() > SPIN {
+                let mut l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+                s.caller_sleeping.store(true, Ordering::SeqCst);
+                while s.done.load(Ordering::SeqCst) < n_workers {
+                    l = s.finished.wait(l).unwrap_or_else(|e| e.into_inner());
+                }
+                s.caller_sleeping.store(false, Ordering::SeqCst);
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        if let Err(p) = caller_result {
+            std::panic::resume_unwind(p);
+        }
+        if s.panicked.swap(false, Ordering::SeqCst) {
+            panic!("a thread-pool task panicked");
+        }
+    }
+}
+
+fn noop(_: usize) {}
+
+fn work(s: &Shared, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+    loop {
+        let i = s.next.fetch_add(1, Ordering::Relaxed);
+        if i >= n_tasks {
+            break;
+        }
+        f(i);
+    }
+}
+
+fn worker(s: &Shared) {
+    let mut seen = 0u64;
+    loop {
+        // Wait for a new generation: spin, then sleep.
+        let start = std::time::Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if s.generation.load(Ordering::Acquire) != seen {
+                break;
+            }
+            spins += 1;
+            if spins % 64 == 0 && start.elapsed() > SPIN {
+                let mut l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+                s.sleepers.fetch_add(1, Ordering::SeqCst);
+                while s.generation.load(Ordering::SeqCst) == seen {
+                    l = s.wake.wait(l).unwrap_or_else(|e| e.into_inner());
+                }
+                s.sleepers.fetch_sub(1, Ordering::SeqCst);
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        seen = s.generation.load(Ordering::Acquire);
+        if s.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        // SAFETY: published before the generation bump we just observed; the
+        // caller keeps `f` alive until we increment `done`.
+        let (n_tasks, f) = unsafe { *s.job.get() };
+        let f = unsafe { &*f };
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(s, n_tasks, f))).is_err() {
+            s.panicked.store(true, Ordering::SeqCst);
+        }
+        s.done.fetch_add(1, Ordering::SeqCst);
+        if s.caller_sleeping.load(Ordering::SeqCst) {
+            let _l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.finished.notify_all();
+        }
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        let s = &*self.shared;
+        s.shutdown.store(true, Ordering::SeqCst);
+        s.generation.fetch_add(1, Ordering::SeqCst);
+        {
+            let _l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.wake.notify_all();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    #[test]
+    fn every_task_runs_exactly_once() {
+        for threads in [1, 2, 4] {
+            let pool = ThreadPool::new(threads);
+            assert_eq!(pool.n_threads(), threads);
+            for n_tasks in [0, 1, 2, 3, 7, 64, 1000] {
+                let counts: Vec<AtomicU32> = (0..n_tasks).map(|_| AtomicU32::new(0)).collect();
+                pool.run(n_tasks, &|i| {
+                    counts[i].fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
+            }
+        }
+    }
+
+    #[test]
+    fn many_back_to_back_runs_and_sleeping_workers() {
+        let pool = ThreadPool::new(3);
+        let total = AtomicUsize::new(0);
+        for round in 0..2000 {
+            pool.run(5, &|i| {
+                total.fetch_add(i + 1, Ordering::Relaxed);
+            });
+            if round % 500 == 0 {
+                // Let workers fall asleep, then wake them again.
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
+        assert_eq!(total.load(Ordering::Relaxed), 2000 * 15);
+    }
+
+    #[test]
+    fn nested_run_does_not_deadlock() {
+        let pool = ThreadPool::new(2);
+        let total = AtomicUsize::new(0);
+        pool.run(4, &|_| {
+            pool.run(3, &|_| {
+                total.fetch_add(1, Ordering::Relaxed);
+            });
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 12);
+    }
+
+    #[test]
+    fn task_panic_propagates_and_pool_survives() {
+        let pool = ThreadPool::new(2);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.run(8, &|i| {
+                if i == 5 {
+                    panic!("boom");
+                }
+            })
+        }));
+        assert!(r.is_err());
+        let total = AtomicUsize::new(0);
+        pool.run(8, &|_| {
+            total.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 8);
+    }
+
+    #[test]
+    fn pool_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<ThreadPool>();
+    }
+}
