@@ -1,6 +1,6 @@
 //! x86-64 AVX2 + FMA (+ F16C) kernels, selected at runtime.
 
-use super::Kernel;
+use super::{Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -16,16 +16,8 @@ pub(crate) fn has_avx2() -> bool {
     })
 }
 
-/// The AVX2 kernel for `ty`, if there is one and the CPU has AVX2.
-pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
-    if !has_avx2() {
-        return None;
-    }
-    let _ = ty;
-    None
-}
-
-#[inline(always)]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
 unsafe fn hsum(v: __m256) -> f32 {
     let lo = _mm256_castps256_ps128(v);
     let hi = _mm256_extractf128_ps(v, 1);
@@ -83,7 +75,8 @@ pub(crate) unsafe fn axpy_f32(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
-#[inline(always)]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
 unsafe fn amax8(p: *const f32, n8: usize) -> f32 {
     let sign = _mm256_set1_ps(-0.0);
     let mut m = _mm256_setzero_ps();
@@ -99,16 +92,16 @@ unsafe fn amax8(p: *const f32, n8: usize) -> f32 {
 }
 
 /// Round `32` floats times `id` to i8 at `q`; returns the 32 quants as a vector.
-#[inline(always)]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
 unsafe fn round32(p: *const f32, id: f32, q: *mut i8) -> __m256i {
     let idv = _mm256_set1_ps(id);
-    let r = |k: usize| {
-        _mm256_cvtps_epi32(_mm256_round_ps(
-            _mm256_mul_ps(_mm256_loadu_ps(p.add(8 * k)), idv),
-            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
-        ))
-    };
-    let (a, b, c, d) = (r(0), r(1), r(2), r(3));
+    let mut r = [_mm256_setzero_si256(); 4];
+    for (k, v) in r.iter_mut().enumerate() {
+        // cvtps rounds to nearest-even under the default MXCSR, like the scalar path.
+        *v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(8 * k)), idv));
+    }
+    let [a, b, c, d] = r;
     // Pack to i16 then i8; the packs interleave 128-bit lanes, so permute back.
     let ab = _mm256_packs_epi32(a, b);
     let cd = _mm256_packs_epi32(c, d);
@@ -159,10 +152,513 @@ pub(crate) unsafe fn quantize_q8_k(x: &[f32], qs: &mut [i8], d: &mut [f32], bs: 
     }
 }
 
-#[inline(always)]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
 unsafe fn hsum_i32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
     _mm_cvtsi128_si32(s)
 }
+
+// ---------------------------------------------------------------------------
+// Matmul kernels. Each is generic over NR (activation rows per call, 1..=4):
+// the weight block is loaded and unpacked once, then dotted with every row.
+
+/// Wrap `$f::<NR>` for NR = 1..=4 as one `Kernel` that picks by `x.len()`.
+macro_rules! by_nr {
+    ($f:ident) => {{
+        unsafe fn k(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            match x.len() {
+                1 => $f::<1>(w, nb, x, out),
+                2 => $f::<2>(w, nb, x, out),
+                3 => $f::<3>(w, nb, x, out),
+                _ => $f::<4>(w, nb, x, out),
+            }
+        }
+        k as Kernel
+    }};
+}
+
+/// The AVX2 kernel for `ty`, if there is one and the CPU has AVX2.
+pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
+    use GgmlType::*;
+    if !has_avx2() {
+        return None;
+    }
+    Some(match ty {
+        F32 => by_nr!(f32w),
+        F16 => by_nr!(f16w),
+        BF16 => by_nr!(bf16w),
+        Q4_0 => by_nr!(q4_0),
+        Q4_1 => by_nr!(q4_1),
+        Q5_0 => by_nr!(q5_0),
+        Q5_1 => by_nr!(q5_1),
+        Q8_0 => by_nr!(q8_0),
+        Q8_1 => by_nr!(q8_1),
+        Q4_K => by_nr!(q4_k),
+        Q5_K => by_nr!(q5_k),
+        Q6_K => by_nr!(q6_k),
+        Q3_K => by_nr!(q3_k),
+        Q2_K => by_nr!(q2_k),
+        Q8_K => by_nr!(q8_k),
+        _ => return None,
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn h2f(p: *const u8) -> f32 {
+    let bits = (p as *const u16).read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn load(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// 16 bytes at `p` -> 32 nibbles: low nibbles in bytes 0..16, high in 16..32.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn nibbles32(p: *const u8) -> __m256i {
+    let q = _mm_loadu_si128(p as *const __m128i);
+    let v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
+}
+
+/// The 32 bits of `bits` spread to bytes: 0xFF where the bit is set.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn bits_to_bytes(bits: u32) -> __m256i {
+    let v = _mm256_set1_epi32(bits as i32);
+    // Byte i takes source byte i / 8, then tests bit i % 8.
+    let spread = _mm256_shuffle_epi8(
+        v,
+        _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
+            3, 3, 3,
+        ),
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
+}
+
+/// Signed i8 x signed i8 dot of 32 pairs -> 8 i32 partial sums.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn dot_i8(w_abs: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    // maddubs needs one unsigned operand: |w| and x carrying w's sign.
+    let p = _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, w));
+    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+}
+
+/// Unsigned u8 (< 128) x signed i8 dot of 32 pairs -> 8 i32 partial sums.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn dot_u8(w: __m256i, x: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+}
+
+/// Finish: horizontal sums of the NR accumulators into `out`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn finish<const NR: usize>(acc: &[__m256; NR], extra: &[f32; NR], out: &mut [f32]) {
+    for i in 0..NR {
+        out[i] = hsum(acc[i]) + extra[i];
+    }
+}
+
+/// Shared body of the signed 32-block types: `$unpack(blk)` yields the 32
+/// weight quants as i8; `$bytes` is the block size.
+macro_rules! signed_32_kernel {
+    ($name:ident, $bytes:expr, |$blk:ident| $unpack:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            let mut acc = [_mm256_setzero_ps(); NR];
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            for b in 0..nb {
+                let $blk = w.add(b * $bytes);
+                let dw = h2f($blk);
+                let q: __m256i = $unpack;
+                let qa = _mm256_sign_epi8(q, q);
+                for i in 0..NR {
+                    let xq = load(x[i].qs.add(32 * b) as *const u8);
+                    let s = _mm256_cvtepi32_ps(dot_i8(qa, q, xq));
+                    acc[i] = _mm256_fmadd_ps(s, _mm256_set1_ps(dw * *x[i].d.add(b)), acc[i]);
+                }
+            }
+            finish(&acc, &[0.0; NR], out);
+        }
+    };
+}
+
+signed_32_kernel!(q8_0, 34, |blk| load(blk.add(2)));
+signed_32_kernel!(q8_1, 36, |blk| load(blk.add(4)));
+signed_32_kernel!(q4_0, 18, |blk| _mm256_sub_epi8(
+    nibbles32(blk.add(2)),
+    _mm256_set1_epi8(8)
+));
+// Q5_0: the fifth bit clear means value - 16, i.e. the top nibble all ones.
+signed_32_kernel!(q5_0, 22, |blk| _mm256_or_si256(
+    nibbles32(blk.add(6)),
+    _mm256_andnot_si256(
+        bits_to_bytes((blk.add(2) as *const u32).read_unaligned()),
+        _mm256_set1_epi8(0xF0u8 as i8)
+    )
+));
+
+/// Shared body of the unsigned-with-min 32-block types (Q4_1, Q5_1):
+/// value = d * q + m, so dot = d dx sum(q xq) + m * (dx sum xq).
+macro_rules! unsigned_32_kernel {
+    ($name:ident, $bytes:expr, |$blk:ident| $unpack:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            let mut acc = [_mm256_setzero_ps(); NR];
+            let mut mins = [0f32; NR];
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            for b in 0..nb {
+                let $blk = w.add(b * $bytes);
+                let dw = h2f($blk);
+                let m = h2f($blk.add(2));
+                let q: __m256i = $unpack;
+                for i in 0..NR {
+                    let xq = load(x[i].qs.add(32 * b) as *const u8);
+                    let s = _mm256_cvtepi32_ps(dot_u8(q, xq));
+                    acc[i] = _mm256_fmadd_ps(s, _mm256_set1_ps(dw * *x[i].d.add(b)), acc[i]);
+                    mins[i] += m * *x[i].s.add(b);
+                }
+            }
+            finish(&acc, &mins, out);
+        }
+    };
+}
+
+unsigned_32_kernel!(q4_1, 20, |blk| nibbles32(blk.add(4)));
+unsigned_32_kernel!(q5_1, 24, |blk| _mm256_or_si256(
+    nibbles32(blk.add(8)),
+    _mm256_and_si256(
+        bits_to_bytes((blk.add(4) as *const u32).read_unaligned()),
+        _mm256_set1_epi8(0x10)
+    )
+));
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+    let mut acc = [_mm256_setzero_ps(); NR];
+    let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+    for b in 0..nb {
+        let blk = w.add(b * 292);
+        let dw = (blk as *const f32).read_unaligned();
+        let mut sum = [_mm256_setzero_si256(); NR];
+        for c in 0..8 {
+            let q = load(blk.add(4 + 32 * c));
+            let qa = _mm256_sign_epi8(q, q);
+            for i in 0..NR {
+                let xq = load(x[i].qs.add(256 * b + 32 * c) as *const u8);
+                sum[i] = _mm256_add_epi32(sum[i], dot_i8(qa, q, xq));
+            }
+        }
+        for i in 0..NR {
+            let s = _mm256_cvtepi32_ps(sum[i]);
+            acc[i] = _mm256_fmadd_ps(s, _mm256_set1_ps(dw * *x[i].d.add(b)), acc[i]);
+        }
+    }
+    finish(&acc, &[0.0; NR], out);
+}
+
+/// Eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K super-block.
+#[inline(always)]
+fn k4_scales(p: *const u8) -> ([u8; 8], [u8; 8]) {
+    // SAFETY: callers pass a pointer to the 12 scale bytes of a block.
+    let (w0, w1, w2) = unsafe {
+        (
+            (p as *const u32).read_unaligned(),
+            (p.add(4) as *const u32).read_unaligned(),
+            (p.add(8) as *const u32).read_unaligned(),
+        )
+    };
+    let (m6, m4, m2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+    let sc_lo = w0 & m6;
+    let mn_lo = w1 & m6;
+    let sc_hi = (w2 & m4) | (((w0 >> 6) & m2) << 4);
+    let mn_hi = ((w2 >> 4) & m4) | (((w1 >> 6) & m2) << 4);
+    let (a, b) = (sc_lo.to_le_bytes(), sc_hi.to_le_bytes());
+    let (c, d) = (mn_lo.to_le_bytes(), mn_hi.to_le_bytes());
+    (
+        [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]],
+        [c[0], c[1], c[2], c[3], d[0], d[1], d[2], d[3]],
+    )
+}
+
+/// Shared body of Q4_K / Q5_K: `$high(qh, j)` gives the fifth bits (0x10
+/// bytes) of sub-block j, or zero for Q4_K.
+macro_rules! k4_kernel {
+    ($name:ident, $bytes:expr, $qs_off:expr, $five:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            let mut acc = [_mm256_setzero_ps(); NR];
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            let low4 = _mm256_set1_epi8(0x0F);
+            for b in 0..nb {
+                let blk = w.add(b * $bytes);
+                let d = h2f(blk);
+                let dmin = h2f(blk.add(2));
+                let (sc, mn) = k4_scales(blk.add(4));
+                // mins duplicated per pair of bsums: [m0 m0 m1 m1 ... m7 m7] as i16.
+                let m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
+                let mdup =
+                    _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
+                let mut sum = [_mm256_setzero_si256(); NR];
+                let qh = if $five {
+                    load(blk.add(16))
+                } else {
+                    _mm256_setzero_si256()
+                };
+                for jj in 0..4 {
+                    let q = load(blk.add($qs_off + 32 * jj));
+                    let mut lo = _mm256_and_si256(q, low4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                    if $five {
+                        // Bit 2jj of qh -> sub-block 2jj, bit 2jj+1 -> 2jj+1.
+                        let h = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * jj as i32));
+                        let one = _mm256_set1_epi8(1);
+                        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(h, one), 4));
+                        hi = _mm256_or_si256(
+                            hi,
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 1), one), 4),
+                        );
+                    }
+                    let s_lo = _mm256_set1_epi16(sc[2 * jj] as i16);
+                    let s_hi = _mm256_set1_epi16(sc[2 * jj + 1] as i16);
+                    for i in 0..NR {
+                        let xp = x[i].qs.add(256 * b + 64 * jj) as *const u8;
+                        let p_lo = _mm256_maddubs_epi16(lo, load(xp));
+                        let p_hi = _mm256_maddubs_epi16(hi, load(xp.add(32)));
+                        let s = _mm256_add_epi32(
+                            _mm256_madd_epi16(p_lo, s_lo),
+                            _mm256_madd_epi16(p_hi, s_hi),
+                        );
+                        sum[i] = _mm256_add_epi32(sum[i], s);
+                    }
+                }
+                for i in 0..NR {
+                    let xd = *x[i].d.add(b);
+                    let bs = load(x[i].bs.add(16 * b) as *const u8);
+                    let msum = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mdup));
+                    let s = _mm256_cvtepi32_ps(sum[i]);
+                    acc[i] = _mm256_fmadd_ps(s, _mm256_set1_ps(d * xd), acc[i]);
+                    acc[i] = _mm256_fmadd_ps(msum, _mm256_set1_ps(-dmin * xd), acc[i]);
+                }
+            }
+            finish(&acc, &[0.0; NR], out);
+        }
+    };
+}
+
+k4_kernel!(q4_k, 144, 16, false);
+k4_kernel!(q5_k, 176, 48, true);
+
+/// i16 vector with `a` in the low 8 lanes and `b` in the high 8 (the scales
+/// of two 16-value sub-blocks covered by one 32-byte maddubs).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn pair16(a: i16, b: i16) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+    let mut acc = [_mm256_setzero_ps(); NR];
+    let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+    let low4 = _mm256_set1_epi8(0x0F);
+    let low2 = _mm256_set1_epi8(0x03);
+    for b in 0..nb {
+        let blk = w.add(b * 210);
+        let d = h2f(blk.add(208));
+        let sc = blk.add(192) as *const i8;
+        // Quants are stored +32; the offset is removed with the 16-sums:
+        // sum (q - 32) x = sum q x - 32 sum_g sc_g bsum_g.
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc as *const __m128i));
+        let mut sum = [_mm256_setzero_si256(); NR];
+        for h in 0..2 {
+            let ql0 = load(blk.add(64 * h));
+            let ql1 = load(blk.add(64 * h + 32));
+            let qh = load(blk.add(128 + 32 * h));
+            let q = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, low4),
+                    _mm256_slli_epi16(_mm256_and_si256(qh, low2), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, low4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), low2), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), low2), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), low2), 4),
+                ),
+            ];
+            let s = [
+                pair16(*sc.add(8 * h) as i16, *sc.add(8 * h + 1) as i16),
+                pair16(*sc.add(8 * h + 2) as i16, *sc.add(8 * h + 3) as i16),
+                pair16(*sc.add(8 * h + 4) as i16, *sc.add(8 * h + 5) as i16),
+                pair16(*sc.add(8 * h + 6) as i16, *sc.add(8 * h + 7) as i16),
+            ];
+            for i in 0..NR {
+                let xp = x[i].qs.add(256 * b + 128 * h) as *const u8;
+                for k in 0..4 {
+                    let p = _mm256_maddubs_epi16(q[k], load(xp.add(32 * k)));
+                    sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(p, s[k]));
+                }
+            }
+        }
+        for i in 0..NR {
+            let bs = load(x[i].bs.add(16 * b) as *const u8);
+            let off = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
+            let s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sum[i], off));
+            acc[i] = _mm256_fmadd_ps(s, _mm256_set1_ps(d * *x[i].d.add(b)), acc[i]);
+        }
+    }
+    finish(&acc, &[0.0; NR], out);
+}
+
+/// The 16 signed Q3_K scales (already minus 32) as i16.
+#[inline(always)]
+fn q3_scales16(p: *const u8) -> [i16; 16] {
+    // SAFETY: callers pass a pointer to the 12 scale bytes of a block.
+    let s = unsafe { std::slice::from_raw_parts(p, 12) };
+    super::scalar::q3k_scales(s).map(|v| v as i16)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+    let mut acc = [_mm256_setzero_ps(); NR];
+    let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+    let low2 = _mm256_set1_epi8(0x03);
+    let one = _mm256_set1_epi8(1);
+    for b in 0..nb {
+        let blk = w.add(b * 110);
+        let d = h2f(blk.add(108));
+        let sc = q3_scales16(blk.add(96));
+        let sc16 = _mm256_loadu_si256(sc.as_ptr() as *const __m256i);
+        let hm = load(blk);
+        let mut sum = [_mm256_setzero_si256(); NR];
+        for h in 0..2 {
+            let qs = load(blk.add(32 + 32 * h));
+            for j in 0..4 {
+                let sh = _mm_cvtsi32_si128(2 * j as i32);
+                let q2 = _mm256_and_si256(_mm256_srl_epi16(qs, sh), low2);
+                let hb = _mm256_and_si256(
+                    _mm256_srl_epi16(hm, _mm_cvtsi32_si128((4 * h + j) as i32)),
+                    one,
+                );
+                // Stored as q2 - 4 * (1 - hbit); use q2 + 4 hbit (>= 0), subtract 4 later.
+                let q = _mm256_or_si256(q2, _mm256_slli_epi16(hb, 2));
+                let is = 8 * h + 2 * j;
+                let s = pair16(sc[is], sc[is + 1]);
+                for i in 0..NR {
+                    let xp = x[i].qs.add(256 * b + 128 * h + 32 * j) as *const u8;
+                    let p = _mm256_maddubs_epi16(q, load(xp));
+                    sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(p, s));
+                }
+            }
+        }
+        for i in 0..NR {
+            let bs = load(x[i].bs.add(16 * b) as *const u8);
+            let off = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 2);
+            let s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sum[i], off));
+            acc[i] = _mm256_fmadd_ps(s, _mm256_set1_ps(d * *x[i].d.add(b)), acc[i]);
+        }
+    }
+    finish(&acc, &[0.0; NR], out);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+    let mut acc = [_mm256_setzero_ps(); NR];
+    let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+    let low2 = _mm256_set1_epi8(0x03);
+    for b in 0..nb {
+        let blk = w.add(b * 84);
+        let d = h2f(blk.add(80));
+        let dmin = h2f(blk.add(82));
+        let scb = _mm_loadu_si128(blk as *const __m128i);
+        let mins16 =
+            _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), _mm_set1_epi8(0x0F)));
+        let mut sum = [_mm256_setzero_si256(); NR];
+        for h in 0..2 {
+            let qs = load(blk.add(16 + 32 * h));
+            for j in 0..4 {
+                let q =
+                    _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * j as i32)), low2);
+                let is = 8 * h + 2 * j;
+                let s = pair16((*blk.add(is) & 0xF) as i16, (*blk.add(is + 1) & 0xF) as i16);
+                for i in 0..NR {
+                    let xp = x[i].qs.add(256 * b + 128 * h + 32 * j) as *const u8;
+                    let p = _mm256_maddubs_epi16(q, load(xp));
+                    sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(p, s));
+                }
+            }
+        }
+        for i in 0..NR {
+            let xd = *x[i].d.add(b);
+            let bs = load(x[i].bs.add(16 * b) as *const u8);
+            let msum = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mins16));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[i]), _mm256_set1_ps(d * xd), acc[i]);
+            acc[i] = _mm256_fmadd_ps(msum, _mm256_set1_ps(-dmin * xd), acc[i]);
+        }
+    }
+    finish(&acc, &[0.0; NR], out);
+}
+
+/// Float weights: `$load(ptr to element k)` gives 8 f32 weights.
+macro_rules! float_kernel {
+    ($name:ident, $esize:expr, |$p:ident| $load:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name<const NR: usize>(w: *const u8, n: usize, x: &[Act], out: &mut [f32]) {
+            // Two accumulators per row hide the FMA latency.
+            let mut acc = [[_mm256_setzero_ps(); 2]; NR];
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            let mut k = 0;
+            while k + 16 <= n {
+                let $p = w.add(k * $esize);
+                let w0: __m256 = $load;
+                let $p = w.add((k + 8) * $esize);
+                let w1: __m256 = $load;
+                for i in 0..NR {
+                    let xp = x[i].f.add(k);
+                    acc[i][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xp), acc[i][0]);
+                    acc[i][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xp.add(8)), acc[i][1]);
+                }
+                k += 16;
+            }
+            let mut tail = [0f32; NR];
+            if k < n {
+                // Fewer than 16 left: finish with the scalar kernel.
+                let mut xs = [x[0]; NR];
+                for i in 0..NR {
+                    xs[i].f = x[i].f.add(k);
+                }
+                super::scalar::$name(w.add(k * $esize), n - k, &xs, &mut tail);
+            }
+            for i in 0..NR {
+                out[i] = hsum(_mm256_add_ps(acc[i][0], acc[i][1])) + tail[i];
+            }
+        }
+    };
+}
+
+float_kernel!(f32w, 4, |p| _mm256_loadu_ps(p as *const f32));
+float_kernel!(f16w, 2, |p| _mm256_cvtph_ps(_mm_loadu_si128(
+    p as *const __m128i
+)));
+float_kernel!(bf16w, 2, |p| _mm256_castsi256_ps(_mm256_slli_epi32(
+    _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)),
+    16
+)));
