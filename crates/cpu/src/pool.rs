@@ -139,7 +139,7 @@ impl ThreadPool {
         let mut spins = 0u32;
         while s.done.load(Ordering::Acquire) < n_workers {
             spins += 1;
-            if spins % 64 == 0 && start.elapsed() > SPIN {
+            if spins & 63 == 0 && start.elapsed() > SPIN {
                 let mut l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
                 s.caller_sleeping.store(true, Ordering::SeqCst);
                 while s.done.load(Ordering::SeqCst) < n_workers {
@@ -182,7 +182,7 @@ fn worker(s: &Shared) {
                 break;
             }
             spins += 1;
-            if spins % 64 == 0 && start.elapsed() > SPIN {
+            if spins & 63 == 0 && start.elapsed() > SPIN {
                 let mut l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
                 s.sleepers.fetch_add(1, Ordering::SeqCst);
                 while s.generation.load(Ordering::SeqCst) == seen {

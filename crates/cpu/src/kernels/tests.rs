@@ -89,7 +89,8 @@ fn f16v(b: &[u8], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
-/// Independent scalar dequantization of one row, written from the ggml
+/// Independent scalar dequantization of one row (a second reading of the
+/// formats, cross-checked against the gguf crate's), written from the ggml
 /// format description (element-order loops, not the kernels' code).
 pub(crate) fn dequant_row(ty: GgmlType, b: &[u8], out: &mut [f32]) {
     let bl = ty.block_len();
@@ -252,7 +253,8 @@ fn matmul_matches_dequantized_reference() {
             let row_bytes = cols / ty.block_len() * ty.block_bytes();
             for o in 0..rows {
                 let r = &data[o * row_bytes..(o + 1) * row_bytes];
-                dequant_row(ty, r, &mut wf[o * cols..(o + 1) * cols]);
+                blockdraft_gguf::quants::dequantize(ty, r, &mut wf[o * cols..(o + 1) * cols])
+                    .unwrap();
             }
             let w = WeightRef {
                 ty,
@@ -419,5 +421,70 @@ fn zero_rows_and_zero_activations() {
         matmul(&pool, &w, &vec![0f32; 2 * cols], &mut out);
         assert!(out.iter().all(|&v| v == 0.0), "{ty}: {out:?}");
         matmul(&pool, &w, &[], &mut []);
+    }
+}
+
+/// Our independent reading of the block formats agrees with the gguf crate's.
+#[test]
+fn own_dequant_matches_gguf() {
+    let mut rng = Rng::new(7);
+    for ty in ALL_TYPES {
+        let data = random_weights(ty, 2, 512, &mut rng);
+        let (mut a, mut b) = (vec![0f32; 1024], vec![0f32; 1024]);
+        dequant_row(ty, &data, &mut a);
+        blockdraft_gguf::quants::dequantize(ty, &data, &mut b).unwrap();
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-6 * x.abs().max(1.0),
+                "{ty} [{i}]: {x} vs {y}"
+            );
+        }
+    }
+}
+
+/// Weights quantized from smooth data by the gguf quantizers (realistic
+/// scales and mins, Q8_K with true bsums): matmul tracks the f32 product of
+/// the dequantized weights within the activation rounding.
+#[test]
+fn matmul_on_gguf_quantized_weights() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(8);
+    let (rows, cols, n) = (9, 1536, 3);
+    for ty in ALL_TYPES {
+        if !blockdraft_gguf::quants::can_quantize(ty) {
+            continue;
+        }
+        // Sum of uniforms: roughly Gaussian, like trained weights.
+        let wf: Vec<f32> = (0..rows * cols)
+            .map(|_| (rng.f() + rng.f() + rng.f()) * 0.02)
+            .collect();
+        let data = blockdraft_gguf::quants::quantize_to_vec(ty, &wf).unwrap();
+        let wd = blockdraft_gguf::quants::dequantize_to_vec(ty, &data).unwrap();
+        let w = WeightRef {
+            ty,
+            data: &data,
+            rows,
+            cols,
+        };
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+        let mut out = vec![0f32; n * rows];
+        matmul(&pool, &w, &x, &mut out);
+        for r in 0..n {
+            for o in 0..rows {
+                let (mut want, mut w2) = (0f64, 0f64);
+                for k in 0..cols {
+                    let wv = wd[o * cols + k] as f64;
+                    want += wv * x[r * cols + k] as f64;
+                    w2 += wv * wv;
+                }
+                // x in [-1, 1): rounding step <= 1/127, error sd <= |w| / (127 sqrt 12).
+                let tol = 6.0 * w2.sqrt() / (127.0 * 12f64.sqrt()) + 1e-4;
+                let got = out[r * rows + o] as f64;
+                assert!(
+                    (got - want).abs() <= tol,
+                    "{ty} r={r} o={o}: {got} vs {want} (tol {tol})"
+                );
+            }
+        }
     }
 }

@@ -1,0 +1,145 @@
+//! Matmul throughput: median GB/s of weight bytes per call, and the cost of
+//! n activation rows relative to one (what speculative verify pays).
+//!
+//! cargo run --release -p blockdraft-cpu --example matmul_bench [-- TYPES THREADS NS]
+//! e.g. `-- Q4_K,Q6_K 1,2 1,2,4,8,16` (these are the defaults).
+
+use blockdraft_cpu::kernels::{matmul, WeightRef};
+use blockdraft_cpu::pool::ThreadPool;
+use blockdraft_gguf::GgmlType;
+use std::time::{Duration, Instant};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// Random quant bits with small valid f16 scales (NaN scales would still
+/// time the same, but keep the numbers sane).
+fn weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let bytes = ty.bytes_for((rows * cols) as u64).unwrap() as usize;
+    let mut v = vec![0u8; bytes];
+    for c in v.chunks_mut(8) {
+        let r = rng.next().to_le_bytes();
+        c.copy_from_slice(&r[..c.len()]);
+    }
+    let h = half::f16::from_f32(0.01).to_bits().to_le_bytes();
+    let scale_at: &[usize] = match ty {
+        GgmlType::F16 | GgmlType::BF16 => {
+            for c in v.chunks_mut(2) {
+                c.copy_from_slice(&h);
+            }
+            &[]
+        }
+        GgmlType::F32 => {
+            for c in v.chunks_mut(4) {
+                c.copy_from_slice(&0.01f32.to_le_bytes());
+            }
+            &[]
+        }
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q2_K => &[80, 82],
+        _ => &[0],
+    };
+    if !scale_at.is_empty() {
+        for blk in v.chunks_mut(ty.block_bytes()) {
+            for &a in scale_at {
+                blk[a..a + 2].copy_from_slice(&h);
+            }
+        }
+    }
+    v
+}
+
+fn median_time(mut f: impl FnMut()) -> Duration {
+    f(); // warm up (page in, grow scratch)
+    let mut times = Vec::new();
+    let start = Instant::now();
+    while times.len() < 5 || (start.elapsed() < Duration::from_millis(300) && times.len() < 200) {
+        let t = Instant::now();
+        f();
+        times.push(t.elapsed());
+    }
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn list<T: std::str::FromStr>(s: Option<String>, default: &str) -> Vec<T> {
+    s.as_deref()
+        .unwrap_or(default)
+        .split(',')
+        .map(|x| {
+            x.parse()
+                .ok()
+                .unwrap_or_else(|| panic!("bad list item {x}"))
+        })
+        .collect()
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let types: Vec<GgmlType> = args
+        .next()
+        .as_deref()
+        .unwrap_or("Q4_K,Q6_K")
+        .split(',')
+        .map(|n| {
+            GgmlType::ALL
+                .into_iter()
+                .find(|t| t.name() == n)
+                .unwrap_or_else(|| panic!("unknown type {n}"))
+        })
+        .collect();
+    let threads: Vec<usize> = list(args.next(), "1,2");
+    let ns: Vec<usize> = list(args.next(), "1,2,4,8,16");
+    let shapes = [(1536, 1536), (8960, 1536), (1536, 8960), (151936, 1536)];
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+
+    println!("type  rows x cols     thr   n    ms/call    GB/s   T(n)/T(1)");
+    for &ty in &types {
+        for &(rows, cols) in &shapes {
+            if cols % ty.block_len() != 0 {
+                continue;
+            }
+            let data = weights(ty, rows, cols, &mut rng);
+            let w = WeightRef {
+                ty,
+                data: &data,
+                rows,
+                cols,
+            };
+            for &t in &threads {
+                let pool = ThreadPool::new(t);
+                let mut t1 = None;
+                for &n in &ns {
+                    let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+                    let mut out = vec![0f32; n * rows];
+                    let dt = median_time(|| matmul(&pool, &w, &x, &mut out));
+                    let secs = dt.as_secs_f64();
+                    let base = *t1.get_or_insert(secs);
+                    println!(
+                        "{:5} {:6} x {:5} {:4} {:3} {:10.3} {:7.2} {:9.2}",
+                        ty.name(),
+                        rows,
+                        cols,
+                        t,
+                        n,
+                        secs * 1e3,
+                        data.len() as f64 / secs / 1e9,
+                        secs / base
+                    );
+                }
+            }
+        }
+    }
+}
