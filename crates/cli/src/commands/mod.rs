@@ -1,0 +1,5 @@
+pub mod bench;
+pub mod inspect;
+pub mod run;
+pub mod score;
+pub mod tokenize;

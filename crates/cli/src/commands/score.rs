@@ -1,0 +1,66 @@
+//! `blockdraft score`: forced decoding of given token ids.
+
+use crate::load::{load, ModelArgs};
+use anyhow::{bail, Context, Result};
+use blockdraft_core::model::LogitRows;
+use blockdraft_core::Backend;
+use serde_json::json;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// JSON file holding an array of token ids.
+    #[arg(long = "tokens")]
+    pub tokens: std::path::PathBuf,
+}
+
+/// Log-softmax of `logits` at `id`, computed in f64.
+fn log_prob(logits: &[f32], id: usize) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+    logits[id] as f64 - max - sum.ln()
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let raw = std::fs::read_to_string(&args.tokens)
+        .with_context(|| format!("cannot read {}", args.tokens.display()))?;
+    let ids: Vec<u32> = serde_json::from_str(&raw).with_context(|| {
+        format!(
+            "{} must hold a JSON array of token ids",
+            args.tokens.display()
+        )
+    })?;
+    if ids.len() < 2 {
+        bail!("at least two tokens are needed to score, got {}", ids.len());
+    }
+    let loaded = load(&args.model)?;
+    let dec = &loaded.decoder;
+    let n_vocab = dec.config.n_vocab;
+    if let Some(bad) = ids.iter().find(|&&t| t as usize >= n_vocab) {
+        bail!("token id {bad} is outside the vocabulary of {n_vocab}");
+    }
+    let batch = 64;
+    let mut state = dec.new_state(ids.len(), batch);
+    let mut positions = Vec::with_capacity(ids.len() - 1);
+    let mut nll = 0.0;
+    for (c, chunk) in ids.chunks(batch).enumerate() {
+        dec.forward(&mut state, chunk, LogitRows::All, true, None)?;
+        let logits = dec.backend.read(state.logits());
+        for (r, row) in logits.chunks_exact(n_vocab).enumerate() {
+            let Some(&next) = ids.get(c * batch + r + 1) else {
+                break;
+            };
+            let lp = log_prob(row, next as usize);
+            nll -= lp;
+            positions
+                .push(json!({"argmax": blockdraft_core::sampling::argmax(row), "logprob": lp}));
+        }
+    }
+    let n = positions.len();
+    println!(
+        "{}",
+        json!({"tokens": ids, "positions": positions, "perplexity": (nll / n as f64).exp()})
+    );
+    Ok(())
+}

