@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::{GgufError, Result};
-use crate::parse::{parse_header, validate_layout, Halt, Header, TensorInfo};
+use crate::parse::{parse_header, validate_layout, GgufHeader, Halt, TensorInfo};
 use crate::value::Metadata;
 use crate::GgmlType;
 
@@ -29,7 +29,7 @@ impl Backing {
 struct Inner {
     backing: Arc<Backing>,
     path: Option<Arc<Path>>,
-    header: Header,
+    header: GgufHeader,
 }
 
 /// A parsed GGUF file (v2 or v3, little-endian).
@@ -125,6 +125,11 @@ impl GgufFile {
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors().iter().find(|t| t.name == name)
+    }
+
+    /// The parsed header (version, alignment, metadata, tensors).
+    pub fn header(&self) -> &GgufHeader {
+        &self.inner.header
     }
 
     /// Absolute file offset of the data section.

@@ -13,13 +13,15 @@ mod error;
 mod file;
 mod parse;
 pub mod quants;
+mod stream;
 mod types;
 mod value;
 mod writer;
 
 pub use error::{ErrorKind, GgufError, Result};
 pub use file::{GgufFile, TensorData};
-pub use parse::{TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAX_DIMS};
+pub use parse::{GgufHeader, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAX_DIMS};
+pub use stream::{GgufStreamReader, StreamEnd, TensorChunk};
 pub use types::GgmlType;
 pub use value::{ArrayValue, Metadata, Value, ValueType};
 pub use writer::GgufWriter;

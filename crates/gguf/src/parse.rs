@@ -74,15 +74,24 @@ impl TensorInfo {
     }
 }
 
-/// Everything before the data section.
+/// Everything before the data section (what [`crate::GgufStreamReader`]
+/// yields once the header has arrived).
 #[derive(Clone, Debug)]
-pub(crate) struct Header {
+pub struct GgufHeader {
     pub version: u32,
+    /// `general.alignment`, default 32.
     pub alignment: u64,
     pub metadata: Metadata,
+    /// Tensors in header order.
     pub tensors: Vec<TensorInfo>,
-    /// Absolute offset of the data section.
+    /// Absolute file offset of the data section.
     pub data_offset: u64,
+}
+
+impl GgufHeader {
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
 }
 
 pub(crate) struct Cursor<'a> {
@@ -299,7 +308,7 @@ impl<'a> Cursor<'a> {
 ///
 /// `limit` bounds the file length (the exact length when known); `complete`
 /// says whether `buf` is the whole file.
-pub(crate) fn parse_header(buf: &[u8], limit: u64, complete: bool) -> PResult<Header> {
+pub(crate) fn parse_header(buf: &[u8], limit: u64, complete: bool) -> PResult<GgufHeader> {
     let mut c = Cursor::new(buf, limit, complete);
     let magic: [u8; 4] = c.array(&|| "magic".to_string())?;
     if magic != MAGIC {
@@ -401,7 +410,7 @@ pub(crate) fn parse_header(buf: &[u8], limit: u64, complete: bool) -> PResult<He
     let data_offset = align_up(header_end, alignment).ok_or_else(|| GgufError::Overflow {
         what: "data section offset".to_string(),
     })?;
-    Ok(Header {
+    Ok(GgufHeader {
         version,
         alignment,
         metadata,

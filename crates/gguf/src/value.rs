@@ -106,7 +106,10 @@ pub enum Value {
 }
 
 /// A homogeneous metadata array (GGUF arrays have one element type).
-#[derive(Clone, Debug, PartialEq)]
+///
+/// `Debug` shows at most 8 elements, so printing a file's metadata does not
+/// dump a whole vocabulary.
+#[derive(Clone, PartialEq)]
 pub enum ArrayValue {
     U8(Vec<u8>),
     I8(Vec<i8>),
@@ -257,6 +260,43 @@ impl ArrayValue {
             ArrayValue::I64(v) => w(v),
             _ => return None,
         })
+    }
+}
+
+impl std::fmt::Debug for ArrayValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fn show<T: std::fmt::Debug>(
+            f: &mut std::fmt::Formatter<'_>,
+            ty: &str,
+            v: &[T],
+        ) -> std::fmt::Result {
+            write!(f, "{ty}[")?;
+            for (i, x) in v.iter().take(8).enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "{x:?}")?;
+            }
+            if v.len() > 8 {
+                write!(f, ", … ({} total)", v.len())?;
+            }
+            f.write_str("]")
+        }
+        match self {
+            ArrayValue::U8(v) => show(f, "u8", v),
+            ArrayValue::I8(v) => show(f, "i8", v),
+            ArrayValue::U16(v) => show(f, "u16", v),
+            ArrayValue::I16(v) => show(f, "i16", v),
+            ArrayValue::U32(v) => show(f, "u32", v),
+            ArrayValue::I32(v) => show(f, "i32", v),
+            ArrayValue::U64(v) => show(f, "u64", v),
+            ArrayValue::I64(v) => show(f, "i64", v),
+            ArrayValue::F32(v) => show(f, "f32", v),
+            ArrayValue::F64(v) => show(f, "f64", v),
+            ArrayValue::Bool(v) => show(f, "bool", v),
+            ArrayValue::String(v) => show(f, "string", v),
+            ArrayValue::Array(v) => show(f, "array", v),
+        }
     }
 }
 

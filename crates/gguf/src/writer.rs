@@ -12,7 +12,6 @@ use crate::parse::{align_up, tensor_bytes, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAG
 use crate::value::{ArrayValue, Metadata, Value};
 use crate::GgmlType;
 
-#[derive(Debug)]
 struct PendingTensor {
     name: String,
     dims: Vec<u64>,
@@ -218,6 +217,19 @@ impl GgufWriter {
             Ok(())
         };
         run().map_err(|e| e.in_file(Some(path)))
+    }
+}
+
+impl std::fmt::Debug for PendingTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {:?} {} ({} bytes)",
+            self.name,
+            self.dims,
+            self.ty,
+            self.data.len()
+        )
     }
 }
 
