@@ -6,9 +6,6 @@
 //! allocation is sized from a length that was not first bounded by the bytes
 //! actually left in the file.
 
-// `u64::is_multiple_of` is newer than the workspace MSRV (1.85).
-#![allow(clippy::manual_is_multiple_of)]
-
 mod error;
 mod file;
 mod parse;
