@@ -61,7 +61,15 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     v
 }
 
-fn median_time(mut f: impl FnMut()) -> Duration {
+/// Nanoseconds this thread has run on a CPU (Linux), to see through a
+/// machine shared with other jobs: meaningful for 1-thread runs only.
+fn thread_cpu_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+/// (median, fastest) of repeated calls.
+fn median_time(mut f: impl FnMut()) -> (Duration, Duration) {
     f(); // warm up (page in, grow scratch)
     let mut times = Vec::new();
     let start = Instant::now();
@@ -71,7 +79,7 @@ fn median_time(mut f: impl FnMut()) -> Duration {
         times.push(t.elapsed());
     }
     times.sort();
-    times[times.len() / 2]
+    (times[times.len() / 2], times[0])
 }
 
 fn list<T: std::str::FromStr>(s: Option<String>, default: &str) -> Vec<T> {
@@ -102,12 +110,20 @@ fn main() {
         .collect();
     let threads: Vec<usize> = list(args.next(), "1,2");
     let ns: Vec<usize> = list(args.next(), "1,2,4,8,16");
-    let shapes = [(1536, 1536), (8960, 1536), (1536, 8960), (151936, 1536)];
+    // BENCH_SHAPES=ROWSxCOLS,... overrides the default shapes.
+    let shapes: Vec<(usize, usize)> = std::env::var("BENCH_SHAPES")
+        .unwrap_or_else(|_| "1536x1536,8960x1536,1536x8960,151936x1536".into())
+        .split(',')
+        .map(|s| {
+            let (r, c) = s.split_once('x').expect("ROWSxCOLS");
+            (r.parse().unwrap(), c.parse().unwrap())
+        })
+        .collect();
     let mut rng = Rng(0x1234_5678_9abc_def1);
 
-    println!("type  rows x cols     thr   n    ms/call    GB/s   T(n)/T(1)");
+    println!("type  rows x cols     thr   n    ms/call    GB/s   T(n)/T(1)  best-GB/s  cpu-GB/s");
     for &ty in &types {
-        for &(rows, cols) in &shapes {
+        for &(rows, cols) in shapes.iter() {
             if cols % ty.block_len() != 0 {
                 continue;
             }
@@ -124,11 +140,25 @@ fn main() {
                 for &n in &ns {
                     let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
                     let mut out = vec![0f32; n * rows];
-                    let dt = median_time(|| matmul(&pool, &w, &x, &mut out));
+                    let mut calls = 0u64;
+                    let cpu0 = thread_cpu_ns();
+                    let (dt, best) = median_time(|| {
+                        matmul(&pool, &w, &x, &mut out);
+                        calls += 1;
+                    });
+                    let cpu_gbs = match (cpu0, thread_cpu_ns()) {
+                        (Some(a), Some(b)) if t == 1 => {
+                            format!(
+                                "{:9.2}",
+                                (data.len() as u64 * calls) as f64 / (b - a) as f64
+                            )
+                        }
+                        _ => "        -".into(),
+                    };
                     let secs = dt.as_secs_f64();
                     let base = *t1.get_or_insert(secs);
                     println!(
-                        "{:5} {:6} x {:5} {:4} {:3} {:10.3} {:7.2} {:9.2}",
+                        "{:5} {:6} x {:5} {:4} {:3} {:10.3} {:7.2} {:9.2}  {:9.2}  {}",
                         ty.name(),
                         rows,
                         cols,
@@ -136,7 +166,9 @@ fn main() {
                         n,
                         secs * 1e3,
                         data.len() as f64 / secs / 1e9,
-                        secs / base
+                        secs / base,
+                        data.len() as f64 / best.as_secs_f64() / 1e9,
+                        cpu_gbs
                     );
                 }
             }

@@ -71,7 +71,7 @@ unsafe impl Sync for Act {}
 pub(crate) type Kernel = unsafe fn(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]);
 
 /// Activation rows handled per kernel call.
-pub(crate) const MAX_NR: usize = 4;
+pub(crate) const MAX_NR: usize = 8;
 
 /// How the activations must be prepared for a weight type.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -165,7 +165,7 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
 // Matmul kernels. Each is generic over NR (activation rows per call, 1..=4):
 // the weight block is loaded and unpacked once, then dotted with every row.
 
-/// Wrap `$f::<NR>` for NR = 1..=4 as one `Kernel` that picks by `x.len()`.
+/// Wrap `$f::<NR>` for NR = 1..=MAX_NR as one `Kernel` that picks by `x.len()`.
 macro_rules! by_nr {
     ($f:ident) => {{
         unsafe fn k(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
@@ -173,7 +173,11 @@ macro_rules! by_nr {
                 1 => $f::<1>(w, nb, x, out),
                 2 => $f::<2>(w, nb, x, out),
                 3 => $f::<3>(w, nb, x, out),
-                _ => $f::<4>(w, nb, x, out),
+                4 => $f::<4>(w, nb, x, out),
+                5 => $f::<5>(w, nb, x, out),
+                6 => $f::<6>(w, nb, x, out),
+                7 => $f::<7>(w, nb, x, out),
+                _ => $f::<8>(w, nb, x, out),
             }
         }
         k as Kernel
