@@ -233,40 +233,43 @@ pub(crate) fn matmul_with(
         // Split output rows into chunks; several per thread so dynamic
         // scheduling absorbs uneven cores (the machine is shared).
         let nt = pool.n_threads();
-        let chunk = if nt == 1 {
+        let mut chunk = if nt == 1 {
             rows
         } else {
             rows.div_ceil(nt * 8).max(8)
         };
+        if n > MAX_NR {
+            // Several passes over the chunk (one per group of MAX_NR
+            // activation rows): keep it small enough to stay in L2, so only
+            // the first pass reads DRAM.
+            const CHUNK_BYTES: usize = 192 << 10;
+            chunk = chunk.min((CHUNK_BYTES / row_bytes).max(4));
+        }
         let n_chunks = rows.div_ceil(chunk);
-        // Activation rows processed against one weight chunk before moving on:
-        // the chunk stays in L2 while those rows stream past (prefill tiling).
-        const ROW_TILE: usize = 64;
         let task = |t: usize| {
             let o0 = t * chunk;
             let o1 = (o0 + chunk).min(rows);
             let mut tmp = [0f32; MAX_NR];
             let mut xs = [act(0); MAX_NR];
-            for r0 in (0..n).step_by(ROW_TILE) {
-                let r1 = (r0 + ROW_TILE).min(n);
+            // Group of activation rows outer (it stays in L1 across the
+            // chunk's weight rows), weight rows inner.
+            for g in (0..n).step_by(MAX_NR) {
+                let nr = (n - g).min(MAX_NR);
+                for (i, a) in xs[..nr].iter_mut().enumerate() {
+                    *a = act(g + i);
+                }
                 for o in o0..o1 {
-                    // SAFETY: `o < rows` and the data length was checked.
-                    let wrow = unsafe { wdata.as_ptr().add(o * row_bytes) };
-                    let mut g = r0;
-                    while g < r1 {
-                        let nr = (r1 - g).min(MAX_NR);
-                        for (i, a) in xs[..nr].iter_mut().enumerate() {
-                            *a = act(g + i);
-                        }
-                        // SAFETY: the kernel reads `nb` blocks of the row and
-                        // `cols` activations of rows < n, all in bounds.
-                        unsafe { kernel(wrow, nb, &xs[..nr], &mut tmp[..nr]) };
-                        for (i, &v) in tmp[..nr].iter().enumerate() {
-                            // SAFETY: (g + i, o) is in bounds and owned by
-                            // this task alone (o is in its chunk).
-                            unsafe { *outp.get().add((g + i) * rows + o) = v };
-                        }
-                        g += nr;
+                    // SAFETY: `o < rows` and the data length was checked; the
+                    // kernel reads `nb` blocks of the row and `cols`
+                    // activations of rows < n, all in bounds.
+                    unsafe {
+                        let wrow = wdata.as_ptr().add(o * row_bytes);
+                        kernel(wrow, nb, &xs[..nr], &mut tmp[..nr]);
+                    }
+                    for (i, &v) in tmp[..nr].iter().enumerate() {
+                        // SAFETY: (g + i, o) is in bounds and owned by this
+                        // task alone (o is in its chunk).
+                        unsafe { *outp.get().add((g + i) * rows + o) = v };
                     }
                 }
             }

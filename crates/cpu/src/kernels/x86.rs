@@ -184,6 +184,31 @@ macro_rules! by_nr {
     }};
 }
 
+/// Like `by_nr!` for the float kernels, which keep two accumulators per row
+/// and would spill beyond 4 rows: more rows are done 4 at a time (the weight
+/// row is in L1 by then).
+macro_rules! by_nr4 {
+    ($f:ident) => {{
+        unsafe fn k(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            let mut i = 0;
+            while i < x.len() {
+                let (xs, os) = (
+                    &x[i..(i + 4).min(x.len())],
+                    &mut out[i..(i + 4).min(x.len())],
+                );
+                match xs.len() {
+                    1 => $f::<1>(w, nb, xs, os),
+                    2 => $f::<2>(w, nb, xs, os),
+                    3 => $f::<3>(w, nb, xs, os),
+                    _ => $f::<4>(w, nb, xs, os),
+                }
+                i += 4;
+            }
+        }
+        k as Kernel
+    }};
+}
+
 /// The AVX2 kernel for `ty`, if there is one and the CPU has AVX2.
 pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
     use GgmlType::*;
@@ -191,9 +216,9 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
         return None;
     }
     Some(match ty {
-        F32 => by_nr!(f32w),
-        F16 => by_nr!(f16w),
-        BF16 => by_nr!(bf16w),
+        F32 => by_nr4!(f32w),
+        F16 => by_nr4!(f16w),
+        BF16 => by_nr4!(bf16w),
         Q4_0 => by_nr!(q4_0),
         Q4_1 => by_nr!(q4_1),
         Q5_0 => by_nr!(q5_0),
