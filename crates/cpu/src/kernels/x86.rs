@@ -299,79 +299,117 @@ unsafe fn finish<const NR: usize>(acc: &[__m256; NR], extra: &[f32; NR], out: &m
     }
 }
 
-/// Shared body of the signed 32-block types: `$unpack(blk)` yields the 32
-/// weight quants as i8; `$bytes` is the block size.
-macro_rules! signed_32_kernel {
-    ($name:ident, $bytes:expr, |$blk:ident| $unpack:expr) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
-            let mut acc = [_mm256_setzero_ps(); NR];
-            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
-            for b in 0..nb {
-                let $blk = w.add(b * $bytes);
-                let dw = h2f($blk);
-                let q: __m256i = $unpack;
-                let qa = _mm256_sign_epi8(q, q);
-                for i in 0..NR {
-                    let xq = load(x[i].qs.add(32 * b) as *const u8);
-                    let s = _mm256_cvtepi32_ps(dot_i8(qa, q, xq));
-                    acc[i] = _mm256_fmadd_ps(s, _mm256_set1_ps(dw * *x[i].d.add(b)), acc[i]);
-                }
-            }
-            finish(&acc, &[0.0; NR], out);
-        }
-    };
+// Unpack one 32-block's quants to 32 bytes.
+
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn unpack_q8_0(blk: *const u8) -> __m256i {
+    load(blk.add(2))
 }
 
-signed_32_kernel!(q8_0, 34, |blk| load(blk.add(2)));
-signed_32_kernel!(q8_1, 36, |blk| load(blk.add(4)));
-signed_32_kernel!(q4_0, 18, |blk| _mm256_sub_epi8(
-    nibbles32(blk.add(2)),
-    _mm256_set1_epi8(8)
-));
-// Q5_0: the fifth bit clear means value - 16, i.e. the top nibble all ones.
-signed_32_kernel!(q5_0, 22, |blk| _mm256_or_si256(
-    nibbles32(blk.add(6)),
-    _mm256_andnot_si256(
-        bits_to_bytes((blk.add(2) as *const u32).read_unaligned()),
-        _mm256_set1_epi8(0xF0u8 as i8)
-    )
-));
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn unpack_q8_1(blk: *const u8) -> __m256i {
+    load(blk.add(4))
+}
 
-/// Shared body of the unsigned-with-min 32-block types (Q4_1, Q5_1):
-/// value = d * q + m, so dot = d dx sum(q xq) + m * (dx sum xq).
-macro_rules! unsigned_32_kernel {
-    ($name:ident, $bytes:expr, |$blk:ident| $unpack:expr) => {
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn unpack_q4_0(blk: *const u8) -> __m256i {
+    _mm256_sub_epi8(nibbles32(blk.add(2)), _mm256_set1_epi8(8))
+}
+
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn unpack_q5_0(blk: *const u8) -> __m256i {
+    // The fifth bit clear means value - 16, i.e. the top nibble all ones.
+    let hb = bits_to_bytes((blk.add(2) as *const u32).read_unaligned());
+    _mm256_or_si256(
+        nibbles32(blk.add(6)),
+        _mm256_andnot_si256(hb, _mm256_set1_epi8(0xF0u8 as i8)),
+    )
+}
+
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn unpack_q4_1(blk: *const u8) -> __m256i {
+    nibbles32(blk.add(4))
+}
+
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn unpack_q5_1(blk: *const u8) -> __m256i {
+    let hb = bits_to_bytes((blk.add(4) as *const u32).read_unaligned());
+    _mm256_or_si256(
+        nibbles32(blk.add(8)),
+        _mm256_and_si256(hb, _mm256_set1_epi8(0x10)),
+    )
+}
+
+/// Shared body of the 32-block types. Signed quants use the sign trick;
+/// unsigned ones (Q4_1, Q5_1: value = d q + m) use maddubs directly plus
+/// m * (dx sum xq) from the activation's block sum. Blocks go in pairs so
+/// the accumulator chain has one dependent add per two blocks.
+macro_rules! kernel_32 {
+    ($name:ident, $bytes:expr, $unpack:ident, $signed:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
             let mut acc = [_mm256_setzero_ps(); NR];
             let mut mins = [0f32; NR];
             let x: &[Act; NR] = x.try_into().unwrap_unchecked();
-            for b in 0..nb {
-                let $blk = w.add(b * $bytes);
-                let dw = h2f($blk);
-                let m = h2f($blk.add(2));
-                let q: __m256i = $unpack;
-                for i in 0..NR {
-                    let xq = load(x[i].qs.add(32 * b) as *const u8);
-                    let s = _mm256_cvtepi32_ps(dot_u8(q, xq));
-                    acc[i] = _mm256_fmadd_ps(s, _mm256_set1_ps(dw * *x[i].d.add(b)), acc[i]);
-                    mins[i] += m * *x[i].s.add(b);
+            #[inline(always)]
+            fn dot(q: __m256i, qa: __m256i, xq: __m256i) -> __m256 {
+                // SAFETY: only called from the AVX2 kernel below.
+                unsafe {
+                    _mm256_cvtepi32_ps(if $signed {
+                        dot_i8(qa, q, xq)
+                    } else {
+                        dot_u8(q, xq)
+                    })
                 }
+            }
+            let mut b = 0;
+            while b < nb {
+                let pair = b + 1 < nb;
+                let (b0, b1) = (w.add(b * $bytes), w.add((b + pair as usize) * $bytes));
+                let (d0, d1) = (h2f(b0), h2f(b1));
+                let (q0, q1) = ($unpack(b0), $unpack(b1));
+                let (qa0, qa1) = if $signed {
+                    (_mm256_sign_epi8(q0, q0), _mm256_sign_epi8(q1, q1))
+                } else {
+                    (q0, q1)
+                };
+                for i in 0..NR {
+                    let xq = x[i].qs.add(32 * b) as *const u8;
+                    let t =
+                        _mm256_mul_ps(dot(q0, qa0, load(xq)), _mm256_set1_ps(d0 * *x[i].d.add(b)));
+                    if !$signed {
+                        mins[i] += h2f(b0.add(2)) * *x[i].s.add(b);
+                    }
+                    let t = if pair {
+                        if !$signed {
+                            mins[i] += h2f(b1.add(2)) * *x[i].s.add(b + 1);
+                        }
+                        let s1 = dot(q1, qa1, load(xq.add(32)));
+                        _mm256_fmadd_ps(s1, _mm256_set1_ps(d1 * *x[i].d.add(b + 1)), t)
+                    } else {
+                        t
+                    };
+                    acc[i] = _mm256_add_ps(acc[i], t);
+                }
+                b += 2;
             }
             finish(&acc, &mins, out);
         }
     };
 }
 
-unsigned_32_kernel!(q4_1, 20, |blk| nibbles32(blk.add(4)));
-unsigned_32_kernel!(q5_1, 24, |blk| _mm256_or_si256(
-    nibbles32(blk.add(8)),
-    _mm256_and_si256(
-        bits_to_bytes((blk.add(4) as *const u32).read_unaligned()),
-        _mm256_set1_epi8(0x10)
-    )
-));
+kernel_32!(q8_0, 34, unpack_q8_0, true);
+kernel_32!(q8_1, 36, unpack_q8_1, true);
+kernel_32!(q4_0, 18, unpack_q4_0, true);
+kernel_32!(q5_0, 22, unpack_q5_0, true);
+kernel_32!(q4_1, 20, unpack_q4_1, false);
+kernel_32!(q5_1, 24, unpack_q5_1, false);
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q8_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
