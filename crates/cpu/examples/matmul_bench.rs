@@ -121,6 +121,15 @@ fn main() {
         .collect();
     let mut rng = Rng(0x1234_5678_9abc_def1);
 
+    for &t in &threads {
+        let pool = ThreadPool::new(t);
+        let (med, best) = median_time(|| pool.run(t * 4, &|_| {}));
+        println!(
+            "pool.run overhead, {t} threads: median {:.2} us, best {:.2} us",
+            med.as_secs_f64() * 1e6,
+            best.as_secs_f64() * 1e6
+        );
+    }
     println!("type  rows x cols     thr   n    ms/call    GB/s   T(n)/T(1)  best-GB/s  cpu-GB/s");
     for &ty in &types {
         for &(rows, cols) in shapes.iter() {

@@ -41,7 +41,8 @@ pub(crate) struct Act {
     pub qs: *const i8,
     /// Scale per block (per 32 or per 256 values).
     pub d: *const f32,
-    /// 32-blocks: `d * sum(qs)` per block.
+    /// Per 32 values, `d * sum(qs)` (`d` of the enclosing block): the min
+    /// terms of Q4_1/Q5_1 and Q4_K/Q5_K become one multiply-add per block.
     pub s: *const f32,
     /// 256-blocks: sum of each 16 quants.
     pub bs: *const i16,
@@ -51,11 +52,11 @@ pub(crate) struct Act {
 
 impl Act {
     // A method, so closures capture the whole (Sync) struct, not its fields.
-    fn offset(self, q: usize, d: usize, b: usize, f: usize) -> Act {
+    fn offset(self, q: usize, d: usize, s: usize, b: usize, f: usize) -> Act {
         Act {
             qs: self.qs.wrapping_add(q),
             d: self.d.wrapping_add(d),
-            s: self.s.wrapping_add(d),
+            s: self.s.wrapping_add(s),
             bs: self.bs.wrapping_add(b),
             f: self.f.wrapping_add(f),
         }
@@ -203,9 +204,8 @@ pub(crate) fn matmul_with(
         if kind != ActKind::F32 {
             grow(&mut sc.qs, n * cols);
             grow(&mut sc.d, n * nblk);
-            if kind == ActKind::Q8_0 {
-                grow(&mut sc.s, n * nblk);
-            } else {
+            grow(&mut sc.s, n * cols / 32);
+            if kind == ActKind::Q8K {
                 grow(&mut sc.bs, n * cols / 16);
             }
             quantize_rows(pool, kind, x, cols, n, sc);
@@ -220,11 +220,11 @@ pub(crate) fn matmul_with(
         let act = move |r: usize| -> Act {
             // Offsets only matter for the buffers this kind uses (the others
             // may be empty), hence wrapping_add.
-            let (q_off, d_off, b_off) = match kind {
-                ActKind::F32 => (0, 0, 0),
-                _ => (r * cols, r * nblk, r * cols / 16),
+            let (q_off, d_off, s_off, b_off) = match kind {
+                ActKind::F32 => (0, 0, 0, 0),
+                _ => (r * cols, r * nblk, r * cols / 32, r * cols / 16),
             };
-            base.offset(q_off, d_off, b_off, r * cols)
+            base.offset(q_off, d_off, s_off, b_off, r * cols)
         };
         let nb = cols / bl;
         let wdata = w.data;
@@ -310,6 +310,10 @@ fn quantize_rows(
                     let d = std::slice::from_raw_parts_mut(d.get().add(r * nbk), nbk);
                     let b = std::slice::from_raw_parts_mut(bs.get().add(r * cols / 16), cols / 16);
                     quantize_q8_k(xr, q, d, b);
+                    let s = std::slice::from_raw_parts_mut(s.get().add(r * cols / 32), cols / 32);
+                    for (k, v) in s.iter_mut().enumerate() {
+                        *v = d[k / 8] * (b[2 * k] as f32 + b[2 * k + 1] as f32);
+                    }
                 }
                 ActKind::F32 => {}
             }

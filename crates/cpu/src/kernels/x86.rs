@@ -473,10 +473,9 @@ macro_rules! k4_kernel {
                 let d = h2f(blk);
                 let dmin = h2f(blk.add(2));
                 let (sc, mn) = k4_scales(blk.add(4));
-                // mins duplicated per pair of bsums: [m0 m0 m1 m1 ... m7 m7] as i16.
-                let m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
-                let mdup =
-                    _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
+                // -dmin * m_j as f32; the activation side holds dx * sum per 32.
+                let m32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
+                let mv = _mm256_mul_ps(_mm256_cvtepi32_ps(m32), _mm256_set1_ps(-dmin));
                 let mut sum = [_mm256_setzero_si256(); NR];
                 let qh = if $five {
                     load(blk.add(16))
@@ -511,12 +510,10 @@ macro_rules! k4_kernel {
                     }
                 }
                 for i in 0..NR {
-                    let xd = *x[i].d.add(b);
-                    let bs = load(x[i].bs.add(16 * b) as *const u8);
-                    let msum = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mdup));
                     let s = _mm256_cvtepi32_ps(sum[i]);
-                    acc[i] = _mm256_fmadd_ps(s, _mm256_set1_ps(d * xd), acc[i]);
-                    acc[i] = _mm256_fmadd_ps(msum, _mm256_set1_ps(-dmin * xd), acc[i]);
+                    let t = _mm256_mul_ps(mv, _mm256_loadu_ps(x[i].s.add(8 * b)));
+                    let t = _mm256_fmadd_ps(s, _mm256_set1_ps(d * *x[i].d.add(b)), t);
+                    acc[i] = _mm256_add_ps(acc[i], t);
                 }
             }
             finish(&acc, &[0.0; NR], out);
