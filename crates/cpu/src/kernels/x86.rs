@@ -473,6 +473,9 @@ macro_rules! k4_kernel {
                 let d = h2f(blk);
                 let dmin = h2f(blk.add(2));
                 let (sc, mn) = k4_scales(blk.add(4));
+                let scv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(
+                    sc.as_ptr() as *const __m128i,
+                )));
                 // -dmin * m_j as f32; the activation side holds dx * sum per 32.
                 let m32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
                 let mv = _mm256_mul_ps(_mm256_cvtepi32_ps(m32), _mm256_set1_ps(-dmin));
@@ -496,8 +499,13 @@ macro_rules! k4_kernel {
                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 1), one), 4),
                         );
                     }
-                    let s_lo = _mm256_set1_epi16(sc[2 * jj] as i16);
-                    let s_hi = _mm256_set1_epi16(sc[2 * jj + 1] as i16);
+                    // Broadcast scale j to all 16 lanes: a byte shuffle picking
+                    // i16 lane j of `scv` (cheaper than GPR -> vector moves).
+                    let pick = |j: usize| {
+                        let m = (2 * j as i16) | ((2 * j as i16 + 1) << 8);
+                        _mm256_shuffle_epi8(scv, _mm256_set1_epi16(m))
+                    };
+                    let (s_lo, s_hi) = (pick(2 * jj), pick(2 * jj + 1));
                     for i in 0..NR {
                         let xp = x[i].qs.add(256 * b + 64 * jj) as *const u8;
                         let p_lo = _mm256_maddubs_epi16(lo, load(xp));
@@ -545,6 +553,8 @@ unsafe fn q6_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f
         // Quants are stored +32; the offset is removed with the 16-sums:
         // sum (q - 32) x = sum q x - 32 sum_g sc_g bsum_g.
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc as *const __m128i));
+        let dup_lo = _mm256_unpacklo_epi16(sc16, sc16);
+        let dup_hi = _mm256_unpackhi_epi16(sc16, sc16);
         let mut sum = [_mm256_setzero_si256(); NR];
         for h in 0..2 {
             let ql0 = load(blk.add(64 * h));
@@ -568,11 +578,19 @@ unsafe fn q6_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f
                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), low2), 4),
                 ),
             ];
+            // Scale pairs (8h + 2k, 8h + 2k + 1) by one cross-lane permute:
+            // dup_lo holds scales 0-3, 8-11 and dup_hi 4-7, 12-15, each
+            // doubled into a 32-bit lane.
+            let (o0, o1) = (4 * h as i32, 4 * h as i32 + 1);
+            let (o2, o3) = (4 * h as i32 + 2, 4 * h as i32 + 3);
+            let perm = |v: __m256i, a: i32, b: i32| {
+                _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(a, a, a, a, b, b, b, b))
+            };
             let s = [
-                pair16(*sc.add(8 * h) as i16, *sc.add(8 * h + 1) as i16),
-                pair16(*sc.add(8 * h + 2) as i16, *sc.add(8 * h + 3) as i16),
-                pair16(*sc.add(8 * h + 4) as i16, *sc.add(8 * h + 5) as i16),
-                pair16(*sc.add(8 * h + 6) as i16, *sc.add(8 * h + 7) as i16),
+                perm(dup_lo, o0, o1),
+                perm(dup_lo, o2, o3),
+                perm(dup_hi, o0, o1),
+                perm(dup_hi, o2, o3),
             ];
             for i in 0..NR {
                 let xp = x[i].qs.add(256 * b + 128 * h) as *const u8;
