@@ -391,9 +391,7 @@ mod tests {
     #[test]
     fn chatml() {
         let t = ChatTemplate::new(CHATML, "", "").unwrap();
-        let s = t
-            .render(&[ChatMessage::user("Hi")], true)
-            .unwrap();
+        let s = t.render(&[ChatMessage::user("Hi")], true).unwrap();
         assert_eq!(s, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
     }
 
@@ -402,11 +400,17 @@ mod tests {
         let src = "{% for m in messages %}{% if m.role not in ['user','assistant'] %}{{ raise_exception('bad role ' + m.role) }}{% endif %}{{ loop.index }}:{{ m.content.strip().upper() }}{{ '|' if not loop.last }}{% if m.content.startswith(' ') %}*{% endif %}{% endfor %}{{ bos_token }}{{ eos_token }}{% if tools %}T{% endif %}";
         let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
         let s = t
-            .render(&[ChatMessage::user(" a "), ChatMessage::assistant("b")], false)
+            .render(
+                &[ChatMessage::user(" a "), ChatMessage::assistant("b")],
+                false,
+            )
             .unwrap();
         assert_eq!(s, "1:A|*2:B<s></s>");
         let e = t.render(&[ChatMessage::system("x")], false).unwrap_err();
-        assert!(matches!(e, TemplateError::Raised(ref m) if m == "bad role system"), "{e:?}");
+        assert!(
+            matches!(e, TemplateError::Raised(ref m) if m == "bad role system"),
+            "{e:?}"
+        );
     }
 
     #[test]
@@ -428,22 +432,35 @@ mod tests {
         .unwrap();
         let e = t.render(&[], false).unwrap_err();
         assert!(
-            matches!(e, TemplateError::OutOfFuel(_) | TemplateError::OutputTooLarge(_)),
+            matches!(
+                e,
+                TemplateError::OutOfFuel(_) | TemplateError::OutputTooLarge(_)
+            ),
             "{e:?}"
         );
         // Unbounded recursion.
-        let t = ChatTemplate::new("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "", "")
-            .unwrap();
+        let t = ChatTemplate::new(
+            "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+            "",
+            "",
+        )
+        .unwrap();
         let e = t.render(&[], false).unwrap_err();
         assert!(
-            matches!(e, TemplateError::RecursionLimit(_) | TemplateError::OutOfFuel(_)),
+            matches!(
+                e,
+                TemplateError::RecursionLimit(_) | TemplateError::OutOfFuel(_)
+            ),
             "{e:?}"
         );
         // Huge output from one expression.
         let t = ChatTemplate::new("{{ 'x' * 1000000000 }}", "", "").unwrap();
         let e = t.render(&[], false).unwrap_err();
         assert!(
-            matches!(e, TemplateError::OutOfFuel(_) | TemplateError::OutputTooLarge(_)),
+            matches!(
+                e,
+                TemplateError::OutOfFuel(_) | TemplateError::OutputTooLarge(_)
+            ),
             "{e:?}"
         );
         // Output cap with a generous fuel budget.

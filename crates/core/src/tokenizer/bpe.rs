@@ -5,6 +5,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use super::unicode::BYTE_TO_CHAR;
+use super::vocab::Vocab;
 use super::{FxHashMap, TokenizerError};
 
 const NONE: u32 = u32::MAX;
@@ -24,15 +25,15 @@ pub(crate) struct BpeModel {
 
 impl BpeModel {
     pub(crate) fn new(
-        token_to_id: &FxHashMap<Box<str>, u32>,
+        vocab: &Vocab,
         n_vocab: u32,
-        merges: &[String],
+        merges: &[&str],
         ignore_merges: bool,
     ) -> Result<Self, TokenizerError> {
         let mut extra: FxHashMap<String, u32> = FxHashMap::default();
         let mut next = n_vocab;
         let mut intern = |s: &str| -> u32 {
-            if let Some(&id) = token_to_id.get(s) {
+            if let Some(id) = vocab.get(s) {
                 return id;
             }
             if let Some(&id) = extra.get(s) {
@@ -56,7 +57,7 @@ impl BpeModel {
                 .map(|p| p + 1)
                 .ok_or_else(|| TokenizerError::BadMerge {
                     index: i,
-                    line: line.clone(),
+                    line: line.to_string(),
                 })?;
             let (left, right) = (&line[..pos], &line[pos + 1..]);
             buf.clear();
@@ -71,7 +72,7 @@ impl BpeModel {
         for (b, sym) in byte_sym.iter_mut().enumerate() {
             let mut tmp = [0u8; 4];
             let s = BYTE_TO_CHAR[b].encode_utf8(&mut tmp);
-            if let Some(&id) = token_to_id.get(&*s) {
+            if let Some(id) = vocab.get(s) {
                 *sym = id;
             } else if let Some(&id) = extra.get(&*s) {
                 *sym = id;
@@ -81,7 +82,7 @@ impl BpeModel {
         for (b, tok) in ascii_tok.iter_mut().enumerate() {
             let s = [b as u8];
             if let Ok(s) = std::str::from_utf8(&s) {
-                if let Some(&id) = token_to_id.get(s) {
+                if let Some(id) = vocab.get(s) {
                     *tok = id;
                 }
             }
@@ -101,19 +102,14 @@ impl BpeModel {
     }
 
     /// Encodes one pre-tokenized word (raw text) and appends its tokens.
-    pub(crate) fn encode_word(
-        &self,
-        word: &str,
-        token_to_id: &FxHashMap<Box<str>, u32>,
-        out: &mut Vec<u32>,
-    ) {
+    pub(crate) fn encode_word(&self, word: &str, vocab: &Vocab, out: &mut Vec<u32>) {
         let bytes = word.as_bytes();
         if bytes.is_empty() {
             return;
         }
         if self.ignore_merges {
             let encoded: String = bytes.iter().map(|&b| BYTE_TO_CHAR[b as usize]).collect();
-            if let Some(&id) = token_to_id.get(encoded.as_str()) {
+            if let Some(id) = vocab.get(&encoded) {
                 out.push(id);
                 return;
             }

@@ -28,7 +28,9 @@ mod spm;
 mod stream;
 mod unicode;
 mod unicode_data;
+mod vocab;
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -38,6 +40,7 @@ pub use pretokenize::PreTokenizer;
 pub use stream::StreamDecoder;
 
 use special::Fragment;
+use vocab::Vocab;
 
 /// Everything that can go wrong building a tokenizer or using it.
 #[derive(Debug, thiserror::Error)]
@@ -169,30 +172,30 @@ pub struct TokenizerSpec {
 impl TokenizerSpec {
     /// Reads the `tokenizer.ggml.*` keys. Only `model` and `tokens` are required.
     pub fn from_metadata(md: &Metadata) -> Result<Self, TokenizerError> {
-        const P: &str = "tokenizer.ggml.";
-        let key = |k: &str| format!("{P}{k}");
+        let mut spec = Self::scalars_from_metadata(md)?;
+        let arrays = Arrays::from_metadata(md)?;
+        spec.tokens = arrays.tokens.iter().map(|s| s.to_string()).collect();
+        spec.merges = arrays.merges.iter().map(|s| s.to_string()).collect();
+        spec.scores = arrays.scores.map(Cow::into_owned);
+        spec.token_types = arrays.token_types.map(Cow::into_owned);
+        Ok(spec)
+    }
+
+    /// Everything but the per-token arrays and the merges.
+    fn scalars_from_metadata(md: &Metadata) -> Result<Self, TokenizerError> {
+        let key = |k: &str| format!("tokenizer.ggml.{k}");
         let model = md
             .opt_str(&key("model"))?
             .ok_or_else(|| TokenizerError::MissingKey(key("model")))?
             .to_owned();
-        let tokens: Vec<String> = md
-            .opt_str_array(&key("tokens"))?
-            .ok_or_else(|| TokenizerError::MissingKey(key("tokens")))?
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
-        let merges = md
-            .opt_str_array(&key("merges"))?
-            .map(|v| v.into_iter().map(str::to_owned).collect())
-            .unwrap_or_default();
         let id = |k: &str| md.opt_u32(&key(k));
         Ok(TokenizerSpec {
             model,
             pre: md.opt_str(&key("pre"))?.map(str::to_owned),
-            tokens,
-            scores: md.opt_f32_array(&key("scores"))?,
-            token_types: md.opt_i32_array(&key("token_type"))?,
-            merges,
+            tokens: Vec::new(),
+            scores: None,
+            token_types: None,
+            merges: Vec::new(),
             bos: id("bos_token_id")?,
             eos: id("eos_token_id")?,
             eot: id("eot_token_id")?,
@@ -214,9 +217,61 @@ impl TokenizerSpec {
     }
 }
 
+/// The large arrays of a spec, borrowed where possible.
+struct Arrays<'a> {
+    tokens: Vec<&'a str>,
+    merges: Vec<&'a str>,
+    scores: Option<Cow<'a, [f32]>>,
+    token_types: Option<Cow<'a, [i32]>>,
+}
+
+impl<'a> Arrays<'a> {
+    fn from_metadata(md: &'a Metadata) -> Result<Self, TokenizerError> {
+        let key = |k: &str| format!("tokenizer.ggml.{k}");
+        let tokens = md
+            .opt_str_array(&key("tokens"))?
+            .ok_or_else(|| TokenizerError::MissingKey(key("tokens")))?;
+        let merges = md.opt_str_array(&key("merges"))?.unwrap_or_default();
+        let scores = match md.get_f32_slice(&key("scores")) {
+            Ok(s) => Some(Cow::Borrowed(s)),
+            Err(_) => md.opt_f32_array(&key("scores"))?.map(Cow::Owned),
+        };
+        Ok(Arrays {
+            tokens,
+            merges,
+            scores,
+            token_types: md.opt_i32_array(&key("token_type"))?.map(Cow::Owned),
+        })
+    }
+
+    fn from_spec(spec: &'a TokenizerSpec) -> Self {
+        Arrays {
+            tokens: spec.tokens.iter().map(String::as_str).collect(),
+            merges: spec.merges.iter().map(String::as_str).collect(),
+            scores: spec.scores.as_deref().map(Cow::Borrowed),
+            token_types: spec.token_types.as_deref().map(Cow::Borrowed),
+        }
+    }
+}
+
+impl TokenizerSpec {
+    /// A copy without the large arrays.
+    fn clone_scalars(&self) -> TokenizerSpec {
+        TokenizerSpec {
+            model: self.model.clone(),
+            pre: self.pre.clone(),
+            tokens: Vec::new(),
+            scores: None,
+            token_types: None,
+            merges: Vec::new(),
+            ..*self
+        }
+    }
+}
+
 enum Model {
     Bpe {
-        bpe: bpe::BpeModel,
+        bpe: Box<bpe::BpeModel>,
         pre: PreTokenizer,
     },
     Spm {
@@ -352,11 +407,12 @@ const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 pub struct Tokenizer {
     model: Model,
     /// Token texts as stored in the GGUF (empty ones renamed `[EMPTY_i]`).
-    texts: Vec<Box<str>>,
+    vocab: Vocab,
     attrs: Vec<u16>,
-    token_to_id: FxHashMap<Box<str>, u32>,
-    /// Each token's bytes as llama.cpp renders it with `special = true`.
-    pieces: Vec<Box<[u8]>>,
+    /// Each token's bytes as llama.cpp renders it with `special = true`:
+    /// token `i` is `pieces[piece_offs[i]..piece_offs[i + 1]]`.
+    pieces: Vec<u8>,
+    piece_offs: Vec<u32>,
     /// Control / user-defined / unknown tokens, longest text first.
     special_order: Vec<u32>,
     eog: HashSet<u32>,
@@ -381,7 +437,7 @@ impl std::fmt::Debug for Tokenizer {
         f.debug_struct("Tokenizer")
             .field("model", &self.model_name)
             .field("pre", &self.pre_name)
-            .field("vocab_size", &self.texts.len())
+            .field("vocab_size", &self.vocab.len())
             .field("bos", &self.bos)
             .field("eos", &self.eos)
             .field("add_bos", &self.add_bos)
@@ -398,12 +454,17 @@ impl Tokenizer {
 
     /// Builds the tokenizer from GGUF metadata.
     pub fn from_metadata(md: &Metadata) -> Result<Self, TokenizerError> {
-        Self::from_spec(TokenizerSpec::from_metadata(md)?)
+        let spec = TokenizerSpec::scalars_from_metadata(md)?;
+        Self::build(spec, Arrays::from_metadata(md)?)
     }
 
     /// Builds the tokenizer from already extracted metadata.
     pub fn from_spec(spec: TokenizerSpec) -> Result<Self, TokenizerError> {
-        let n = spec.tokens.len();
+        Self::build(spec.clone_scalars(), Arrays::from_spec(&spec))
+    }
+
+    fn build(spec: TokenizerSpec, arrays: Arrays<'_>) -> Result<Self, TokenizerError> {
+        let n = arrays.tokens.len();
         if n == 0 {
             return Err(TokenizerError::EmptyVocab);
         }
@@ -435,7 +496,7 @@ impl Tokenizer {
             add_space_prefix = v;
         }
 
-        if let Some(s) = &spec.scores {
+        if let Some(s) = &arrays.scores {
             if s.len() < n {
                 return Err(TokenizerError::LengthMismatch {
                     what: "tokenizer.ggml.scores",
@@ -444,7 +505,7 @@ impl Tokenizer {
                 });
             }
         }
-        if let Some(t) = &spec.token_types {
+        if let Some(t) = &arrays.token_types {
             if t.len() < n {
                 return Err(TokenizerError::LengthMismatch {
                     what: "tokenizer.ggml.token_type",
@@ -454,19 +515,22 @@ impl Tokenizer {
             }
         }
 
-        let mut texts: Vec<Box<str>> = Vec::with_capacity(n);
-        let mut token_to_id: FxHashMap<Box<str>, u32> = FxHashMap::default();
-        token_to_id.reserve(n);
-        let mut attrs: Vec<u16> = Vec::with_capacity(n);
-        for (i, word) in spec.tokens.into_iter().enumerate() {
-            let word: Box<str> = if word.is_empty() {
-                format!("[EMPTY_{i}]").into()
-            } else {
-                word.into()
-            };
-            token_to_id.insert(word.clone(), i as u32);
-            texts.push(word);
-            let a = match spec.token_types.as_ref().map(|t| t[i]) {
+        let texts: Vec<Cow<'_, str>> = arrays
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| {
+                if w.is_empty() {
+                    Cow::Owned(format!("[EMPTY_{i}]"))
+                } else {
+                    Cow::Borrowed(w)
+                }
+            })
+            .collect();
+        let vocab = Vocab::new(texts.iter().map(|t| &**t));
+        drop(texts);
+        let mut attrs: Vec<u16> = (0..n)
+            .map(|i| match arrays.token_types.as_ref().map(|t| t[i]) {
                 None => attr::NORMAL,
                 Some(token_type::UNKNOWN) => attr::UNKNOWN,
                 Some(token_type::UNUSED) => attr::UNUSED,
@@ -475,9 +539,8 @@ impl Tokenizer {
                 Some(token_type::USER_DEFINED) => attr::USER_DEFINED,
                 Some(token_type::BYTE) => attr::BYTE,
                 Some(_) => 0,
-            };
-            attrs.push(a);
-        }
+            })
+            .collect();
 
         // Special ids: defaults out of range are disabled, metadata values in
         // range replace them.
@@ -509,12 +572,8 @@ impl Tokenizer {
         // a detected token becomes a control token. (llama.cpp walks a hash
         // map here, so with several candidates its choice is arbitrary; we
         // take the lowest id.)
-        let find = |names: &[&str]| -> Option<u32> {
-            names
-                .iter()
-                .filter_map(|s| token_to_id.get(*s).copied())
-                .min()
-        };
+        let find =
+            |names: &[&str]| -> Option<u32> { names.iter().filter_map(|s| vocab.get(s)).min() };
         let detect = |slot: &mut Option<u32>, names: &[&str], attrs: &mut Vec<u16>| {
             if slot.is_none() {
                 if let Some(id) = find(names) {
@@ -538,8 +597,8 @@ impl Tokenizer {
         }
 
         // Control tokens named "unused..." are unused.
-        for (t, a) in texts.iter().zip(attrs.iter_mut()) {
-            if *a & attr::CONTROL != 0 && t.contains("unused") {
+        for (i, a) in attrs.iter_mut().enumerate() {
+            if *a & attr::CONTROL != 0 && vocab.text(i as u32).contains("unused") {
                 *a |= attr::UNUSED;
             }
         }
@@ -548,25 +607,23 @@ impl Tokenizer {
         let mut eog: HashSet<u32> = HashSet::new();
         eog.extend(fim[3..].iter().flatten());
         for name in EOG_TEXTS {
-            if let Some(&id) = token_to_id.get(*name) {
+            if let Some(id) = vocab.get(name) {
                 eog.insert(id);
                 attrs[id as usize] |= attr::CONTROL;
             }
         }
         for name in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
-            if let Some(&id) = token_to_id.get(name) {
+            if let Some(id) = vocab.get(name) {
                 attrs[id as usize] = attr::USER_DEFINED;
             }
         }
         eog.extend([eos, eot, eom].into_iter().flatten());
-        let has = |eog: &HashSet<u32>, name: &str| {
-            token_to_id.get(name).filter(|id| eog.contains(id)).copied()
-        };
+        let has = |eog: &HashSet<u32>, name: &str| vocab.get(name).filter(|id| eog.contains(id));
         if let Some(end) = has(&eog, "<|end|>") {
             let ret = has(&eog, "<|return|>").is_some();
             let call = has(&eog, "<|call|>").is_some() || has(&eog, "<|calls|>").is_some();
             let flush = has(&eog, "<|flush|>").is_some();
-            if (ret && call) || (call && flush) {
+            if call && (ret || flush) {
                 eog.remove(&end);
                 attrs[end as usize] = attr::USER_DEFINED;
             }
@@ -584,26 +641,31 @@ impl Tokenizer {
                 attrs[i as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0
             })
             .collect();
-        special_order.sort_by_key(|&i| std::cmp::Reverse(texts[i as usize].len()));
+        special_order.sort_by_key(|&i| std::cmp::Reverse(vocab.text(i).len()));
 
         let model = match pre {
             Some(p) => Model::Bpe {
-                bpe: bpe::BpeModel::new(&token_to_id, n as u32, &spec.merges, p.ignore_merges)?,
+                bpe: Box::new(bpe::BpeModel::new(
+                    &vocab,
+                    n as u32,
+                    &arrays.merges,
+                    p.ignore_merges,
+                )?),
                 pre: p.pre,
             },
             None => {
                 let mut byte_tokens = Box::new([u32::MAX; 256]);
                 for (b, slot) in byte_tokens.iter_mut().enumerate() {
                     let hex = format!("<0x{b:02X}>");
-                    if let Some(&id) = token_to_id.get(hex.as_str()) {
+                    if let Some(id) = vocab.get(&hex) {
                         *slot = id;
                     } else if let Ok(s) = std::str::from_utf8(&[b as u8]) {
-                        if let Some(&id) = token_to_id.get(s) {
+                        if let Some(id) = vocab.get(s) {
                             *slot = id;
                         }
                     }
                 }
-                let mut scores = spec.scores.unwrap_or_default();
+                let mut scores = arrays.scores.map(Cow::into_owned).unwrap_or_default();
                 scores.resize(n, 0.0);
                 Model::Spm {
                     scores,
@@ -613,18 +675,20 @@ impl Tokenizer {
         };
 
         let is_bpe = matches!(model, Model::Bpe { .. });
-        let pieces = texts
-            .iter()
-            .zip(&attrs)
-            .map(|(t, &a)| render_piece(t, a, is_bpe))
-            .collect();
+        let mut pieces = Vec::with_capacity(vocab.len() * 4);
+        let mut piece_offs = Vec::with_capacity(n + 1);
+        piece_offs.push(0u32);
+        for (i, &a) in attrs.iter().enumerate() {
+            render_piece(vocab.text(i as u32), a, is_bpe, &mut pieces);
+            piece_offs.push(pieces.len() as u32);
+        }
 
         Ok(Tokenizer {
             model,
-            texts,
+            vocab,
             attrs,
-            token_to_id,
             pieces,
+            piece_offs,
             special_order,
             eog,
             bos,
@@ -664,7 +728,7 @@ impl Tokenizer {
                 .filter(|&&id| {
                     parse_special || self.attrs[id as usize] & (attr::CONTROL | attr::UNKNOWN) == 0
                 })
-                .map(|&id| (id, &*self.texts[id as usize])),
+                .map(|&id| (id, self.vocab.text(id))),
         );
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.add_bos {
@@ -687,7 +751,7 @@ impl Tokenizer {
                             for c in text[r.clone()].chars() {
                                 buf.push(if c == ' ' { '▁' } else { c });
                             }
-                            spm::encode(&buf, &self.token_to_id, scores, byte_tokens, &mut out)?;
+                            spm::encode(&buf, &self.vocab, scores, byte_tokens, &mut out)?;
                             prev_special = false;
                         }
                         Fragment::Token(id) => {
@@ -713,7 +777,7 @@ impl Tokenizer {
                                     continue;
                                 }
                                 let s = out.len();
-                                bpe.encode_word(word, &self.token_to_id, &mut out);
+                                bpe.encode_word(word, &self.vocab, &mut out);
                                 cache.insert(word, (s, out.len()));
                             }
                         }
@@ -784,27 +848,27 @@ impl Tokenizer {
         let i = id as usize;
         let a = *self.attrs.get(i).ok_or(TokenizerError::IdOutOfRange {
             id,
-            vocab_size: self.texts.len(),
+            vocab_size: self.vocab.len(),
         })?;
         if !special && a & (attr::CONTROL | attr::UNKNOWN) != 0 {
             return Ok(&[]);
         }
-        Ok(&self.pieces[i])
+        Ok(&self.pieces[self.piece_offs[i] as usize..self.piece_offs[i + 1] as usize])
     }
 
     /// The token's text as stored in the vocabulary (`Ġ`/`▁` not undone).
     pub fn token_text(&self, id: u32) -> Option<&str> {
-        self.texts.get(id as usize).map(|t| &**t)
+        ((id as usize) < self.vocab.len()).then(|| self.vocab.text(id))
     }
 
     /// The id of the token with exactly this vocabulary text.
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.token_to_id.get(text).copied()
+        self.vocab.get(text)
     }
 
     /// Number of tokens in the vocabulary.
     pub fn vocab_size(&self) -> usize {
-        self.texts.len()
+        self.vocab.len()
     }
 
     pub fn bos(&self) -> Option<u32> {
@@ -899,16 +963,21 @@ impl Tokenizer {
     }
 }
 
-/// A token's bytes as llama.cpp's `token_to_piece(.., special = true)` gives them.
-fn render_piece(text: &str, a: u16, is_bpe: bool) -> Box<[u8]> {
+/// Appends a token's bytes as llama.cpp's `token_to_piece(.., special =
+/// true)` gives them.
+fn render_piece(text: &str, a: u16, is_bpe: bool, out: &mut Vec<u8>) {
     if a & (attr::UNKNOWN | attr::CONTROL | attr::USER_DEFINED) != 0 {
-        return text.as_bytes().into();
-    }
-    if a & attr::NORMAL != 0 {
+        out.extend_from_slice(text.as_bytes());
+    } else if a & attr::NORMAL != 0 {
         if !is_bpe {
-            return text.replace('▁', " ").into_bytes().into();
+            for (i, part) in text.split('▁').enumerate() {
+                if i > 0 {
+                    out.push(b' ');
+                }
+                out.extend_from_slice(part.as_bytes());
+            }
+            return;
         }
-        let mut out = Vec::with_capacity(text.len());
         for c in text.chars() {
             match unicode::char_to_byte(c) {
                 Some(b) => out.push(b),
@@ -924,14 +993,9 @@ fn render_piece(text: &str, a: u16, is_bpe: bool) -> Box<[u8]> {
                 }
             }
         }
-        return out.into();
+    } else if a & attr::BYTE != 0 {
+        out.push(parse_hex_prefix(text.get(3..5).unwrap_or("")));
     }
-    if a & attr::BYTE != 0 {
-        let hex = text.get(3..5).unwrap_or("");
-        let b = parse_hex_prefix(hex);
-        return vec![b].into();
-    }
-    Box::new([])
 }
 
 /// `strtol(s, 16)` truncated to a byte: leading hex digits, 0 if none.

@@ -69,10 +69,10 @@ mod tests {
             f,
             vec![
                 Fragment::Token(1),
-                Fragment::Text(12..20),
+                Fragment::Text(12..19),
                 Fragment::Token(2),
                 Fragment::Token(3),
-                Fragment::Text(32..33),
+                Fragment::Text(31..32),
                 Fragment::Token(2),
             ]
         );

@@ -7,7 +7,8 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::{FxHashMap, TokenizerError};
+use super::vocab::Vocab;
+use super::TokenizerError;
 
 struct Bigram {
     left: u32,
@@ -47,7 +48,7 @@ struct Sym {
 /// Tokenizes `text` (spaces already replaced by `▁`) and appends the ids.
 pub(crate) fn encode(
     text: &str,
-    token_to_id: &FxHashMap<Box<str>, u32>,
+    vocab: &Vocab,
     scores: &[f32],
     byte_tokens: &[u32; 256],
     out: &mut Vec<u32>,
@@ -76,7 +77,7 @@ pub(crate) fn encode(
         let (ls, rs) = (&syms[l as usize], &syms[r as usize]);
         let start = ls.start as usize;
         let end = (ls.start + ls.len + rs.len) as usize;
-        if let Some(&id) = token_to_id.get(&text[start..end]) {
+        if let Some(id) = vocab.get(&text[start..end]) {
             heap.push(Bigram {
                 left: l as u32,
                 right: r as u32,
@@ -110,8 +111,8 @@ pub(crate) fn encode(
     while i != -1 {
         let s = &syms[i as usize];
         let piece = &text[s.start as usize..(s.start + s.len) as usize];
-        match token_to_id.get(piece) {
-            Some(&id) => out.push(id),
+        match vocab.get(piece) {
+            Some(id) => out.push(id),
             None => {
                 for &b in piece.as_bytes() {
                     let id = byte_tokens[b as usize];

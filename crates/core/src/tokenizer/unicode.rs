@@ -98,25 +98,31 @@ const fn build_byte_to_char() -> [char; 256] {
 /// GPT-2 byte-level encoding: every byte is shown as one printable character.
 pub(crate) static BYTE_TO_CHAR: [char; 256] = build_byte_to_char();
 
+const fn build_extra_to_byte() -> [u8; 68] {
+    let mut table = [0u8; 68];
+    let mut n = 0usize;
+    let mut b = 0usize;
+    while b < 256 {
+        if !byte_is_printable(b as u8) {
+            table[n] = b as u8;
+            n += 1;
+        }
+        b += 1;
+    }
+    table
+}
+
+/// Bytes shown as U+0100 + i, for the 68 bytes that are not printable.
+static EXTRA_TO_BYTE: [u8; 68] = build_extra_to_byte();
+
 /// Inverse of [`BYTE_TO_CHAR`]; `None` for characters outside the 256 used.
+#[inline]
 pub(crate) fn char_to_byte(c: char) -> Option<u8> {
     let cp = c as u32;
     if cp < 256 && byte_is_printable(cp as u8) {
         return Some(cp as u8);
     }
-    if (256..256 + 68).contains(&cp) {
-        let want = cp - 256;
-        let mut n = 0u32;
-        for b in 0..=255u8 {
-            if !byte_is_printable(b) {
-                if n == want {
-                    return Some(b);
-                }
-                n += 1;
-            }
-        }
-    }
-    None
+    EXTRA_TO_BYTE.get(cp.checked_sub(256)? as usize).copied()
 }
 
 #[cfg(test)]

@@ -1,0 +1,118 @@
+//! Chat templates read from the real models render the expected ChatML.
+//!
+//! Models: `$BLOCKDRAFT_MODELS` or `~/.cache/blockdraft/models` (fetch with
+//! `tests/fetch_models.sh`); `BLOCKDRAFT_SKIP_MODEL_TESTS=1` skips missing ones.
+
+use std::path::PathBuf;
+
+use blockdraft_core::chat_template::{ChatMessage, ChatTemplate};
+use blockdraft_core::tokenizer::Tokenizer;
+use blockdraft_gguf::GgufFile;
+
+fn open_model(file: &str) -> Option<GgufFile> {
+    let dir = match std::env::var_os("BLOCKDRAFT_MODELS") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/blockdraft/models"),
+    };
+    let p = dir.join(file);
+    if !p.exists() {
+        if std::env::var("BLOCKDRAFT_SKIP_MODEL_TESTS").is_ok_and(|v| v == "1") {
+            eprintln!(
+                "SKIP: model {} not found (BLOCKDRAFT_SKIP_MODEL_TESTS=1)",
+                p.display()
+            );
+            return None;
+        }
+        panic!(
+            "model {} not found: run tests/fetch_models.sh (or set BLOCKDRAFT_MODELS, \
+             or BLOCKDRAFT_SKIP_MODEL_TESTS=1 to skip)",
+            p.display()
+        );
+    }
+    Some(GgufFile::open(&p).unwrap())
+}
+
+fn conversation() -> Vec<ChatMessage> {
+    vec![
+        ChatMessage::system("Be brief."),
+        ChatMessage::user("Hi"),
+        ChatMessage::assistant("Hello!"),
+        ChatMessage::user("2+2?"),
+    ]
+}
+
+#[test]
+fn smollm2_template() {
+    let Some(f) = open_model("smollm2-135m-instruct-q4_1.gguf") else {
+        return;
+    };
+    let t = ChatTemplate::from_gguf(&f)
+        .unwrap()
+        .expect("SmolLM2 has a template");
+    assert_eq!(
+        t.render(&[ChatMessage::user("Hi")], true).unwrap(),
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    assert_eq!(
+        t.render(&conversation(), false).unwrap(),
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+         <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+    );
+
+    // The rendered prompt tokenizes with the chat markers as special tokens.
+    let tok = Tokenizer::from_gguf(&f).unwrap();
+    let prompt = t.render(&[ChatMessage::user("Hi")], true).unwrap();
+    let ids = tok.encode(&prompt, true, true).unwrap();
+    let start = tok.token_id("<|im_start|>").unwrap();
+    let end = tok.token_id("<|im_end|>").unwrap();
+    assert_eq!(ids[0], start);
+    assert_eq!(ids.iter().filter(|&&i| i == start).count(), 3);
+    assert_eq!(ids.iter().filter(|&&i| i == end).count(), 2);
+    assert!(tok.is_eog(end));
+    assert_eq!(tok.decode_special(&ids).unwrap(), prompt);
+}
+
+#[test]
+fn qwen25_template() {
+    for file in [
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    ] {
+        let Some(f) = open_model(file) else {
+            continue;
+        };
+        let t = ChatTemplate::from_gguf(&f)
+            .unwrap()
+            .expect("Qwen2.5 has a template");
+        assert_eq!(
+            t.render(&[ChatMessage::user("Hi")], true).unwrap(),
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
+             <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+            "{file}"
+        );
+        assert_eq!(
+            t.render(&conversation(), true).unwrap(),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+             <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n\
+             <|im_start|>assistant\n",
+            "{file}"
+        );
+        assert_eq!(t.eos_token(), "<|im_end|>");
+    }
+}
+
+#[test]
+fn gemma_base_has_no_template() {
+    let Some(f) = open_model("gemma-3-270m-q4_k_m.gguf") else {
+        return;
+    };
+    // Callers fall back to plain text: BOS + the text.
+    assert!(ChatTemplate::from_gguf(&f).unwrap().is_none());
+    let tok = Tokenizer::from_gguf(&f).unwrap();
+    let ids = tok.encode("Hello", true, false).unwrap();
+    assert_eq!(ids[0], tok.bos().unwrap());
+    assert!(tok.is_eog(tok.token_id("<end_of_turn>").unwrap()));
+    assert!(tok.is_eog(tok.eos().unwrap()));
+}
