@@ -1,5 +1,6 @@
 //! Whole-file reader over a memory map or an owned byte buffer.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::ops::{Deref, Range};
 use std::path::Path;
@@ -30,6 +31,8 @@ struct Inner {
     backing: Arc<Backing>,
     path: Option<Arc<Path>>,
     header: GgufHeader,
+    /// Tensor name → index in `header.tensors`.
+    by_name: HashMap<String, usize>,
 }
 
 /// A parsed GGUF file (v2 or v3, little-endian).
@@ -90,12 +93,21 @@ impl GgufFile {
         };
         let data_len = len.saturating_sub(header.data_offset);
         validate_layout(&header.tensors, header.alignment, Some(data_len)).map_err(wrap)?;
+        // Tensor ranges were checked against the file length, which fits in
+        // usize because the file is in memory; so all slicing is in bounds.
         header.metadata.set_path(path.clone());
+        let by_name = header
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
         Ok(GgufFile {
             inner: Arc::new(Inner {
                 backing: Arc::new(backing),
                 path,
                 header,
+                by_name,
             }),
         })
     }
@@ -124,7 +136,20 @@ impl GgufFile {
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        self.tensors().iter().find(|t| t.name == name)
+        self.inner
+            .by_name
+            .get(name)
+            .map(|&i| &self.inner.header.tensors[i])
+    }
+
+    /// Index of tensor `name` in [`GgufFile::tensors`].
+    pub fn tensor_index(&self, name: &str) -> Option<usize> {
+        self.inner.by_name.get(name).copied()
+    }
+
+    /// `general.architecture` (e.g. `llama`, `qwen2`, `dflash`).
+    pub fn architecture(&self) -> Result<&str> {
+        self.metadata().get_str("general.architecture")
     }
 
     /// The parsed header (version, alignment, metadata, tensors).
@@ -170,6 +195,17 @@ impl GgufFile {
         // Layout was validated at open; recheck with checked ops anyway so a
         // hand-edited TensorInfo can never slice out of bounds.
         let len = self.bytes().len() as u64;
+        if info.n_bytes == 0 {
+            // A zero-size tensor may sit past the end of a file that has no
+            // data section at all; it is an empty slice either way.
+            let at = self.data_offset().saturating_add(info.offset).min(len) as usize;
+            return Ok(TensorData {
+                backing: self.inner.backing.clone(),
+                range: at..at,
+                ty: info.ty,
+                dims: info.dims.clone(),
+            });
+        }
         let range = self
             .data_offset()
             .checked_add(info.offset)

@@ -488,11 +488,6 @@ pub(crate) fn validate_layout(
                 });
             }
         }
-        if end > usize::MAX as u64 {
-            return Err(GgufError::Overflow {
-                what: format!("tensor \"{}\" does not fit in memory", t.name),
-            });
-        }
     }
     order.sort_by_key(|&i| (tensors[i].offset, tensors[i].n_bytes));
     let mut prev: Option<&TensorInfo> = None;

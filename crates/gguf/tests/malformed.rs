@@ -378,6 +378,14 @@ fn valid_base_file_parses() {
 }
 
 #[test]
+fn zero_size_tensor_without_data_section_is_readable() {
+    // Found by the fuzzer: a 0-element tensor in a file that ends before the
+    // (aligned) data section must read as an empty slice, not an error.
+    let f = GgufFile::from_bytes(Raw::new().tensor(info(b"z", &[0], F32_T, 0)).build()).unwrap();
+    assert!(f.tensor_data("z").unwrap().is_empty());
+}
+
+#[test]
 fn corpus_files_match_generator() {
     let dir = corpus_dir();
     if std::env::var_os("BLOCKDRAFT_REGEN_CORPUS").is_some() {
