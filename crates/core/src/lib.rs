@@ -9,6 +9,8 @@ pub mod generate;
 pub mod kv_cache;
 pub mod model;
 pub mod sampling;
+pub mod speculative;
+pub mod testing;
 pub mod tokenizer;
 
 pub use backend::Backend;

@@ -4,26 +4,16 @@
 //! reachable here, so this is how the Qwen3 path is tested).
 
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
-use blockdraft_core::sampling::Rng;
+use blockdraft_core::testing::{synthetic_decoder, SyntheticDims};
 use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgufFile, GgufWriter};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-#[derive(Clone, Copy)]
-struct Dims {
-    n_layer: usize,
-    n_embd: usize,
-    n_head: usize,
-    n_head_kv: usize,
-    head_dim: usize,
-    n_ff: usize,
-    n_vocab: usize,
-    window: usize,
-}
+type Dims = SyntheticDims;
 
-const DIMS: Dims = Dims {
+const DIMS: Dims = SyntheticDims {
     n_layer: 7,
     n_embd: 48,
     n_head: 4,
@@ -39,88 +29,14 @@ struct Synthetic {
     w: HashMap<String, Vec<f64>>,
 }
 
-fn random(rng: &mut Rng, n: usize, scale: f64) -> Vec<f32> {
-    (0..n)
-        .map(|_| ((rng.next_f64() * 2.0 - 1.0) * scale) as f32)
-        .collect()
-}
-
 fn build(arch: &str, d: Dims, seed: u64) -> Synthetic {
-    let mut rng = Rng::new(seed);
-    let mut wr = GgufWriter::new();
-    let key = |k: &str| format!("{arch}.{k}");
-    wr.add("general.architecture", arch);
-    wr.add(key("block_count"), d.n_layer as u32);
-    wr.add(key("embedding_length"), d.n_embd as u32);
-    wr.add(key("feed_forward_length"), d.n_ff as u32);
-    wr.add(key("attention.head_count"), d.n_head as u32);
-    wr.add(key("attention.head_count_kv"), d.n_head_kv as u32);
-    wr.add(key("attention.key_length"), d.head_dim as u32);
-    wr.add(key("attention.value_length"), d.head_dim as u32);
-    wr.add(key("attention.layer_norm_rms_epsilon"), 1e-6f32);
-    wr.add(key("rope.freq_base"), 1000.0f32);
-    wr.add(key("vocab_size"), d.n_vocab as u32);
-    wr.add(key("context_length"), 64u32);
-    if arch == "gemma3" {
-        wr.add(key("attention.sliding_window"), d.window as u32);
-    }
-    let mut w = HashMap::new();
-    let mut add = |wr: &mut GgufWriter, name: String, dims: &[usize], scale: f64, offset: f32| {
-        let n = dims.iter().product();
-        let v: Vec<f32> = random(&mut rng, n, scale)
-            .into_iter()
-            .map(|x| x + offset)
-            .collect();
-        let d64: Vec<u64> = dims.iter().map(|&x| x as u64).collect();
-        wr.add_f32_tensor(name.clone(), &d64, &v).unwrap();
-        w.insert(name, v.into_iter().map(f64::from).collect::<Vec<f64>>());
-    };
-    let (e, q, kv, ff) = (
-        d.n_embd,
-        d.n_head * d.head_dim,
-        d.n_head_kv * d.head_dim,
-        d.n_ff,
-    );
-    add(
-        &mut wr,
-        "token_embd.weight".into(),
-        &[e, d.n_vocab],
-        1.0,
-        0.0,
-    );
-    add(&mut wr, "output_norm.weight".into(), &[e], 0.2, 1.0);
-    if arch != "gemma3" {
-        add(&mut wr, "output.weight".into(), &[e, d.n_vocab], 0.3, 0.0);
-    }
-    for il in 0..d.n_layer {
-        let n = |t: &str| format!("blk.{il}.{t}");
-        add(&mut wr, n("attn_norm.weight"), &[e], 0.2, 1.0);
-        add(&mut wr, n("attn_q.weight"), &[e, q], 0.3, 0.0);
-        add(&mut wr, n("attn_k.weight"), &[e, kv], 0.3, 0.0);
-        add(&mut wr, n("attn_v.weight"), &[e, kv], 0.3, 0.0);
-        add(&mut wr, n("attn_output.weight"), &[q, e], 0.2, 0.0);
-        if arch == "qwen2" {
-            add(&mut wr, n("attn_q.bias"), &[q], 0.5, 0.0);
-            add(&mut wr, n("attn_k.bias"), &[kv], 0.5, 0.0);
-            add(&mut wr, n("attn_v.bias"), &[kv], 0.5, 0.0);
-        }
-        if arch == "qwen3" || arch == "gemma3" {
-            add(&mut wr, n("attn_q_norm.weight"), &[d.head_dim], 0.2, 1.0);
-            add(&mut wr, n("attn_k_norm.weight"), &[d.head_dim], 0.2, 1.0);
-        }
-        if arch == "gemma3" {
-            add(&mut wr, n("post_attention_norm.weight"), &[e], 0.2, 1.0);
-            add(&mut wr, n("post_ffw_norm.weight"), &[e], 0.2, 1.0);
-        }
-        add(&mut wr, n("ffn_norm.weight"), &[e], 0.2, 1.0);
-        add(&mut wr, n("ffn_gate.weight"), &[e, ff], 0.3, 0.0);
-        add(&mut wr, n("ffn_up.weight"), &[e, ff], 0.3, 0.0);
-        add(&mut wr, n("ffn_down.weight"), &[ff, e], 0.2, 0.0);
-    }
-    Synthetic {
-        bytes: wr.to_bytes().unwrap(),
-        w,
-    }
+    let m = synthetic_decoder(arch, d, seed);
+    let w = m
+        .weights
+        .into_iter()
+        .map(|(k, v)| (k, v.into_iter().map(f64::from).collect()))
+        .collect();
+    Synthetic { bytes: m.bytes, w }
 }
 
 // ---- the independent reference, in f64 -------------------------------------

@@ -12,6 +12,8 @@ pub enum Architecture {
     Qwen2,
     Qwen3,
     Gemma3,
+    /// A DFlash-family block drafter: Qwen3-style layers (see `speculative::dflash`).
+    DFlash,
 }
 
 impl Architecture {
@@ -21,6 +23,7 @@ impl Architecture {
             "qwen2" => Some(Self::Qwen2),
             "qwen3" => Some(Self::Qwen3),
             "gemma3" => Some(Self::Gemma3),
+            "dflash" => Some(Self::DFlash),
             _ => None,
         }
     }
@@ -31,6 +34,7 @@ impl Architecture {
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Gemma3 => "gemma3",
+            Self::DFlash => "dflash",
         }
     }
 }
@@ -65,6 +69,16 @@ pub struct ModelConfig {
 
 impl ModelConfig {
     pub fn from_metadata(md: &Metadata) -> Result<Self, ModelError> {
+        Self::parse(md, None)
+    }
+
+    /// For drafters that borrow the target's vocabulary: `n_vocab` applies
+    /// unless the file declares its own.
+    pub fn from_metadata_with_vocab(md: &Metadata, n_vocab: usize) -> Result<Self, ModelError> {
+        Self::parse(md, Some(n_vocab))
+    }
+
+    fn parse(md: &Metadata, vocab_fallback: Option<usize>) -> Result<Self, ModelError> {
         let arch_name = md.get_str("general.architecture")?;
         let arch = Architecture::from_name(arch_name)
             .ok_or_else(|| ModelError::UnsupportedArchitecture(arch_name.to_string()))?;
@@ -120,9 +134,15 @@ impl ModelConfig {
                 ));
             }
         }
-        let n_vocab = match opt("vocab_size")? {
-            Some(v) => v,
-            None => md.get_array("tokenizer.ggml.tokens")?.len(),
+        let n_vocab = match (
+            opt("vocab_size")?,
+            md.opt_array("tokenizer.ggml.tokens")?,
+            vocab_fallback,
+        ) {
+            (Some(v), _, _) => v,
+            (None, Some(tokens), _) => tokens.len(),
+            (None, None, Some(v)) => v,
+            (None, None, None) => md.get_array("tokenizer.ggml.tokens")?.len(),
         };
         let rms_eps = md.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
         let rope_base = md.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
@@ -151,7 +171,7 @@ impl ModelConfig {
         };
         match arch {
             Architecture::Llama => cfg.rope_style = RopeStyle::Normal,
-            Architecture::Qwen2 | Architecture::Qwen3 => {}
+            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::DFlash => {}
             Architecture::Gemma3 => {
                 cfg.activation = GatedActivation::GeGlu;
                 cfg.embedding_scale = Some((n_embd as f32).sqrt());

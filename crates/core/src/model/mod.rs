@@ -30,6 +30,7 @@ pub struct Taps<B: Backend> {
     layers: Vec<usize>,
     out: B::Tensor,
     n_embd: usize,
+    max_rows: usize,
 }
 
 impl<B: Backend> Taps<B> {
@@ -50,6 +51,7 @@ impl<B: Backend> Taps<B> {
             layers: layers.to_vec(),
             out,
             n_embd: cfg.n_embd,
+            max_rows,
         })
     }
 
@@ -60,6 +62,19 @@ impl<B: Backend> Taps<B> {
     /// The captured rows of the last forward pass (`n x layers·n_embd`).
     pub fn output(&self) -> &B::Tensor {
         &self.out
+    }
+
+    /// Shapes the output for `n` rows.
+    fn prepare(&mut self, backend: &B, n: usize) -> Result<(), ModelError> {
+        let width = self.layers.len().max(1) * self.n_embd;
+        if n > self.max_rows {
+            return Err(ModelError::Usage(format!(
+                "taps hold {} rows, the forward pass has {n}",
+                self.max_rows
+            )));
+        }
+        backend.reshape(&mut self.out, n, width);
+        Ok(())
     }
 
     fn capture(&mut self, backend: &B, layer: usize, h: &B::Tensor, n: usize) {
@@ -85,11 +100,24 @@ impl<B: Backend> Decoder<B> {
         on_progress: &mut dyn FnMut(u64),
     ) -> Result<Self, ModelError> {
         let config = ModelConfig::from_metadata(file.metadata())?;
+        Self::load_with_config(config, file, None, backend, on_progress)
+    }
+
+    /// Loads with an explicit config; embeddings and head missing from
+    /// `file` are taken from `borrow_from` (a drafter's target).
+    pub fn load_with_config(
+        config: ModelConfig,
+        file: &GgufFile,
+        borrow_from: Option<&GgufFile>,
+        backend: Arc<B>,
+        on_progress: &mut dyn FnMut(u64),
+    ) -> Result<Self, ModelError> {
         let mut loader = TensorLoader {
             file,
             backend: &*backend,
             on_progress,
             loaded_bytes: 0,
+            borrow_from,
         };
         let weights = DecoderWeights::load(&config, &mut loader)?;
         Ok(Decoder {
@@ -134,6 +162,9 @@ impl<B: Backend> Decoder<B> {
                 id,
                 n_vocab: cfg.n_vocab,
             });
+        }
+        if let Some(t) = taps.as_deref_mut() {
+            t.prepare(be, n)?;
         }
         let pos0 = state.kv.len();
         state.kv.reserve(pos0 + n)?;
@@ -221,7 +252,6 @@ impl<B: Backend> Decoder<B> {
         }
         if let Some(t) = taps.as_deref_mut() {
             t.capture(be, cfg.n_layer, &s.x, n);
-            be.reshape(&mut t.out, n, t.layers.len().max(1) * cfg.n_embd);
         }
         state.kv.set_len(pos0 + n);
 

@@ -39,6 +39,9 @@ pub struct TensorLoader<'a, B: Backend> {
     /// Called with the number of bytes made resident so far (progress bars).
     pub on_progress: &'a mut dyn FnMut(u64),
     pub loaded_bytes: u64,
+    /// Where `token_embd.weight` and `output.weight` come from when `file`
+    /// lacks them (drafters borrow the target's embeddings and head).
+    pub borrow_from: Option<&'a GgufFile>,
 }
 
 impl<B: Backend> TensorLoader<'_, B> {
@@ -55,9 +58,13 @@ impl<B: Backend> TensorLoader<'_, B> {
         name: &str,
         expected: &[u64],
     ) -> Result<Option<B::Weight>, ModelError> {
-        let Some(info) = self.file.tensor(name) else {
-            return Ok(None);
+        let borrowable = matches!(name, "token_embd.weight" | "output.weight");
+        let file = match (self.file.tensor(name), self.borrow_from) {
+            (Some(_), _) => self.file,
+            (None, Some(other)) if borrowable && other.tensor(name).is_some() => other,
+            _ => return Ok(None),
         };
+        let info = file.tensor(name).expect("checked above");
         if info.dims != expected {
             return Err(ModelError::TensorShape {
                 name: name.to_string(),
@@ -65,7 +72,7 @@ impl<B: Backend> TensorLoader<'_, B> {
                 expected: expected.to_vec(),
             });
         }
-        let data = self.file.tensor_data(name)?;
+        let data = file.tensor_data(name)?;
         let w = self.backend.load_weight(WeightSource {
             name,
             ty: info.ty,
@@ -90,7 +97,10 @@ impl<B: Backend> DecoderWeights<B> {
         let tok_embd = loader.require("token_embd.weight", &[d, cfg.n_vocab as u64])?;
         let output_norm = loader.require("output_norm.weight", &[d])?;
         let output = loader.optional("output.weight", &[d, cfg.n_vocab as u64])?;
-        let has_qk_norm = matches!(cfg.arch, Architecture::Qwen3 | Architecture::Gemma3);
+        let has_qk_norm = matches!(
+            cfg.arch,
+            Architecture::Qwen3 | Architecture::Gemma3 | Architecture::DFlash
+        );
         let has_post_norms = cfg.arch == Architecture::Gemma3;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for il in 0..cfg.n_layer {

@@ -1,0 +1,372 @@
+//! DFlash block drafter (v1): a few Qwen3-style layers that read hidden
+//! states tapped from the target and draft a whole block in one
+//! non-causal pass (spec: shared/spec/dflash-family.md §1–§3.2).
+//!
+//! Context path: for every committed target row, `c = RMSNorm(fc · taps)`
+//! and each draft layer stores `K = rope(k_norm(W_k c))`, `V = W_v c` at the
+//! row's target position. Block path: `[anchor, MASK × n]` at the next
+//! positions runs through the layers attending to all context and the whole
+//! block; row i ≥ 1 predicts the i-th token after the anchor.
+
+use super::{Draft, Drafter};
+use crate::backend::{Backend, RopeParams, WeightSource};
+use crate::error::ModelError;
+use crate::model::{Architecture, Decoder, DecoderState, LogitRows, ModelConfig};
+use crate::sampling::{argmax, Sampler};
+use blockdraft_gguf::GgufFile;
+
+/// DFlash-specific metadata.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DFlashConfig {
+    /// Target tap ids, +1-shifted (`n_layer` = pre-final-norm output).
+    pub target_layers: Vec<usize>,
+    pub block_size: usize,
+    pub mask_token: u32,
+    /// Block rows attend causally (off for DFlash).
+    pub causal: bool,
+}
+
+fn reject(reason: impl Into<String>) -> ModelError {
+    ModelError::Usage(format!("DFlash drafter: {}", reason.into()))
+}
+
+impl DFlashConfig {
+    /// Reads and checks the `dflash.*` keys against the target.
+    pub fn from_gguf(file: &GgufFile, target: &ModelConfig) -> Result<Self, ModelError> {
+        let md = file.metadata();
+        let arch = md.get_str("general.architecture")?;
+        if arch != "dflash" {
+            return Err(reject(format!(
+                "general.architecture is `{arch}`, expected `dflash`"
+            )));
+        }
+        if md.contains_key("dflash.hyper_connection_count") {
+            return Err(reject("DSpark-DSV4 drafters are not supported"));
+        }
+        for (tensor, variant) in [
+            ("layer_fusion", "DFly"),
+            ("markov_w1.weight", "DSpark"),
+            ("selector_hidden.weight", "DFlash2"),
+            ("d2t", "reduced-vocabulary"),
+        ] {
+            if file.tensor(tensor).is_some() {
+                return Err(reject(format!(
+                    "{variant} drafters (tensor `{tensor}`) are not supported yet"
+                )));
+            }
+        }
+        let layers = md
+            .opt_i32_array("dflash.target_layers")?
+            .ok_or_else(|| reject("DFlash model requires 'target_layers' in GGUF metadata"))?;
+        if layers.is_empty() {
+            return Err(reject("`dflash.target_layers` is empty"));
+        }
+        let mut target_layers = Vec::with_capacity(layers.len());
+        for l in layers {
+            match usize::try_from(l) {
+                Ok(l) if l <= target.n_layer => target_layers.push(l),
+                _ => {
+                    return Err(reject(format!(
+                        "target layer {l} is outside the target's 0..={} (ids are +1-shifted; {} = final pre-norm output)",
+                        target.n_layer, target.n_layer
+                    )))
+                }
+            }
+        }
+        let mask = match (
+            md.opt_u64("tokenizer.ggml.mask_token_id")?,
+            md.opt_u64("dflash.mask_token_id")?,
+        ) {
+            (Some(m), _) | (None, Some(m)) => m,
+            (None, None) => return Err(reject("no mask token (`tokenizer.ggml.mask_token_id`)")),
+        };
+        if mask >= target.n_vocab as u64 {
+            return Err(reject(format!(
+                "mask token {mask} is outside the target vocabulary of {}",
+                target.n_vocab
+            )));
+        }
+        let block_size = md.opt_u64("dflash.block_size")?.unwrap_or(16) as usize;
+        if block_size < 2 {
+            return Err(reject(format!(
+                "block size {block_size} leaves no room for a draft"
+            )));
+        }
+        let causal = md.opt_bool("dflash.attention.causal")?.unwrap_or(false);
+        Ok(DFlashConfig {
+            target_layers,
+            block_size,
+            mask_token: mask as u32,
+            causal,
+        })
+    }
+}
+
+/// Weights of the context path.
+struct ContextWeights<B: Backend> {
+    fc: B::Weight,
+    norm: B::Weight,
+}
+
+/// Scratch tensors of the context path.
+struct ContextScratch<B: Backend> {
+    /// Row capacity.
+    rows: usize,
+    projected: B::Tensor,
+    c: B::Tensor,
+    k: B::Tensor,
+    k_normed: B::Tensor,
+    v: B::Tensor,
+}
+
+pub struct DFlashDrafter<B: Backend> {
+    pub config: DFlashConfig,
+    model: Decoder<B>,
+    ctx: ContextWeights<B>,
+    scratch: ContextScratch<B>,
+    state: DecoderState<B>,
+    /// Stop drafting at the first row whose top probability is below this.
+    pub p_min: f32,
+}
+
+impl<B: Backend> DFlashDrafter<B> {
+    /// Loads a drafter for `target` (whose file lends embeddings and head
+    /// when the drafter has none). `n_ctx` must match the target's cache.
+    pub fn load(
+        file: &GgufFile,
+        target: &Decoder<B>,
+        target_file: &GgufFile,
+        n_ctx: usize,
+        max_batch: usize,
+    ) -> Result<Self, ModelError> {
+        let config = DFlashConfig::from_gguf(file, &target.config)?;
+        let mcfg = ModelConfig::from_metadata_with_vocab(file.metadata(), target.config.n_vocab)?;
+        debug_assert_eq!(mcfg.arch, Architecture::DFlash);
+        if mcfg.n_embd != target.config.n_embd {
+            return Err(reject(format!(
+                "n_embd {} differs from the target's {}",
+                mcfg.n_embd, target.config.n_embd
+            )));
+        }
+        if mcfg.n_vocab != target.config.n_vocab {
+            return Err(reject(format!(
+                "vocabulary {} differs from the target's {}",
+                mcfg.n_vocab, target.config.n_vocab
+            )));
+        }
+        let be = target.backend.clone();
+        let model =
+            Decoder::load_with_config(mcfg, file, Some(target_file), be.clone(), &mut |_| {})?;
+        let d = model.config.n_embd as u64;
+        let width = config.target_layers.len() as u64 * d;
+        let load = |name: &str, dims: &[u64]| -> Result<B::Weight, ModelError> {
+            let info = file
+                .tensor(name)
+                .ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
+            if info.dims != dims {
+                return Err(ModelError::TensorShape {
+                    name: name.into(),
+                    found: info.dims.clone(),
+                    expected: dims.to_vec(),
+                });
+            }
+            Ok(be.load_weight(WeightSource {
+                name,
+                ty: info.ty,
+                dims: &info.dims,
+                data: file.tensor_data(name)?,
+            })?)
+        };
+        let ctx = ContextWeights {
+            fc: load("fc.weight", &[width, d])?,
+            norm: load("enc.output_norm.weight", &[d])?,
+        };
+        let rows = max_batch.max(1);
+        let c = &model.config;
+        let scratch = ContextScratch {
+            rows,
+            projected: be.tensor(rows, c.n_embd),
+            c: be.tensor(rows, c.n_embd),
+            k: be.tensor(rows, c.kv_dim()),
+            k_normed: be.tensor(rows, c.kv_dim()),
+            v: be.tensor(rows, c.kv_dim()),
+        };
+        let state = model.new_state(n_ctx, config.block_size.max(rows));
+        Ok(DFlashDrafter {
+            config,
+            model,
+            ctx,
+            scratch,
+            state,
+            p_min: 0.0,
+        })
+    }
+
+    pub fn model_config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    /// Writes the context K/V of the first `n` rows of `taps` (the target's
+    /// tapped hidden states, `[rows × T·d]`) at positions `pos0..pos0 + n`.
+    pub fn inject(&mut self, taps: &B::Tensor, pos0: usize, n: usize) -> Result<(), ModelError> {
+        let be = &*self.model.backend;
+        let cfg = &self.model.config;
+        let (rows, width) = be.shape(taps);
+        let capacity = self.scratch.rows;
+        if n > rows || rows > capacity || width != self.config.target_layers.len() * cfg.n_embd {
+            return Err(ModelError::Usage(format!(
+                "DFlash context injection of {n} rows from taps of shape {rows}x{width} (scratch holds {capacity} rows)"
+            )));
+        }
+        self.state.truncate(pos0);
+        if self.state.len() != pos0 {
+            return Err(ModelError::Usage(format!(
+                "DFlash context injection at position {pos0}, but the drafter holds only {} positions",
+                self.state.len()
+            )));
+        }
+        self.state.kv.reserve(pos0 + n)?;
+        let s = &mut self.scratch;
+        for t in [&mut s.projected, &mut s.c] {
+            be.reshape(t, rows, cfg.n_embd);
+        }
+        for t in [&mut s.k, &mut s.k_normed, &mut s.v] {
+            be.reshape(t, rows, cfg.kv_dim());
+        }
+        // Rows beyond `n` (rejected drafts) are projected too but never stored.
+        be.matmul(&self.ctx.fc, taps, &mut s.projected);
+        be.rms_norm(
+            &s.projected,
+            &self.ctx.norm,
+            cfg.n_embd,
+            cfg.rms_eps,
+            &mut s.c,
+        );
+        for (il, lw) in self.model.weights.layers.iter().enumerate() {
+            be.matmul(&lw.wk, &s.c, &mut s.k);
+            be.matmul(&lw.wv, &s.c, &mut s.v);
+            let k = match &lw.k_norm {
+                Some(kn) => {
+                    be.rms_norm(&s.k, kn, cfg.head_dim, cfg.rms_eps, &mut s.k_normed);
+                    &mut s.k_normed
+                }
+                None => &mut s.k,
+            };
+            let base = if cfg.swa_layers[il] {
+                cfg.rope_base_swa
+            } else {
+                cfg.rope_base
+            };
+            let rope = RopeParams {
+                style: cfg.rope_style,
+                n_head: cfg.n_head_kv,
+                head_dim: cfg.head_dim,
+                n_rot: cfg.n_rot,
+                base,
+            };
+            be.rope(k, pos0, rope);
+            let (kc, vc) = self.state.kv.layer_mut(il);
+            be.copy_rows(k, 0, kc, pos0, 0, n);
+            be.copy_rows(&s.v, 0, vc, pos0, 0, n);
+        }
+        self.state.kv.set_len(pos0 + n);
+        Ok(())
+    }
+
+    /// Logits of the block `[anchor, MASK × n]` drafted at the next
+    /// position, rows 0..=n (row 0, the anchor's, is not a prediction).
+    pub fn block_logits(&mut self, anchor: u32, n: usize) -> Result<Vec<f32>, ModelError> {
+        let n = n.min(self.config.block_size - 1);
+        let mut block = vec![self.config.mask_token; n + 1];
+        block[0] = anchor;
+        let pos = self.state.len();
+        let result = self.model.forward(
+            &mut self.state,
+            &block,
+            LogitRows::All,
+            self.config.causal,
+            None,
+        );
+        // The block's own K/V never outlive the round.
+        self.state.truncate(pos);
+        result?;
+        Ok(self.model.backend.read(self.state.logits()))
+    }
+}
+
+impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
+    fn kind(&self) -> &'static str {
+        "dflash"
+    }
+
+    fn tap_layers(&self) -> &[usize] {
+        &self.config.target_layers
+    }
+
+    fn max_draft(&self) -> usize {
+        self.config.block_size - 1
+    }
+
+    fn observe(
+        &mut self,
+        tokens: &[u32],
+        pos0: usize,
+        taps: Option<&B::Tensor>,
+    ) -> Result<(), ModelError> {
+        let taps =
+            taps.ok_or_else(|| ModelError::Usage("DFlash needs the target's taps".into()))?;
+        self.inject(taps, pos0, tokens.len())
+    }
+
+    fn propose(
+        &mut self,
+        history: &[u32],
+        n_max: usize,
+        mut sampler: Option<&mut Sampler>,
+    ) -> Result<Draft, ModelError> {
+        let Some(&anchor) = history.last() else {
+            return Ok(Draft::default());
+        };
+        let n = n_max.min(self.max_draft()).min(
+            self.state
+                .kv
+                .capacity()
+                .saturating_sub(self.state.len() + 1),
+        );
+        if n == 0 {
+            return Ok(Draft::default());
+        }
+        let logits = self.block_logits(anchor, n)?;
+        let n_vocab = self.model.config.n_vocab;
+        let mut tokens = Vec::with_capacity(n);
+        let mut probs = Vec::new();
+        for row in logits.chunks_exact(n_vocab).skip(1) {
+            match sampler.as_deref_mut() {
+                Some(s) if !s.params.is_greedy() => {
+                    let dist = s.distribution(row);
+                    tokens.push(dist.sample(&mut s.rng));
+                    probs.push(dist);
+                }
+                _ => {
+                    let best = argmax(row);
+                    if self.p_min > 0.0 && top_probability(row, best) < self.p_min {
+                        break;
+                    }
+                    tokens.push(best);
+                }
+            }
+        }
+        let probs = (!probs.is_empty()).then_some(probs);
+        Ok(Draft { tokens, probs })
+    }
+
+    fn rollback(&mut self, len: usize) {
+        self.state.truncate(len);
+    }
+}
+
+/// Softmax probability of `row[best]`.
+fn top_probability(row: &[f32], best: u32) -> f32 {
+    let m = row[best as usize];
+    1.0 / row.iter().map(|&l| (l - m).exp()).sum::<f32>()
+}

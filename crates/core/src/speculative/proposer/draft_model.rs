@@ -1,0 +1,88 @@
+//! A classic draft model: a smaller model of the same vocabulary decodes
+//! the draft token by token.
+
+use super::{Draft, Drafter};
+use crate::backend::Backend;
+use crate::error::ModelError;
+use crate::model::{Decoder, DecoderState, LogitRows};
+use crate::sampling::Sampler;
+use std::sync::Arc;
+
+pub struct DraftModelDrafter<B: Backend> {
+    model: Arc<Decoder<B>>,
+    state: DecoderState<B>,
+}
+
+impl<B: Backend> DraftModelDrafter<B> {
+    /// Fails unless `model` shares the target's vocabulary size.
+    pub fn new(
+        model: Arc<Decoder<B>>,
+        target_vocab: usize,
+        n_ctx: usize,
+    ) -> Result<Self, ModelError> {
+        if model.config.n_vocab != target_vocab {
+            return Err(ModelError::Usage(format!(
+                "the draft model's vocabulary ({}) differs from the target's ({target_vocab})",
+                model.config.n_vocab
+            )));
+        }
+        let state = model.new_state(n_ctx, 256);
+        Ok(DraftModelDrafter { model, state })
+    }
+}
+
+impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
+    fn kind(&self) -> &'static str {
+        "draft-model"
+    }
+
+    fn observe(&mut self, _: &[u32], _: usize, _: Option<&B::Tensor>) -> Result<(), ModelError> {
+        Ok(())
+    }
+
+    fn propose(
+        &mut self,
+        history: &[u32],
+        n_max: usize,
+        mut sampler: Option<&mut Sampler>,
+    ) -> Result<Draft, ModelError> {
+        let be = &*self.model.backend;
+        // Catch up on the committed tokens this model has not seen.
+        let seen = self.state.len().min(history.len().saturating_sub(1));
+        self.state.truncate(seen);
+        let n_ctx = self.state.kv.capacity();
+        let n_max = n_max.min(n_ctx.saturating_sub(history.len()));
+        if n_max == 0 {
+            return Ok(Draft::default());
+        }
+        for chunk in history[seen..].chunks(self.state.max_batch()) {
+            self.model
+                .forward(&mut self.state, chunk, LogitRows::Last, true, None)?;
+        }
+        let mut tokens = Vec::with_capacity(n_max);
+        let mut probs = Vec::new();
+        loop {
+            let next = match sampler.as_deref_mut() {
+                Some(s) if !s.params.is_greedy() => {
+                    let dist = s.distribution(&be.read(self.state.logits()));
+                    let t = dist.sample(&mut s.rng);
+                    probs.push(dist);
+                    t
+                }
+                _ => be.argmax(self.state.logits())[0],
+            };
+            tokens.push(next);
+            if tokens.len() == n_max {
+                break;
+            }
+            self.model
+                .forward(&mut self.state, &[next], LogitRows::Last, true, None)?;
+        }
+        let probs = (probs.len() == tokens.len()).then_some(probs);
+        Ok(Draft { tokens, probs })
+    }
+
+    fn rollback(&mut self, len: usize) {
+        self.state.truncate(len);
+    }
+}

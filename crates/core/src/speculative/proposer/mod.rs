@@ -1,0 +1,68 @@
+//! Proposers: everything that drafts tokens for the target to verify.
+//!
+//! One interface serves block drafters (DFlash), a classic draft model and
+//! n-gram prompt lookup, so the engine, verifier and policy are shared.
+
+mod dflash;
+mod draft_model;
+mod ngram;
+mod oracle;
+
+pub use dflash::DFlashDrafter;
+pub use draft_model::DraftModelDrafter;
+pub use ngram::NgramDrafter;
+pub use oracle::OracleDrafter;
+
+use crate::backend::Backend;
+use crate::error::ModelError;
+use crate::sampling::{Distribution, Sampler};
+
+/// Tokens proposed for one round.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Draft {
+    pub tokens: Vec<u32>,
+    /// The distribution each token was drawn from, when the drafter sampled
+    /// (enables exact rejection sampling at temperature > 0).
+    pub probs: Option<Vec<Distribution>>,
+}
+
+pub trait Drafter<B: Backend>: Send {
+    /// Short name for statistics (`dflash`, `draft-model`, `ngram`).
+    fn kind(&self) -> &'static str;
+
+    /// Target layers whose hidden states the drafter consumes (see
+    /// [`crate::model::Taps`]); empty when it needs none.
+    fn tap_layers(&self) -> &[usize] {
+        &[]
+    }
+
+    /// Most tokens one round can draft (a block drafter's block size − 1).
+    fn max_draft(&self) -> usize {
+        usize::MAX
+    }
+
+    /// Called after every target forward pass with the rows that are now
+    /// committed: their tokens, first position and (when [`Self::tap_layers`]
+    /// is non-empty) the captured hidden states, of which the first
+    /// `tokens.len()` rows are used.
+    fn observe(
+        &mut self,
+        tokens: &[u32],
+        pos0: usize,
+        taps: Option<&B::Tensor>,
+    ) -> Result<(), ModelError>;
+
+    /// Drafts up to `n_max` tokens following `history` (every committed
+    /// token; the last one is not yet in the target's cache). With
+    /// `sampler`, a drafter that can sample from its own distribution does
+    /// so and returns it.
+    fn propose(
+        &mut self,
+        history: &[u32],
+        n_max: usize,
+        sampler: Option<&mut Sampler>,
+    ) -> Result<Draft, ModelError>;
+
+    /// Forgets everything about positions from `len` on.
+    fn rollback(&mut self, len: usize);
+}

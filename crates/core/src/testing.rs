@@ -1,0 +1,184 @@
+//! Small random GGUF models for tests and benchmarks: a decoder of every
+//! supported architecture and DFlash drafters, written with the GGUF writer
+//! exactly as llama.cpp's converter names things. Weights are F32 and
+//! returned alongside, so tests can compute independent references.
+
+use crate::sampling::Rng;
+use blockdraft_gguf::GgufWriter;
+use std::collections::HashMap;
+
+/// Geometry of a synthetic model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyntheticDims {
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    pub n_vocab: usize,
+    /// Sliding window of gemma3's local layers.
+    pub window: usize,
+}
+
+impl Default for SyntheticDims {
+    fn default() -> Self {
+        SyntheticDims {
+            n_layer: 7,
+            n_embd: 48,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 16,
+            n_ff: 80,
+            n_vocab: 61,
+            window: 3,
+        }
+    }
+}
+
+/// A written model and its weights by tensor name (as F32, row-major in
+/// ggml order: element `[r][c]` of a `{c_dim, r_dim}` tensor at `r*c_dim + c`).
+pub struct SyntheticModel {
+    pub bytes: Vec<u8>,
+    pub weights: HashMap<String, Vec<f32>>,
+}
+
+struct Builder {
+    writer: GgufWriter,
+    weights: HashMap<String, Vec<f32>>,
+    rng: Rng,
+}
+
+impl Builder {
+    fn new(arch: &str, seed: u64) -> Self {
+        let mut writer = GgufWriter::new();
+        writer.add("general.architecture", arch);
+        Builder {
+            writer,
+            weights: HashMap::new(),
+            rng: Rng::new(seed),
+        }
+    }
+
+    /// Adds an F32 tensor of uniform values in `offset ± scale`.
+    fn tensor(&mut self, name: String, dims: &[usize], scale: f64, offset: f32) {
+        let n = dims.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| ((self.rng.next_f64() * 2.0 - 1.0) * scale) as f32 + offset)
+            .collect();
+        let d: Vec<u64> = dims.iter().map(|&x| x as u64).collect();
+        self.writer
+            .add_f32_tensor(name.clone(), &d, &v)
+            .expect("valid synthetic tensor");
+        self.weights.insert(name, v);
+    }
+
+    fn common_keys(&mut self, arch: &str, d: &SyntheticDims) {
+        let w = &mut self.writer;
+        let key = |k: &str| format!("{arch}.{k}");
+        w.add(key("block_count"), d.n_layer as u32);
+        w.add(key("embedding_length"), d.n_embd as u32);
+        w.add(key("feed_forward_length"), d.n_ff as u32);
+        w.add(key("attention.head_count"), d.n_head as u32);
+        w.add(key("attention.head_count_kv"), d.n_head_kv as u32);
+        w.add(key("attention.key_length"), d.head_dim as u32);
+        w.add(key("attention.value_length"), d.head_dim as u32);
+        w.add(key("attention.layer_norm_rms_epsilon"), 1e-6f32);
+        w.add(key("rope.freq_base"), 1000.0f32);
+        w.add(key("context_length"), 256u32);
+    }
+
+    fn layers(&mut self, d: &SyntheticDims, bias: bool, qk_norm: bool, post_norms: bool) {
+        let (e, q, kv, ff) = (
+            d.n_embd,
+            d.n_head * d.head_dim,
+            d.n_head_kv * d.head_dim,
+            d.n_ff,
+        );
+        for il in 0..d.n_layer {
+            let n = |t: &str| format!("blk.{il}.{t}");
+            self.tensor(n("attn_norm.weight"), &[e], 0.2, 1.0);
+            self.tensor(n("attn_q.weight"), &[e, q], 0.3, 0.0);
+            self.tensor(n("attn_k.weight"), &[e, kv], 0.3, 0.0);
+            self.tensor(n("attn_v.weight"), &[e, kv], 0.3, 0.0);
+            self.tensor(n("attn_output.weight"), &[q, e], 0.2, 0.0);
+            if bias {
+                self.tensor(n("attn_q.bias"), &[q], 0.5, 0.0);
+                self.tensor(n("attn_k.bias"), &[kv], 0.5, 0.0);
+                self.tensor(n("attn_v.bias"), &[kv], 0.5, 0.0);
+            }
+            if qk_norm {
+                self.tensor(n("attn_q_norm.weight"), &[d.head_dim], 0.2, 1.0);
+                self.tensor(n("attn_k_norm.weight"), &[d.head_dim], 0.2, 1.0);
+            }
+            if post_norms {
+                self.tensor(n("post_attention_norm.weight"), &[e], 0.2, 1.0);
+                self.tensor(n("post_ffw_norm.weight"), &[e], 0.2, 1.0);
+            }
+            self.tensor(n("ffn_norm.weight"), &[e], 0.2, 1.0);
+            self.tensor(n("ffn_gate.weight"), &[e, ff], 0.3, 0.0);
+            self.tensor(n("ffn_up.weight"), &[e, ff], 0.3, 0.0);
+            self.tensor(n("ffn_down.weight"), &[ff, e], 0.2, 0.0);
+        }
+    }
+
+    fn finish(self) -> SyntheticModel {
+        SyntheticModel {
+            bytes: self.writer.to_bytes().expect("valid synthetic model"),
+            weights: self.weights,
+        }
+    }
+}
+
+/// A random decoder of `arch` (`llama`, `qwen2`, `qwen3` or `gemma3`).
+/// gemma3 ties its head to the embeddings; the others have `output.weight`.
+pub fn synthetic_decoder(arch: &str, d: SyntheticDims, seed: u64) -> SyntheticModel {
+    let mut b = Builder::new(arch, seed);
+    b.common_keys(arch, &d);
+    b.writer.add(format!("{arch}.vocab_size"), d.n_vocab as u32);
+    if arch == "gemma3" {
+        b.writer
+            .add("gemma3.attention.sliding_window", d.window as u32);
+    }
+    b.tensor("token_embd.weight".into(), &[d.n_embd, d.n_vocab], 1.0, 0.0);
+    b.tensor("output_norm.weight".into(), &[d.n_embd], 0.2, 1.0);
+    if arch != "gemma3" {
+        b.tensor("output.weight".into(), &[d.n_embd, d.n_vocab], 0.3, 0.0);
+    }
+    b.layers(
+        &d,
+        arch == "qwen2",
+        arch == "qwen3" || arch == "gemma3",
+        arch == "gemma3",
+    );
+    b.finish()
+}
+
+/// What a synthetic DFlash drafter declares.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SyntheticDFlash {
+    pub dims: SyntheticDims,
+    /// +1-shifted tap ids, written to `dflash.target_layers`.
+    pub target_layers: Vec<i32>,
+    pub block_size: u32,
+    pub mask_token: u32,
+}
+
+/// A random DFlash (v1) drafter without embeddings or head (borrowed from
+/// the target). `dims.n_vocab` is not written.
+pub fn synthetic_dflash(spec: &SyntheticDFlash, seed: u64) -> SyntheticModel {
+    let d = spec.dims;
+    let mut b = Builder::new("dflash", seed);
+    b.common_keys("dflash", &d);
+    b.writer.add("dflash.block_size", spec.block_size);
+    b.writer
+        .add("dflash.target_layers", spec.target_layers.clone());
+    b.writer
+        .add("tokenizer.ggml.mask_token_id", spec.mask_token);
+    let width = spec.target_layers.len() * d.n_embd;
+    b.tensor("fc.weight".into(), &[width, d.n_embd], 0.1, 0.0);
+    b.tensor("enc.output_norm.weight".into(), &[d.n_embd], 0.2, 1.0);
+    b.tensor("output_norm.weight".into(), &[d.n_embd], 0.2, 1.0);
+    b.layers(&d, false, true, false);
+    b.finish()
+}

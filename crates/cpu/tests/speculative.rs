@@ -1,0 +1,430 @@
+//! Speculative decoding on the CPU backend: for every drafter kind, greedy
+//! speculative output is token-identical to plain greedy decoding on real
+//! models (rounds where every draft is accepted and where none is
+//! included); DFlash loading rejects every mismatch; at temperature > 0 the
+//! output follows the target's distribution.
+
+mod common;
+
+use blockdraft_core::generate::generate;
+use blockdraft_core::model::Decoder;
+use blockdraft_core::sampling::{Sampler, SamplingParams};
+use blockdraft_core::speculative::{
+    generate_speculative, DFlashDrafter, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter,
+    OracleDrafter, PolicyConfig, SpecStats,
+};
+use blockdraft_core::testing::{
+    synthetic_decoder, synthetic_dflash, SyntheticDFlash, SyntheticDims,
+};
+use blockdraft_cpu::CpuBackend;
+use blockdraft_gguf::{GgufFile, GgufWriter};
+use std::sync::Arc;
+
+const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
+const QWEN05: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+const QWEN15: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
+
+struct Target {
+    file: GgufFile,
+    dec: Arc<Decoder<CpuBackend>>,
+}
+
+fn load(path: &std::path::Path) -> Target {
+    let file = GgufFile::open(path).unwrap();
+    let dec = Arc::new(Decoder::load(&file, Arc::new(CpuBackend::new(2)), &mut |_| {}).unwrap());
+    Target { file, dec }
+}
+
+/// Prompts as token ids; some repetitive so n-gram lookup has something to find.
+fn prompts(n_vocab: usize) -> Vec<Vec<u32>> {
+    let m = n_vocab as u32;
+    vec![
+        vec![1 % m, 504 % m, 3458 % m, 282 % m, 4649 % m, 314 % m],
+        (0..24)
+            .map(|i| [578u32, 1215, 902, 281, 1115, 284][i % 6] % m)
+            .collect(),
+        vec![9 % m, 1006 % m, 9 % m, 1006 % m, 9 % m, 1006 % m, 42 % m],
+    ]
+}
+
+fn plain(dec: &Decoder<CpuBackend>, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut state = dec.new_state(prompt.len() + n + 1, 32);
+    let mut sampler = Sampler::new(SamplingParams::greedy());
+    generate(
+        dec,
+        &mut state,
+        prompt,
+        n,
+        &mut sampler,
+        &|_| false,
+        &mut |_| true,
+    )
+    .unwrap()
+    .0
+}
+
+fn speculative(
+    dec: &Decoder<CpuBackend>,
+    drafter: &mut dyn Drafter<CpuBackend>,
+    prompt: &[u32],
+    n: usize,
+    policy: PolicyConfig,
+) -> (Vec<u32>, SpecStats) {
+    let mut state = dec.new_state(prompt.len() + n + 32, 32);
+    let mut sampler = Sampler::new(SamplingParams::greedy());
+    let mut draft_sampler = Sampler::new(SamplingParams::greedy());
+    let mut policy = DraftPolicy::new(policy);
+    let (tokens, _, stats) = generate_speculative(
+        dec,
+        &mut state,
+        drafter,
+        &mut policy,
+        prompt,
+        n,
+        &mut sampler,
+        &mut draft_sampler,
+        &|_| false,
+        &mut |_| true,
+        &mut |_| {},
+    )
+    .unwrap();
+    (tokens, stats)
+}
+
+fn fixed(n_max: usize) -> PolicyConfig {
+    PolicyConfig {
+        n_max,
+        n_min: 1,
+        adaptive: false,
+    }
+}
+
+#[test]
+fn ngram_greedy_is_identical_to_plain() {
+    let Some(path) = common::model(SMOLLM2) else {
+        return;
+    };
+    let t = load(&path);
+    let mut any_accepted = false;
+    for prompt in prompts(t.dec.config.n_vocab) {
+        let want = plain(&t.dec, &prompt, 40);
+        for n_max in [2, 5, 8] {
+            let (got, stats) = speculative(
+                &t.dec,
+                &mut NgramDrafter::default(),
+                &prompt,
+                40,
+                fixed(n_max),
+            );
+            assert_eq!(got, want, "n-gram, n_max {n_max}");
+            any_accepted |= stats.accepted > 0;
+        }
+    }
+    assert!(
+        any_accepted,
+        "the repetitive prompts should let n-gram drafts through"
+    );
+}
+
+#[test]
+fn oracle_drafts_all_accepted_or_all_rejected_stay_identical() {
+    let Some(path) = common::model(SMOLLM2) else {
+        return;
+    };
+    let t = load(&path);
+    let n_vocab = t.dec.config.n_vocab;
+    for prompt in prompts(n_vocab).iter().take(2) {
+        let want = plain(&t.dec, prompt, 32);
+        let sequence: Vec<u32> = prompt.iter().chain(&want).copied().collect();
+        for n_max in [3, 8] {
+            let mut all = OracleDrafter::new(sequence.clone(), 0.0, n_vocab, 1);
+            let (got, stats) = speculative(&t.dec, &mut all, prompt, 32, fixed(n_max));
+            assert_eq!(got, want);
+            assert_eq!(
+                stats.accepted, stats.drafted,
+                "every oracle draft is accepted"
+            );
+            assert!(stats.tau() > n_max as f64 * 0.8, "tau {}", stats.tau());
+            let mut none = OracleDrafter::new(sequence.clone(), 1.0, n_vocab, 1);
+            let (got, stats) = speculative(&t.dec, &mut none, prompt, 32, fixed(n_max));
+            assert_eq!(got, want);
+            assert_eq!(stats.accepted, 0, "every corrupted draft is rejected");
+            assert!(stats.drafted > 0);
+        }
+    }
+}
+
+#[test]
+fn draft_model_greedy_is_identical_to_plain() {
+    let Some(path) = common::model(SMOLLM2) else {
+        return;
+    };
+    let t = load(&path);
+    // A model drafting for itself: every draft is accepted.
+    for prompt in prompts(t.dec.config.n_vocab).iter().take(2) {
+        let want = plain(&t.dec, prompt, 24);
+        let mut d = DraftModelDrafter::new(t.dec.clone(), t.dec.config.n_vocab, 128).unwrap();
+        let (got, stats) = speculative(&t.dec, &mut d, prompt, 24, fixed(4));
+        assert_eq!(got, want);
+        assert_eq!(stats.accepted, stats.drafted);
+    }
+    // The real pair: Qwen2.5-Coder 0.5B drafting for 1.5B.
+    let (Some(p05), Some(p15)) = (common::model(QWEN05), common::model(QWEN15)) else {
+        return;
+    };
+    let (small, big) = (load(&p05), load(&p15));
+    let prompt = vec![750u32, 15801, 2075, 1445, 982, 262, 470];
+    let want = plain(&big.dec, &prompt, 20);
+    let mut d = DraftModelDrafter::new(small.dec.clone(), big.dec.config.n_vocab, 128).unwrap();
+    let (got, stats) = speculative(&big.dec, &mut d, &prompt, 20, fixed(5));
+    assert_eq!(got, want);
+    assert!(
+        stats.accepted > 0,
+        "0.5B should agree with 1.5B somewhere: {stats:?}"
+    );
+}
+
+fn dflash_spec(target: &Decoder<CpuBackend>, layers: Vec<i32>, block_size: u32) -> SyntheticDFlash {
+    SyntheticDFlash {
+        dims: SyntheticDims {
+            n_layer: 1,
+            n_embd: target.config.n_embd,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 32,
+            n_ff: 128,
+            n_vocab: 0,
+            window: 0,
+        },
+        target_layers: layers,
+        block_size,
+        mask_token: 0,
+    }
+}
+
+#[test]
+fn dflash_greedy_is_identical_to_plain_on_llama_and_qwen2_targets() {
+    for (model, depth) in [(SMOLLM2, 30), (QWEN05, 24)] {
+        let Some(path) = common::model(model) else {
+            return;
+        };
+        let t = load(&path);
+        for (block, layers) in [(4u32, vec![1, depth / 2, depth]), (8, vec![2, depth - 1])] {
+            let drafter_file = GgufFile::from_bytes(
+                synthetic_dflash(&dflash_spec(&t.dec, layers, block), 5).bytes,
+            )
+            .unwrap();
+            for prompt in prompts(t.dec.config.n_vocab)
+                .iter()
+                .skip(block as usize / 8)
+                .take(1)
+            {
+                let want = plain(&t.dec, prompt, 16);
+                let mut d =
+                    DFlashDrafter::load(&drafter_file, &t.dec, &t.file, prompt.len() + 64, 32)
+                        .unwrap();
+                let (got, stats) = speculative(&t.dec, &mut d, prompt, 16, fixed(16));
+                assert_eq!(got, want, "{model}, block {block}");
+                assert!(stats.rounds > 0);
+                assert!(
+                    stats.slot_tried.len() <= block as usize - 1,
+                    "drafts are clamped to the block"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn dflash_loading_rejects_mismatches() {
+    let target = synthetic_decoder("qwen3", SyntheticDims::default(), 1);
+    let tfile = GgufFile::from_bytes(target.bytes).unwrap();
+    let tdec = Decoder::load(&tfile, Arc::new(CpuBackend::new(1)), &mut |_| {}).unwrap();
+    let good = SyntheticDFlash {
+        dims: SyntheticDims {
+            n_layer: 2,
+            ..SyntheticDims::default()
+        },
+        target_layers: vec![1, 7],
+        block_size: 8,
+        mask_token: 60,
+    };
+    let load = |bytes: Vec<u8>| {
+        DFlashDrafter::load(&GgufFile::from_bytes(bytes).unwrap(), &tdec, &tfile, 64, 16)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(load(synthetic_dflash(&good, 2).bytes), Ok(()));
+
+    let expect = |spec: SyntheticDFlash, needle: &str| {
+        let err = load(synthetic_dflash(&spec, 2).bytes).unwrap_err();
+        assert!(err.contains(needle), "expected `{needle}` in `{err}`");
+    };
+    expect(
+        SyntheticDFlash {
+            target_layers: vec![1, 8],
+            ..good.clone()
+        },
+        "target layer 8",
+    );
+    expect(
+        SyntheticDFlash {
+            target_layers: vec![-1],
+            ..good.clone()
+        },
+        "target layer -1",
+    );
+    expect(
+        SyntheticDFlash {
+            mask_token: 61,
+            ..good.clone()
+        },
+        "mask token 61",
+    );
+    expect(
+        SyntheticDFlash {
+            dims: SyntheticDims {
+                n_embd: 32,
+                ..good.dims
+            },
+            ..good.clone()
+        },
+        "n_embd 32",
+    );
+    expect(
+        SyntheticDFlash {
+            block_size: 1,
+            ..good.clone()
+        },
+        "block size 1",
+    );
+
+    // Keys and tensors removed or added after the fact.
+    let base = GgufFile::from_bytes(synthetic_dflash(&good, 2).bytes).unwrap();
+    let rewrite = |drop_key: Option<&str>, extra_tensor: Option<&str>| {
+        let mut w = GgufWriter::new();
+        for (k, v) in base.metadata().iter() {
+            if Some(k) != drop_key {
+                w.add(k, v.clone());
+            }
+        }
+        for t in base.tensors() {
+            w.add_tensor(
+                t.name.clone(),
+                &t.dims,
+                t.ty,
+                base.tensor_data(&t.name).unwrap().to_vec(),
+            )
+            .unwrap();
+        }
+        if let Some(name) = extra_tensor {
+            w.add_f32_tensor(name, &[4], &[0.0; 4]).unwrap();
+        }
+        load(w.to_bytes().unwrap()).unwrap_err()
+    };
+    assert!(rewrite(Some("dflash.target_layers"), None).contains("requires 'target_layers'"));
+    assert!(rewrite(Some("tokenizer.ggml.mask_token_id"), None).contains("no mask token"));
+    for (tensor, variant) in [
+        ("layer_fusion", "DFly"),
+        ("markov_w1.weight", "DSpark"),
+        ("selector_hidden.weight", "DFlash2"),
+        ("d2t", "reduced-vocabulary"),
+    ] {
+        let err = rewrite(None, Some(tensor));
+        assert!(err.contains(variant), "{tensor}: {err}");
+    }
+}
+
+/// At temperature > 0 the joint distribution of the first two generated
+/// tokens (the second decided by a verify round) equals the target's, for a
+/// sampling draft model (rejection sampling) and n-gram lookup
+/// (target-sample matching).
+#[test]
+fn speculative_sampling_reproduces_the_target_distribution() {
+    let dims = SyntheticDims {
+        n_layer: 2,
+        ..SyntheticDims::default()
+    };
+    let tfile = GgufFile::from_bytes(synthetic_decoder("qwen3", dims, 21).bytes).unwrap();
+    let dfile = GgufFile::from_bytes(synthetic_decoder("qwen3", dims, 22).bytes).unwrap();
+    let be = Arc::new(CpuBackend::new(1));
+    let target = Decoder::load(&tfile, be.clone(), &mut |_| {}).unwrap();
+    let draft = Arc::new(Decoder::load(&dfile, be.clone(), &mut |_| {}).unwrap());
+    let params = SamplingParams {
+        temperature: 1.0,
+        top_k: 3,
+        top_p: 1.0,
+        min_p: 0.0,
+        ..Default::default()
+    };
+    // Every token occurs in the prompt, so n-gram lookup always finds a match.
+    let prompt: Vec<u32> = (0..dims.n_vocab as u32).collect();
+
+    // Exact joint distribution of (t1, t2) from the target alone.
+    let dist_after = |ctx: &[u32]| {
+        let mut state = target.new_state(80, 8);
+        blockdraft_core::generate::prefill(&target, &mut state, ctx).unwrap();
+        Sampler::new(params.clone())
+            .distribution(&blockdraft_core::Backend::read(&*be, state.logits()))
+    };
+    let mut exact = std::collections::HashMap::new();
+    for &(t1, p1) in &dist_after(&prompt).candidates {
+        let ctx: Vec<u32> = prompt.iter().copied().chain([t1]).collect();
+        for &(t2, p2) in &dist_after(&ctx).candidates {
+            exact.insert((t1, t2), (p1 * p2) as f64);
+        }
+    }
+
+    let runs = 3000;
+    for kind in ["draft-model", "ngram"] {
+        let mut counts = std::collections::HashMap::new();
+        let mut drafted = 0;
+        for seed in 0..runs {
+            let mut drafter: Box<dyn Drafter<CpuBackend>> = match kind {
+                "ngram" => Box::new(NgramDrafter::default()),
+                _ => Box::new(DraftModelDrafter::new(draft.clone(), dims.n_vocab, 80).unwrap()),
+            };
+            let mut state = target.new_state(80, 8);
+            let mut sampler = Sampler::new(SamplingParams {
+                seed,
+                ..params.clone()
+            });
+            let mut dsampler = Sampler::new(SamplingParams {
+                seed: seed + 1_000_000,
+                ..params.clone()
+            });
+            let mut policy = DraftPolicy::new(fixed(3));
+            let (out, _, stats) = generate_speculative(
+                &target,
+                &mut state,
+                drafter.as_mut(),
+                &mut policy,
+                &prompt,
+                3,
+                &mut sampler,
+                &mut dsampler,
+                &|_| false,
+                &mut |_| true,
+                &mut |_| {},
+            )
+            .unwrap();
+            drafted += stats.drafted;
+            *counts.entry((out[0], out[1])).or_insert(0usize) += 1;
+        }
+        assert!(drafted > 0, "{kind}: the drafter must be exercised");
+        for (pair, &p) in &exact {
+            let got = *counts.get(pair).unwrap_or(&0) as f64 / runs as f64;
+            let sigma = (p * (1.0 - p) / runs as f64).sqrt();
+            assert!(
+                (got - p).abs() < 5.0 * sigma + 1e-3,
+                "{kind}: pair {pair:?}: {got:.4} vs exact {p:.4}"
+            );
+        }
+        let outside: usize = counts
+            .iter()
+            .filter(|(k, _)| !exact.contains_key(k))
+            .map(|(_, c)| c)
+            .sum();
+        assert_eq!(outside, 0, "{kind}: tokens outside the target's top-k");
+    }
+}
