@@ -8,8 +8,13 @@
 //! dot the f32 activations directly.
 //!
 //! Multi-row: every kernel dots one weight row with up to `MAX_NR` activation
-//! rows at once, so a weight block is decoded once for all of them; that is
-//! what makes verifying n draft tokens cost about one decode step.
+//! rows at once, so a weight block is read from memory and decoded once for
+//! all of them; that is what makes verifying n draft tokens cost much less
+//! than n decode steps. Larger n (prefill) runs in groups of `MAX_NR` rows
+//! over L2-sized chunks of weight rows.
+//!
+//! SIMD: AVX2+FMA+F16C kernels for every type, chosen at runtime
+//! (`BLOCKDRAFT_NO_SIMD=1` forces the portable scalar kernels).
 
 use crate::pool::ThreadPool;
 use blockdraft_gguf::GgmlType;
