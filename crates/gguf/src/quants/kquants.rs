@@ -3,7 +3,7 @@
 //! Slices passed to the block functions must be exactly one block long
 //! (`BYTES` bytes and 256 floats); [`super::dequantize`] guarantees that.
 
-use super::{f16_at, put_f16, signed_absmax};
+use super::{f16_at, put_f16, round_f16, signed_absmax};
 
 /// Elements per super-block.
 pub const QK_K: usize = 256;
@@ -43,6 +43,60 @@ pub fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8], q: &mut [u8]) {
     }
 }
 
+/// Round-to-nearest affine quantization of one super-block, shared by the
+/// Q2_K / Q4_K / Q5_K quantizers: each `sub`-element sub-block gets
+/// x ≈ d·ls·q − dmin·lm with q in 0..=nmax and ls, lm in 0..=smax.
+///
+/// Sub-block scale = (max − min(min, 0)) / nmax and min = −min(min, 0); both
+/// are rounded against the super-block maxima, and the values are then
+/// re-rounded with the scales actually stored (d, dmin rounded to f16, which
+/// is what this returns). Simpler than ggml's iterative search, so slightly
+/// less accurate, but produces valid blocks.
+pub fn affine_rtn(
+    x: &[f32],
+    sub: usize,
+    nmax: f32,
+    smax: f32,
+    levels: &mut [u8],
+    ls: &mut [u8],
+    lm: &mut [u8],
+) -> (f32, f32) {
+    let n_sub = x.len() / sub;
+    let mut scales = [0f32; 16];
+    let mut mins = [0f32; 16];
+    for j in 0..n_sub {
+        let blk = &x[sub * j..sub * j + sub];
+        let mn = blk.iter().fold(0f32, |a, &v| a.min(v));
+        let mx = blk.iter().fold(mn, |a, &v| a.max(v));
+        scales[j] = (mx - mn) / nmax;
+        mins[j] = -mn;
+    }
+    let max_scale = scales.iter().fold(0f32, |a, &v| a.max(v));
+    let max_min = mins.iter().fold(0f32, |a, &v| a.max(v));
+    let inv_s = if max_scale > 0.0 {
+        smax / max_scale
+    } else {
+        0.0
+    };
+    let inv_m = if max_min > 0.0 { smax / max_min } else { 0.0 };
+    let d = round_f16(max_scale / smax);
+    let dmin = round_f16(max_min / smax);
+    for j in 0..n_sub {
+        ls[j] = (inv_s * scales[j]).round_ties_even().clamp(0.0, smax) as u8;
+        lm[j] = (inv_m * mins[j]).round_ties_even().clamp(0.0, smax) as u8;
+        let dl = d * ls[j] as f32;
+        let ml = dmin * lm[j] as f32;
+        for i in sub * j..sub * j + sub {
+            levels[i] = if dl > 0.0 {
+                ((x[i] + ml) / dl).round_ties_even().clamp(0.0, nmax) as u8
+            } else {
+                0
+            };
+        }
+    }
+    (d, dmin)
+}
+
 /// `{ u8 scales[16]; u8 qs[64]; f16 d; f16 dmin }`: 16 sub-blocks of 16,
 /// x = d * (sc & 15) * q - dmin * (sc >> 4), q 2-bit.
 pub mod q2_k {
@@ -71,6 +125,26 @@ pub mod q2_k {
                         y[yi] = dl * ((q[16 * half + l] >> shift) & 3) as f32 - ml;
                         yi += 1;
                     }
+                }
+            }
+        }
+    }
+
+    /// Round-to-nearest quantizer (see [`affine_rtn`]).
+    pub fn quantize_block(x: &[f32], b: &mut [u8]) {
+        let mut l = [0u8; QK_K];
+        let (mut ls, mut lm) = ([0u8; 16], [0u8; 16]);
+        let (d, dmin) = affine_rtn(x, 16, 3.0, 15.0, &mut l, &mut ls, &mut lm);
+        put_f16(b, D, d);
+        put_f16(b, DMIN, dmin);
+        for i in 0..16 {
+            b[SCALES + i] = ls[i] | (lm[i] << 4);
+        }
+        b[QS..QS + 64].fill(0);
+        for n in 0..2 {
+            for j in 0..4 {
+                for i in 0..32 {
+                    b[QS + 32 * n + i] |= l[128 * n + 32 * j + i] << (2 * j);
                 }
             }
         }
@@ -124,6 +198,65 @@ pub mod q3_k {
             }
         }
     }
+
+    /// Inverse of [`unpack_scales`] (values in -32..=31).
+    pub fn pack_scales(sc: &[i8; 16], s: &mut [u8]) {
+        s[..12].fill(0);
+        for (i, &v) in sc.iter().enumerate() {
+            let u = (v as i32 + 32).clamp(0, 63) as u8;
+            if i < 8 {
+                s[i] |= u & 0xF;
+            } else {
+                s[i - 8] |= (u & 0xF) << 4;
+            }
+            s[8 + i % 4] |= (u >> 4) << (2 * (i / 4));
+        }
+    }
+
+    /// Round-to-nearest quantizer: the largest magnitude of each 16-element
+    /// sub-block maps to -4, the largest sub-block scale to -32.
+    pub fn quantize_block(x: &[f32], b: &mut [u8]) {
+        let mut scales = [0f32; 16];
+        for (i, s) in scales.iter_mut().enumerate() {
+            *s = signed_absmax(&x[16 * i..16 * i + 16]) / -4.0;
+        }
+        let max_scale = signed_absmax(&scales);
+        let iscale = if max_scale != 0.0 {
+            -32.0 / max_scale
+        } else {
+            0.0
+        };
+        let d = round_f16(if iscale != 0.0 { 1.0 / iscale } else { 0.0 });
+        put_f16(b, D, d);
+        let mut sc = [0i8; 16];
+        let mut l = [0u8; QK_K];
+        for i in 0..16 {
+            sc[i] = (iscale * scales[i]).round_ties_even().clamp(-32.0, 31.0) as i8;
+            let dl = d * sc[i] as f32;
+            for k in 16 * i..16 * i + 16 {
+                let q = if dl != 0.0 {
+                    (x[k] / dl).round_ties_even().clamp(-4.0, 3.0) as i8
+                } else {
+                    0
+                };
+                l[k] = (q + 4) as u8;
+            }
+        }
+        pack_scales(&sc, &mut b[SCALES..SCALES + 12]);
+        b[HMASK..HMASK + 32].fill(0);
+        b[QS..QS + 64].fill(0);
+        for n in 0..2 {
+            for j in 0..4 {
+                for i in 0..32 {
+                    let v = l[128 * n + 32 * j + i];
+                    b[QS + 32 * n + i] |= (v & 3) << (2 * j);
+                    if v & 4 != 0 {
+                        b[HMASK + i] |= 1 << (4 * n + j);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// `{ f16 d; f16 dmin; u8 scales[12]; u8 qs[128] }`: 8 sub-blocks of 32,
@@ -155,65 +288,19 @@ pub mod q4_k {
         }
     }
 
-    /// Round-to-nearest quantizer: per-sub-block min/max scales, 6-bit
-    /// rounded against the super-block maxima, then the values re-rounded
-    /// with the scales actually stored.
+    /// Round-to-nearest quantizer (see [`affine_rtn`]).
     pub fn quantize_block(x: &[f32], b: &mut [u8]) {
-        let mut scales = [0f32; 8];
-        let mut mins = [0f32; 8];
-        for j in 0..8 {
-            let sub = &x[32 * j..32 * j + 32];
-            let mn = sub.iter().fold(0f32, |a, &v| a.min(v));
-            let mx = sub.iter().fold(mn, |a, &v| a.max(v));
-            scales[j] = (mx - mn) / 15.0;
-            mins[j] = -mn;
-        }
-        let (ls, lm, d, dmin) = six_bit_scales(&scales, &mins);
+        let mut l = [0u8; QK_K];
+        let (mut ls, mut lm) = ([0u8; 8], [0u8; 8]);
+        let (d, dmin) = affine_rtn(x, 32, 15.0, 63.0, &mut l, &mut ls, &mut lm);
         put_f16(b, D, d);
         put_f16(b, DMIN, dmin);
         pack_scale_min_k4(&ls, &lm, &mut b[SCALES..SCALES + K_SCALE_SIZE]);
-        let d = f16_at(b, D);
-        let dmin = f16_at(b, DMIN);
-        let mut l = [0u8; QK_K];
-        for j in 0..8 {
-            let dl = d * ls[j] as f32;
-            let ml = dmin * lm[j] as f32;
-            for i in 32 * j..32 * j + 32 {
-                l[i] = if dl > 0.0 {
-                    ((x[i] + ml) / dl).round_ties_even().clamp(0.0, 15.0) as u8
-                } else {
-                    0
-                };
-            }
-        }
         for j in 0..4 {
             for i in 0..32 {
                 b[QS + 32 * j + i] = l[64 * j + i] | (l[64 * j + 32 + i] << 4);
             }
         }
-    }
-
-    /// Quantizes non-negative scales and mins to 6 bits relative to their
-    /// maxima; returns (scales, mins, d, dmin).
-    pub(crate) fn six_bit_scales(
-        scales: &[f32; 8],
-        mins: &[f32; 8],
-    ) -> ([u8; 8], [u8; 8], f32, f32) {
-        let max_scale = scales.iter().fold(0f32, |a, &v| a.max(v));
-        let max_min = mins.iter().fold(0f32, |a, &v| a.max(v));
-        let inv_s = if max_scale > 0.0 {
-            63.0 / max_scale
-        } else {
-            0.0
-        };
-        let inv_m = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
-        let mut ls = [0u8; 8];
-        let mut lm = [0u8; 8];
-        for j in 0..8 {
-            ls[j] = (inv_s * scales[j]).round_ties_even().clamp(0.0, 63.0) as u8;
-            lm[j] = (inv_m * mins[j]).round_ties_even().clamp(0.0, 63.0) as u8;
-        }
-        (ls, lm, max_scale / 63.0, max_min / 63.0)
     }
 }
 
@@ -251,6 +338,24 @@ pub mod q5_k {
             }
             u1 <<= 2;
             u2 <<= 2;
+        }
+    }
+
+    /// Round-to-nearest quantizer (see [`affine_rtn`]).
+    pub fn quantize_block(x: &[f32], b: &mut [u8]) {
+        let mut l = [0u8; QK_K];
+        let (mut ls, mut lm) = ([0u8; 8], [0u8; 8]);
+        let (d, dmin) = affine_rtn(x, 32, 31.0, 63.0, &mut l, &mut ls, &mut lm);
+        put_f16(b, D, d);
+        put_f16(b, DMIN, dmin);
+        pack_scale_min_k4(&ls, &lm, &mut b[SCALES..SCALES + K_SCALE_SIZE]);
+        b[QH..QH + 32].fill(0);
+        for j in 0..4 {
+            for i in 0..32 {
+                let (lo, hi) = (l[64 * j + i], l[64 * j + 32 + i]);
+                b[QS + 32 * j + i] = (lo & 0xF) | ((hi & 0xF) << 4);
+                b[QH + i] |= ((lo >> 4) << (2 * j)) | ((hi >> 4) << (2 * j + 1));
+            }
         }
     }
 }

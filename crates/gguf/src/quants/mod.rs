@@ -113,19 +113,19 @@ pub fn dequantize_to_vec(ty: GgmlType, bytes: &[u8]) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-/// Whether [`quantize`] supports `ty`.
+/// Whether [`quantize`] supports `ty` (all types do).
 pub fn can_quantize(ty: GgmlType) -> bool {
-    use GgmlType as T;
-    !matches!(ty, T::Q2_K | T::Q3_K | T::Q5_K)
+    let _ = ty;
+    true
 }
 
 /// Encodes `x` as `ty` into `out` (round-to-nearest reference quantizers;
 /// `x.len()` must be a whole number of blocks and `out` exactly its size).
 ///
 /// Q8_0 / Q8_1 / Q8_K / Q4_0 / Q4_1 / Q5_0 / Q5_1 follow ggml's `*_ref`
-/// quantizers exactly; Q4_K and Q6_K use a simpler round-to-nearest scale
-/// search (valid blocks, slightly less accurate than ggml's). Q2_K, Q3_K and
-/// Q5_K return [`GgufError::UnsupportedType`].
+/// quantizers exactly (Q4_0..Q8_0 checked bit-exact against the `gguf`
+/// Python package); Q2_K..Q6_K use simpler round-to-nearest scale choices
+/// than ggml's iterative search (valid blocks, slightly less accurate).
 pub fn quantize(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<()> {
     check_lengths(ty, out.len(), x.len(), "quantize")?;
     let bb = ty.block_bytes();
@@ -148,15 +148,12 @@ pub fn quantize(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<()> {
         T::Q5_1 => blocks!(legacy::q5_1::quantize_block),
         T::Q8_0 => blocks!(legacy::q8_0::quantize_block),
         T::Q8_1 => blocks!(legacy::q8_1::quantize_block),
+        T::Q2_K => blocks!(kquants::q2_k::quantize_block),
+        T::Q3_K => blocks!(kquants::q3_k::quantize_block),
         T::Q4_K => blocks!(kquants::q4_k::quantize_block),
+        T::Q5_K => blocks!(kquants::q5_k::quantize_block),
         T::Q6_K => blocks!(kquants::q6_k::quantize_block),
         T::Q8_K => blocks!(kquants::q8_k::quantize_block),
-        T::Q2_K | T::Q3_K | T::Q5_K => {
-            return Err(GgufError::UnsupportedType {
-                what: "quantize".to_string(),
-                ty,
-            })
-        }
     }
     Ok(())
 }
@@ -201,8 +198,11 @@ mod tests {
             (GgmlType::Q4_1, 0.1),
             (GgmlType::Q5_0, 0.07),
             (GgmlType::Q5_1, 0.05),
-            (GgmlType::Q4_K, 0.15),
-            (GgmlType::Q6_K, 0.05),
+            (GgmlType::Q2_K, 0.35),
+            (GgmlType::Q3_K, 0.3),
+            (GgmlType::Q4_K, 0.08),
+            (GgmlType::Q5_K, 0.04),
+            (GgmlType::Q6_K, 0.04),
         ];
         for (ty, tol) in cases {
             for seed in 0..4 {
@@ -249,6 +249,6 @@ mod tests {
         assert!(dequantize(GgmlType::Q8_0, &[0; 34], &mut out).is_ok());
         let mut b = vec![0u8; 34];
         assert!(quantize(GgmlType::Q8_0, &[0.0; 31], &mut b).is_err());
-        assert!(quantize(GgmlType::Q2_K, &[0.0; 256], &mut [0; 84]).is_err());
+        assert!(quantize(GgmlType::Q2_K, &[0.0; 256], &mut [0; 83]).is_err());
     }
 }
