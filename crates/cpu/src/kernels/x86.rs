@@ -346,6 +346,30 @@ unsafe fn unpack_q5_1(blk: *const u8) -> __m256i {
     )
 }
 
+/// The f16 at `p`, `p + stride`, ..., `p + 7 stride` (block scales).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn gather_f16(p: *const u8, stride: usize) -> __m128i {
+    let h = |k: usize| (p.add(k * stride) as *const i16).read_unaligned();
+    _mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7))
+}
+
+/// Horizontal sums of eight i32x8 vectors: lane k of the result = sum of `v[k]`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
+    let h01 = _mm256_hadd_epi32(v[0], v[1]);
+    let h23 = _mm256_hadd_epi32(v[2], v[3]);
+    let h45 = _mm256_hadd_epi32(v[4], v[5]);
+    let h67 = _mm256_hadd_epi32(v[6], v[7]);
+    // Per 128-bit half: [v0 v1 v2 v3] partial sums, low and high halves.
+    let a = _mm256_hadd_epi32(h01, h23);
+    let b = _mm256_hadd_epi32(h45, h67);
+    let lo = _mm256_permute2x128_si256(a, b, 0x20);
+    let hi = _mm256_permute2x128_si256(a, b, 0x31);
+    _mm256_add_epi32(lo, hi)
+}
+
 /// Shared body of the 32-block types. Signed quants use the sign trick;
 /// unsigned ones (Q4_1, Q5_1: value = d q + m) use maddubs directly plus
 /// m * (dx sum xq) from the activation's block sum. Blocks go in pairs so
@@ -369,6 +393,47 @@ macro_rules! kernel_32 {
                 }
             }
             let mut b = 0;
+            // Eight blocks at a time: the eight integer sums are reduced to
+            // one vector of block sums and scaled by one FMA (and the mins of
+            // Q4_1/Q5_1 by another), instead of float work per block.
+            while b + 8 <= nb {
+                let blk0 = w.add(b * $bytes);
+                let dw = _mm256_cvtph_ps(gather_f16(blk0, $bytes));
+                let mw = if $signed {
+                    _mm256_setzero_ps()
+                } else {
+                    _mm256_cvtph_ps(gather_f16(blk0.add(2), $bytes))
+                };
+                let mut q = [_mm256_setzero_si256(); 8];
+                let mut qa = [_mm256_setzero_si256(); 8];
+                for k in 0..8 {
+                    q[k] = $unpack(blk0.add(k * $bytes));
+                    qa[k] = if $signed {
+                        _mm256_sign_epi8(q[k], q[k])
+                    } else {
+                        q[k]
+                    };
+                }
+                for i in 0..NR {
+                    let xq = x[i].qs.add(32 * b) as *const u8;
+                    let mut s = [_mm256_setzero_si256(); 8];
+                    for k in 0..8 {
+                        let xv = load(xq.add(32 * k));
+                        s[k] = if $signed {
+                            dot_i8(qa[k], q[k], xv)
+                        } else {
+                            dot_u8(q[k], xv)
+                        };
+                    }
+                    let sums = _mm256_cvtepi32_ps(reduce8(&s));
+                    let dd = _mm256_mul_ps(dw, _mm256_loadu_ps(x[i].d.add(b)));
+                    acc[i] = _mm256_fmadd_ps(sums, dd, acc[i]);
+                    if !$signed {
+                        acc[i] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(x[i].s.add(b)), acc[i]);
+                    }
+                }
+                b += 8;
+            }
             while b < nb {
                 let pair = b + 1 < nb;
                 let (b0, b1) = (w.add(b * $bytes), w.add((b + pair as usize) * $bytes));
