@@ -60,6 +60,7 @@ converter does NOT permute q/k (unlike the `llama` arch), so none is applied her
 
 import copy
 import json
+import math
 import os
 import sys
 import time
@@ -96,14 +97,15 @@ SIG = 9  # significant digits in JSON floats (round-trips float32 exactly)
 # helpers
 # --------------------------------------------------------------------------------------
 
-def fl(t):
-    """tensor/array -> nested lists of floats with SIG significant digits"""
+def fl(t, sig=None):
+    """tensor/array -> nested lists of floats with SIG (float64 data: 17) significant digits"""
+    sig = sig or (17 if torch.is_tensor(t) and t.dtype == torch.float64 else SIG)
     a = np.asarray(t.detach().cpu().double().numpy() if torch.is_tensor(t) else t, dtype=np.float64)
 
     def conv(x):
         if isinstance(x, list):
             return [conv(y) for y in x]
-        return float(f"{x:.{SIG}g}")
+        return float(f"{x:.{sig}g}")
     return conv(a.tolist())
 
 
@@ -309,6 +311,35 @@ def verify_gguf(path, expect):
 # reference runs
 # --------------------------------------------------------------------------------------
 
+class pure_f64:
+    """Patch Qwen3RMSNorm / Qwen3RotaryEmbedding so a float64 model computes norms and RoPE
+    tables in float64 (stock HF forces float32 there)."""
+
+    def __enter__(self):
+        from transformers.models.qwen3 import modeling_qwen3 as mq
+        self.mq = mq
+        self.norm_fwd, self.rope_fwd = mq.Qwen3RMSNorm.forward, mq.Qwen3RotaryEmbedding.forward
+
+        def norm_fwd(mod, x):
+            var = x.pow(2).mean(-1, keepdim=True)
+            return mod.weight * (x * torch.rsqrt(var + mod.variance_epsilon))
+
+        def rope_fwd(mod, x, position_ids):
+            cfg = mod.config
+            d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+            inv = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+            freqs = position_ids[:, :, None].double() * inv[None, None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+        mq.Qwen3RMSNorm.forward, mq.Qwen3RotaryEmbedding.forward = norm_fwd, rope_fwd
+        return self
+
+    def __exit__(self, *exc):
+        self.mq.Qwen3RMSNorm.forward, self.mq.Qwen3RotaryEmbedding.forward = self.norm_fwd, self.rope_fwd
+        return False
+
+
 class ConvRecorder:
     """wraps dflash.model._grouped_dynamic_convolve to record calls (only when .on)."""
 
@@ -436,23 +467,28 @@ def run_drafter(kind, target, draft, prompt, versions, conv_rec=None):
             path_differs_from_argmax=[int(a) != int(b) for a, b in zip(path[0], torch.argmax(logits[0], -1))],
         )
 
-    # 2b. same single step in float64 (same weights, exactly widened) for f64 ports
+    # 2b. same single step in float64 (same weights, exactly widened) for f64 ports.  HF's
+    # Qwen3RMSNorm casts to float32 internally and Qwen3RotaryEmbedding builds cos/sin in float32
+    # even for a float64 model, so both are patched to stay in float64 here (pure_f64).
     t64 = copy.deepcopy(target).double()
     d64 = copy.deepcopy(draft).double()
-    o64 = t64(prompt, position_ids=torch.arange(P)[None], output_hidden_states=True)
-    ctx64 = dm.extract_context_feature(o64.hidden_states, d64.target_layer_ids)
-    assert int(torch.argmax(o64.logits[0, -1])) == anchor
-    _, h64 = draft_step(d64, t64, ctx64, block_ids, pos)
-    l64 = d64.compute_logits(h64[:, 1:], dm._output_head(t64))
+    with pure_f64():
+        o64 = t64(prompt, position_ids=torch.arange(P)[None], output_hidden_states=True)
+        ctx64 = dm.extract_context_feature(o64.hidden_states, d64.target_layer_ids)
+        assert int(torch.argmax(o64.logits[0, -1])) == anchor
+        _, h64 = draft_step(d64, t64, ctx64, block_ids, pos)
+        l64 = d64.compute_logits(h64[:, 1:], dm._output_head(t64))
+        if v2:
+            p64, _, _ = d64.propose(h64[:, 1:], block_ids[:, 0], dm._output_head(t64), 0.0)
     assert torch.equal(torch.argmax(l64[0], -1), torch.argmax(logits[0], -1))
     g["f64"] = dict(
-        doc="same inputs and weights run in float64 (weights widened exactly from the f32 GGUF values)",
+        doc=("17 significant digits; same inputs and weights run fully in float64 (weights widened exactly from the f32 GGUF "
+             "values; RMSNorm and RoPE tables also in float64, unlike stock HF which does both in float32)"),
         target_last_logits=fl(o64.logits[0, -1]), ctx_features=fl(ctx64[0]),
         draft_hidden=fl(h64[0]), draft_logits=fl(l64[0]),
         max_abs_diff_f32_vs_f64_draft_logits=float((l64.float() - logits).abs().max()),
     )
     if v2:
-        p64, _, _ = d64.propose(h64[:, 1:], block_ids[:, 0], dm._output_head(t64), 0.0)
         g["f64"]["selector_path"] = il(p64[0])
     del t64, d64
 
@@ -648,6 +684,192 @@ def rejection_cases(versions):
     }
 
 
+# --------------------------------------------------------------------------------------
+# independent numpy re-implementation from the GGUF files (checks layout + documented math)
+# --------------------------------------------------------------------------------------
+
+def _gguf_tensors(path):
+    r = gguf.GGUFReader(str(path))
+    out = {}
+    for t in r.tensors:
+        ne = [int(x) for x in t.shape]  # ggml order
+        flat = np.asarray(t.data, dtype=np.float64).reshape(-1)
+        out[t.name] = (flat, ne)
+    kv = {f.name: f.contents() for f in r.fields.values() if not f.name.startswith("GGUF.")}
+    return out, kv
+
+
+def _mat(tens, name):
+    """ggml {ne0, ne1} -> numpy [ne1, ne0] (row = output feature for a Linear weight)"""
+    flat, ne = tens[name]
+    return flat.reshape(list(reversed(ne)))
+
+
+def _rms(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def _rope_neox(x, pos, theta):
+    # x [n, heads, d]; NEOX: pairs (i, i + d/2)
+    d = x.shape[-1]
+    inv = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = np.asarray(pos, dtype=np.float64)[:, None] * inv[None, :]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def _attn(q, k, v, causal_offset=None):
+    # q [nq, nh, d], k/v [nk, nkv, d]; causal_offset: query i sees keys <= i + offset
+    nh, nkv, d = q.shape[1], k.shape[1], q.shape[2]
+    rep = nh // nkv
+    out = np.zeros_like(q)
+    for h in range(nh):
+        s = q[:, h] @ k[:, h // rep].T / math.sqrt(d)
+        if causal_offset is not None:
+            qi = np.arange(q.shape[0])[:, None] + causal_offset
+            s = np.where(np.arange(k.shape[0])[None, :] <= qi, s, -np.inf)
+        s = s - s.max(-1, keepdims=True)
+        p = np.exp(s)
+        p /= p.sum(-1, keepdims=True)
+        out[:, h] = p @ v[:, h // rep]
+    return out
+
+
+def _silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def np_target(tt, kv, ids):
+    eps, theta = float(kv["qwen3.attention.layer_norm_rms_epsilon"]), float(kv["qwen3.rope.freq_base"])
+    nl, nh, nkv, d = (int(kv[f"qwen3.{k}"]) for k in ("block_count", "attention.head_count",
+                                                        "attention.head_count_kv", "attention.key_length"))
+    E = _mat(tt, "token_embd.weight")
+    x = E[ids]
+    pos = np.arange(len(ids))
+    layer_inputs = []
+    for i in range(nl):
+        layer_inputs.append(x.copy())
+        W = lambda n: _mat(tt, f"blk.{i}.{n}.weight")  # noqa: E731
+        a = _rms(x, W("attn_norm"), eps)
+        q = _rms((a @ W("attn_q").T).reshape(-1, nh, d), W("attn_q_norm"), eps)
+        k = _rms((a @ W("attn_k").T).reshape(-1, nkv, d), W("attn_k_norm"), eps)
+        v = (a @ W("attn_v").T).reshape(-1, nkv, d)
+        o = _attn(_rope_neox(q, pos, theta), _rope_neox(k, pos, theta), v, causal_offset=0)
+        x = x + o.reshape(len(ids), -1) @ W("attn_output").T
+        b = _rms(x, W("ffn_norm"), eps)
+        x = x + (_silu(b @ W("ffn_gate").T) * (b @ W("ffn_up").T)) @ W("ffn_down").T
+    layer_inputs.append(x.copy())  # == input of a virtual block n_layer (pre final norm)
+    logits = _rms(x, _mat(tt, "output_norm.weight"), eps) @ E.T
+    return logits, layer_inputs
+
+
+def _np_conv(x, base_flat, H, K, side, dyn, group):
+    # x [B,H]; dyn [B,K,G]; base element (side, tap t, channel c) at c + H*(t + K*side)
+    out = np.zeros_like(x)
+    for t in range(K):
+        base = base_flat[H * (t + K * side): H * (t + K * side) + H]
+        xs = np.zeros_like(x)
+        xs[t:] = x[: x.shape[0] - t]
+        w = base[None, :] + np.repeat(dyn[:, t, :], group, axis=-1)
+        out += w * xs
+    return out
+
+
+def np_draft(dt, kv, tt, feats, block_ids, ctx_pos, blk_pos):
+    eps, theta = float(kv["dflash.attention.layer_norm_rms_epsilon"]), float(kv["dflash.rope.freq_base"])
+    nl, nh, nkv, d, H = (int(kv[f"dflash.{k}"]) for k in ("block_count", "attention.head_count",
+                                                          "attention.head_count_kv", "attention.key_length",
+                                                          "embedding_length"))
+    v2 = "selector_hidden.weight" in dt
+    if v2:
+        K, group = int(kv["dflash.conv_kernel_size"]), int(kv["dflash.conv_group_size"])
+        G = H // group
+    E = _mat(tt, "token_embd.weight")
+    ctx = _rms(feats @ _mat(dt, "fc.weight").T, _mat(dt, "enc.output_norm.weight"), eps)
+    h = E[block_ids]
+    Bn = len(block_ids)
+    convs = []
+    for i in range(nl):
+        W = lambda n: _mat(dt, f"blk.{i}.{n}.weight")  # noqa: E731
+        a = _rms(h, W("attn_norm"), eps)
+        if v2:
+            dyn = (a @ W("attn_conv_proj").T).reshape(Bn, 2, K, G)
+            base_a = dt[f"blk.{i}.attn_conv_base"][0]
+            a = _np_conv(a, base_a, H, K, 0, dyn[:, 0], group)
+            convs.append(a)
+        q = _rms((a @ W("attn_q").T).reshape(Bn, nh, d), W("attn_q_norm"), eps)
+        kk = np.concatenate([ctx @ W("attn_k").T, a @ W("attn_k").T]).reshape(-1, nkv, d)
+        kk = _rms(kk, W("attn_k_norm"), eps)
+        vv = np.concatenate([ctx @ W("attn_v").T, a @ W("attn_v").T]).reshape(-1, nkv, d)
+        allpos = list(ctx_pos) + list(blk_pos)
+        o = _attn(_rope_neox(q, blk_pos, theta), _rope_neox(kk, allpos, theta), vv)  # non-causal
+        o = o.reshape(Bn, -1) @ W("attn_output").T
+        if v2:
+            o = _np_conv(o, base_a, H, K, 1, dyn[:, 1], group)
+            convs.append(o)
+        h = h + o
+        b = _rms(h, W("ffn_norm"), eps)
+        if v2:
+            dyn = (b @ W("ffn_conv_proj").T).reshape(Bn, 2, K, G)
+            base_f = dt[f"blk.{i}.ffn_conv_base"][0]
+            b = _np_conv(b, base_f, H, K, 0, dyn[:, 0], group)
+            convs.append(b)
+        m = (_silu(b @ W("ffn_gate").T) * (b @ W("ffn_up").T)) @ W("ffn_down").T
+        if v2:
+            m = _np_conv(m, base_f, H, K, 1, dyn[:, 1], group)
+            convs.append(m)
+        h = h + m
+    z = _rms(h, _mat(dt, "output_norm.weight"), eps)
+    logits = z[1:] @ E.T
+    res = dict(hidden=z, logits=logits, convs=convs)
+    if v2:
+        topk = int(kv["dflash.selector_top_k"])
+        A, Bc = _mat(dt, "selector_predecessor.weight"), _mat(dt, "selector_successor.weight")
+        proj = z[1:] @ _mat(dt, "selector_hidden.weight").T
+        pred, path, cands = block_ids[0], [], []
+        for r in range(Bn - 1):
+            cand = np.argsort(-logits[r], kind="stable")[:topk]
+            score = logits[r][cand] + (Bc[cand] @ (A[pred] * proj[r]))
+            pred = int(cand[int(np.argmax(score))])
+            path.append(pred)
+            cands.append(sorted(cand.tolist()))
+        res.update(path=path, cands=cands)
+    return res
+
+
+def numpy_check():
+    """Recompute golden values from the GGUF files alone with numpy float64."""
+    tt, tkv = _gguf_tensors(OUT / "target-qwen3.gguf")
+    for kind, gfn, dfn in (("v1", "golden-v1.json", "dflash-v1.gguf"), ("v2", "golden-v2.json", "dflash2.gguf")):
+        g = json.loads((OUT / gfn).read_text())
+        dt, dkv = _gguf_tensors(OUT / dfn)
+        ids = np.array(g["prompt_ids"])
+        logits, inputs = np_target(tt, tkv, ids)
+        taps = [int(x) for x in dkv["dflash.target_layers"]]
+        feats = np.concatenate([inputs[k] for k in taps], -1)  # GGUF id k = input of block k
+        err_t = np.abs(logits - np.array(g["target_logits"])).max()
+        err_c = np.abs(feats - np.array(g["ctx_features"])).max()
+        err_t64 = np.abs(logits[-1] - np.array(g["f64"]["target_last_logits"])).max()
+        res = np_draft(dt, dkv, tt, feats, np.array(g["block_ids"]), g["context_positions"], g["block_positions"])
+        err_h = np.abs(res["hidden"] - np.array(g["draft_hidden"])).max()
+        err_l = np.abs(res["logits"] - np.array(g["draft_logits"])).max()
+        err_l64 = np.abs(res["logits"] - np.array(g["f64"]["draft_logits"])).max()
+        print(f"[{kind}] numpy-from-GGUF vs golden: target logits {err_t:.2e} (f64 {err_t64:.2e}), ctx {err_c:.2e}, "
+              f"draft hidden {err_h:.2e}, draft logits {err_l:.2e} (f64 {err_l64:.2e})")
+        assert err_t < 1e-3 and err_c < 1e-3 and err_h < 1e-3 and err_l < 1e-3
+        assert err_t64 < 1e-10 and err_l64 < 1e-10, (err_t64, err_l64)
+        assert list(np.argmax(res["logits"], -1)) == g["draft_argmax"]
+        if kind == "v2":
+            names = ["attn_pre", "attn_post", "ffn_pre", "ffn_post"]
+            for n, c in zip(names, res["convs"][:4]):
+                e = np.abs(c - np.array(g["conv_layer0"][n]["output"])).max()
+                assert e < 1e-3, (n, e)
+            assert res["path"] == g["selector"]["path"], (res["path"], g["selector"]["path"])
+            assert res["cands"] == [sorted(c) for c in g["selector"]["candidates"]]
+            print(f"[{kind}] numpy conv taps and selector path agree: {res['path']}")
+
+
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     versions = dict(torch=torch.__version__, transformers=transformers.__version__,
@@ -745,6 +967,7 @@ def main():
         print(f"   {p.name:24s} {p.stat().st_size:9d} bytes")
     print(f"   total {total} bytes")
     assert total < 4 * 1024 * 1024
+    numpy_check()
 
 
 def _dist_version(name):
