@@ -488,3 +488,40 @@ fn matmul_on_gguf_quantized_weights() {
         }
     }
 }
+
+/// Float weights take any row length (SIMD body plus scalar tail).
+#[test]
+fn float_weights_with_odd_row_lengths() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(9);
+    for ty in [F32, F16, BF16] {
+        for cols in [1, 7, 15, 16, 17, 37, 100] {
+            let rows = 5;
+            let data = random_weights(ty, rows, cols, &mut rng);
+            let wf = blockdraft_gguf::quants::dequantize_to_vec(ty, &data).unwrap();
+            let w = WeightRef {
+                ty,
+                data: &data,
+                rows,
+                cols,
+            };
+            for n in [1, 3, 9] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+                let mut out = vec![0f32; n * rows];
+                matmul(&pool, &w, &x, &mut out);
+                for r in 0..n {
+                    for o in 0..rows {
+                        let want: f64 = (0..cols)
+                            .map(|k| wf[o * cols + k] as f64 * x[r * cols + k] as f64)
+                            .sum();
+                        let got = out[r * rows + o] as f64;
+                        assert!(
+                            (got - want).abs() < 1e-5 * cols as f64,
+                            "{ty} cols={cols} n={n}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
