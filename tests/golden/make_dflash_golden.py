@@ -24,7 +24,16 @@ Environment actually used (2026-11-29, 2-core x86_64 CPU box, Python 3.11.7):
   time.perf_counter before dflash_generate(return_stats=True).
   The exact versions found at run time are also written to each JSON ("versions").
 
-Run:  /work/venv-dflash/bin/python tests/golden/make_dflash_golden.py   (~1 min)
+Run:  /work/venv-dflash/bin/python tests/golden/make_dflash_golden.py   (~1 min, deterministic:
+      a second run reproduces every output byte for byte)
+
+Checks built in (the script fails if any does not hold): GGUF re-read with GGUFReader (names,
+ggml dims, F32, KV values, data == torch weights); dflash_generate(T=0) output == block_size=1
+output == plain HF greedy; draft run with the context fed in two pieces through the draft KV cache
+== one-shot run; _rejection_sample accept count == documented formula with the recorded
+uniforms; and `numpy_check`: an independent float64 numpy implementation that reads only the
+GGUF files reproduces the goldens (f64 set to ~1e-13, f32 set to ~1e-5, DFlash2 conv taps and
+selector path exactly).  JSON schema: tests/fixtures/dflash/README.md.
 
 Model configuration (all float32, seeded):
   target  Qwen3: V=256, H=64, I=128, 6 layers, 4 q heads, 2 kv heads, head_dim 16,
