@@ -926,6 +926,12 @@ impl Tokenizer {
     pub fn add_eos(&self) -> bool {
         self.add_eos
     }
+    /// Whether decoding applies llama.cpp's `clean_spaces` pass (GPT-2,
+    /// Llama 3 and default pre-tokenizers).
+    pub fn clean_spaces(&self) -> bool {
+        self.clean_spaces
+    }
+
     /// Whether SentencePiece text gets a leading space.
     pub fn add_space_prefix(&self) -> bool {
         self.add_space_prefix
