@@ -261,7 +261,11 @@ impl TensorData {
     }
 
     pub fn n_elements(&self) -> u64 {
-        self.dims.iter().product()
+        // Validated at parse time; saturate rather than trust it blindly.
+        self.dims
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .unwrap_or(u64::MAX)
     }
 
     /// Absolute byte range in the file (useful for zero-copy uploads).

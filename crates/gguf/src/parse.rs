@@ -65,7 +65,11 @@ impl TensorInfo {
 
     /// Number of rows: all elements divided by the row length `dims[0]`.
     pub fn n_rows(&self) -> u64 {
-        self.dims.iter().skip(1).product()
+        self.dims
+            .iter()
+            .skip(1)
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .unwrap_or(u64::MAX)
     }
 
     /// Byte range of this tensor within the data section.
@@ -508,4 +512,65 @@ pub(crate) fn validate_layout(
         prev = Some(t);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    #[test]
+    fn align_up_is_checked() {
+        assert_eq!(align_up(0, 32), Some(0));
+        assert_eq!(align_up(33, 32), Some(64));
+        assert_eq!(align_up(u64::MAX - 3, 32), None);
+    }
+
+    #[test]
+    fn tensor_bytes_checks_shape() {
+        assert_eq!(tensor_bytes("t", &[256, 2], GgmlType::Q4_K).unwrap(), 288);
+        let kind = |r: Result<u64, GgufError>| r.unwrap_err().kind();
+        assert_eq!(
+            kind(tensor_bytes("t", &[100], GgmlType::Q4_K)),
+            ErrorKind::BadShape
+        );
+        assert_eq!(
+            kind(tensor_bytes("t", &[1 << 40, 1 << 40], GgmlType::F32)),
+            ErrorKind::Overflow
+        );
+        assert_eq!(
+            kind(tensor_bytes("t", &[u64::MAX], GgmlType::F32)),
+            ErrorKind::BadShape
+        );
+    }
+
+    #[test]
+    fn partial_prefix_asks_for_more() {
+        // Incomplete prefix of an unknown-length stream: Need, not an error.
+        match parse_header(b"GGUF\x03\0", u64::MAX, false) {
+            Err(Halt::Need(8)) => {}
+            other => panic!("{other:?}"),
+        }
+        match parse_header(b"GGUF\x03\0", 6, true) {
+            Err(Halt::Err(e)) => assert_eq!(e.kind(), ErrorKind::Truncated),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn layout_rejects_overlap_but_allows_empty_tensors() {
+        let t = |name: &str, offset, n_bytes| TensorInfo {
+            name: name.into(),
+            dims: vec![n_bytes / 4],
+            ty: GgmlType::F32,
+            offset,
+            n_bytes,
+        };
+        assert!(validate_layout(&[t("a", 0, 64), t("b", 64, 32)], 32, Some(96)).is_ok());
+        assert!(validate_layout(&[t("a", 0, 64), t("e", 32, 0)], 32, Some(64)).is_ok());
+        let e = validate_layout(&[t("a", 0, 64), t("b", 32, 32)], 32, Some(96)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::OverlappingTensors);
+        let e = validate_layout(&[t("a", 0, 64)], 32, Some(63)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::TensorOutOfBounds);
+    }
 }
