@@ -180,9 +180,10 @@ impl CleanPass {
                 _ => {
                     if prev == b' ' && x == b'\'' && i + 1 < end {
                         let x1 = at(i + 1);
-                        if x1 == b's' || x1 == b'm' {
-                            self.out.pop();
-                        } else if i + 2 < end && (x1 == b'r' || x1 == b'v') && at(i + 2) == b'e' {
+                        let contraction = x1 == b's'
+                            || x1 == b'm'
+                            || (i + 2 < end && (x1 == b'r' || x1 == b'v') && at(i + 2) == b'e');
+                        if contraction {
                             self.out.pop();
                         }
                     }
