@@ -162,8 +162,10 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
 }
 
 // ---------------------------------------------------------------------------
-// Matmul kernels. Each is generic over NR (activation rows per call, 1..=4):
-// the weight block is loaded and unpacked once, then dotted with every row.
+// Matmul kernels. Each is generic over NR (activation rows per call,
+// 1..=MAX_NR): the weight block is loaded and unpacked once, then dotted
+// with every row. On AVX2 the integer dot is maddubs (u8 x i8 pairs -> i16)
+// then madd (-> i32, applying a sub-block scale when there is one).
 
 /// Wrap `$f::<NR>` for NR = 1..=MAX_NR as one `Kernel` that picks by `x.len()`.
 macro_rules! by_nr {
@@ -372,8 +374,9 @@ unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
 
 /// Shared body of the 32-block types. Signed quants use the sign trick;
 /// unsigned ones (Q4_1, Q5_1: value = d q + m) use maddubs directly plus
-/// m * (dx sum xq) from the activation's block sum. Blocks go in pairs so
-/// the accumulator chain has one dependent add per two blocks.
+/// m * (dx sum xq) from the activation's block sum. Eight blocks at a time,
+/// then the remainder in pairs (so the accumulator chain has one dependent
+/// add per two blocks).
 macro_rules! kernel_32 {
     ($name:ident, $bytes:expr, $unpack:ident, $signed:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -524,8 +527,8 @@ fn k4_scales(p: *const u8) -> ([u8; 8], [u8; 8]) {
     )
 }
 
-/// Shared body of Q4_K / Q5_K: `$high(qh, j)` gives the fifth bits (0x10
-/// bytes) of sub-block j, or zero for Q4_K.
+/// Shared body of Q4_K / Q5_K (`$five`: OR in the fifth bit of each quant
+/// from the 32 `qh` bytes, bit j for sub-block j).
 macro_rules! k4_kernel {
     ($name:ident, $bytes:expr, $qs_off:expr, $five:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
