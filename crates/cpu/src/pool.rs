@@ -13,32 +13,37 @@ use std::thread::JoinHandle;
 /// How long a worker (or the waiting caller) spins before sleeping.
 const SPIN: std::time::Duration = std::time::Duration::from_micros(100);
 
-type Job = *const (dyn Fn(usize) + Sync);
+/// One `run` call. Workers that arrive late (descheduled on a busy machine)
+/// may still hold it after `run` returned: they find no task left and never
+/// touch `f`, so the caller waits only for tasks, not for every worker.
+struct Job {
+    /// Lifetime-erased; only called for a claimed task, and every claimed
+    /// task finishes before `run` returns.
+    f: *const (dyn Fn(usize) + Sync),
+    n_tasks: usize,
+    /// Next task index to hand out.
+    next: AtomicUsize,
+    /// Tasks not finished yet.
+    pending: AtomicUsize,
+    panicked: AtomicBool,
+}
+
+// SAFETY: `f` is Sync and only dereferenced under the rule above.
+unsafe impl Send for Job {}
+unsafe impl Sync for Job {}
 
 struct Shared {
     /// Bumped once per `run`; workers wait for it to change.
     generation: AtomicU64,
-    /// The current job. Written by the caller before `generation` is bumped
-    /// (Release) and read by workers after they observe it (Acquire).
-    job: std::cell::UnsafeCell<(usize, Job)>,
-    /// Next task index to hand out.
-    next: AtomicUsize,
-    /// Workers that have finished the current generation.
-    done: AtomicUsize,
-    /// Number of threads sleeping on `wake` / `finished`, to skip futex calls.
+    job: Mutex<Option<Arc<Job>>>,
+    /// Workers sleeping on `wake` (lets `run` skip the futex call).
     sleepers: AtomicUsize,
     caller_sleeping: AtomicBool,
-    panicked: AtomicBool,
     shutdown: AtomicBool,
     lock: Mutex<()>,
     wake: Condvar,
     finished: Condvar,
 }
-
-// SAFETY: `job` is only written while no worker reads it (between the end of
-// one generation, when every worker has acknowledged, and the next bump).
-unsafe impl Sync for Shared {}
-unsafe impl Send for Shared {}
 
 /// Persistent worker threads; see the module docs.
 pub struct ThreadPool {
@@ -52,7 +57,8 @@ pub struct ThreadPool {
 
 impl ThreadPool {
     /// A pool of `n_threads` threads in total, counting the caller
-    /// (`n_threads - 1` workers are spawned). 0 is treated as 1.
+    /// (`n_threads - 1` workers are spawned). 0 is treated as 1; always 1 on
+    /// wasm32.
     pub fn new(n_threads: usize) -> ThreadPool {
         let n_threads = if cfg!(target_arch = "wasm32") {
             1
@@ -61,12 +67,9 @@ impl ThreadPool {
         };
         let shared = Arc::new(Shared {
             generation: AtomicU64::new(0),
-            job: std::cell::UnsafeCell::new((0, &noop as &(dyn Fn(usize) + Sync) as Job)),
-            next: AtomicUsize::new(0),
-            done: AtomicUsize::new(0),
+            job: Mutex::new(None),
             sleepers: AtomicUsize::new(0),
             caller_sleeping: AtomicBool::new(false),
-            panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             lock: Mutex::new(()),
             wake: Condvar::new(),
@@ -115,34 +118,34 @@ impl ThreadPool {
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
         };
         let s = &*self.shared;
-        // SAFETY: every worker acknowledged the previous generation (we waited
-        // for `done == workers` below), so nobody reads `job` now. The lifetime
-        // is erased; we do not return until every worker is done with `f`.
-        unsafe {
-            let f: Job = std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(f);
-            *s.job.get() = (n_tasks, f);
-        }
-        s.next.store(0, Ordering::Relaxed);
-        s.done.store(0, Ordering::Relaxed);
+        // SAFETY (lifetime erasure): see `Job::f`; we wait for `pending == 0`.
+        let f: *const (dyn Fn(usize) + Sync) =
+            unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), _>(f) };
+        let job = Arc::new(Job {
+            f,
+            n_tasks,
+            next: AtomicUsize::new(0),
+            pending: AtomicUsize::new(n_tasks),
+            panicked: AtomicBool::new(false),
+        });
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(job.clone());
         s.generation.fetch_add(1, Ordering::SeqCst);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
             let _l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
 
-        let caller_result =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(s, n_tasks, f)));
+        work(s, &job);
 
-        // Wait for every worker to finish this generation.
-        let n_workers = self.workers.len();
+        // Wait for the tasks other threads claimed.
         let start = std::time::Instant::now();
         let mut spins = 0u32;
-        while s.done.load(Ordering::Acquire) < n_workers {
+        while job.pending.load(Ordering::Acquire) > 0 {
             spins += 1;
             if spins & 63 == 0 && start.elapsed() > SPIN {
                 let mut l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
                 s.caller_sleeping.store(true, Ordering::SeqCst);
-                while s.done.load(Ordering::SeqCst) < n_workers {
+                while job.pending.load(Ordering::SeqCst) > 0 {
                     l = s.finished.wait(l).unwrap_or_else(|e| e.into_inner());
                 }
                 s.caller_sleeping.store(false, Ordering::SeqCst);
@@ -150,24 +153,32 @@ impl ThreadPool {
             }
             std::hint::spin_loop();
         }
-        if let Err(p) = caller_result {
-            std::panic::resume_unwind(p);
-        }
-        if s.panicked.swap(false, Ordering::SeqCst) {
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if job.panicked.load(Ordering::SeqCst) {
             panic!("a thread-pool task panicked");
         }
     }
 }
 
-fn noop(_: usize) {}
-
-fn work(s: &Shared, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+/// Claim and run tasks of `job` until none are left.
+fn work(s: &Shared, job: &Job) {
     loop {
-        let i = s.next.fetch_add(1, Ordering::Relaxed);
-        if i >= n_tasks {
+        let i = job.next.fetch_add(1, Ordering::Relaxed);
+        if i >= job.n_tasks {
             break;
         }
-        f(i);
+        // SAFETY: task i is claimed and unfinished, so `run` is still waiting
+        // and `f` is alive.
+        let f = unsafe { &*job.f };
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))).is_err() {
+            job.panicked.store(true, Ordering::SeqCst);
+        }
+        if job.pending.fetch_sub(1, Ordering::SeqCst) == 1
+            && s.caller_sleeping.load(Ordering::SeqCst)
+        {
+            let _l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.finished.notify_all();
+        }
     }
 }
 
@@ -197,17 +208,9 @@ fn worker(s: &Shared) {
         if s.shutdown.load(Ordering::Acquire) {
             return;
         }
-        // SAFETY: published before the generation bump we just observed; the
-        // caller keeps `f` alive until we increment `done`.
-        let (n_tasks, f) = unsafe { *s.job.get() };
-        let f = unsafe { &*f };
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(s, n_tasks, f))).is_err() {
-            s.panicked.store(true, Ordering::SeqCst);
-        }
-        s.done.fetch_add(1, Ordering::SeqCst);
-        if s.caller_sleeping.load(Ordering::SeqCst) {
-            let _l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
-            s.finished.notify_all();
+        let job = s.job.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(job) = job {
+            work(s, &job);
         }
     }
 }
@@ -261,6 +264,27 @@ mod tests {
             }
         }
         assert_eq!(total.load(Ordering::Relaxed), 2000 * 15);
+    }
+
+    /// More threads than cores: late workers must not run finished jobs'
+    /// tasks again or miss any.
+    #[test]
+    fn oversubscribed_pool_runs_each_task_once() {
+        let pool = ThreadPool::new(8);
+        for round in 0..300 {
+            let n_tasks = 1 + round % 17;
+            let counts: Vec<AtomicU32> = (0..n_tasks).map(|_| AtomicU32::new(0)).collect();
+            pool.run(n_tasks, &|i| {
+                if i % 5 == 0 {
+                    std::thread::yield_now();
+                }
+                counts[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(
+                counts.iter().all(|c| c.load(Ordering::Relaxed) == 1),
+                "round {round}"
+            );
+        }
     }
 
     #[test]
