@@ -1,6 +1,7 @@
 //! `blockdraft`: generate, tokenize, score, benchmark and inspect GGUF models.
 
 mod commands;
+mod drafter;
 mod load;
 
 use clap::{Parser, Subcommand};

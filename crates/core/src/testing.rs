@@ -4,7 +4,7 @@
 //! returned alongside, so tests can compute independent references.
 
 use crate::sampling::Rng;
-use blockdraft_gguf::GgufWriter;
+use blockdraft_gguf::{quants, GgmlType, GgufWriter};
 use std::collections::HashMap;
 
 /// Geometry of a synthetic model.
@@ -47,6 +47,8 @@ struct Builder {
     writer: GgufWriter,
     weights: HashMap<String, Vec<f32>>,
     rng: Rng,
+    /// Type of 2-D matrices (vectors stay F32).
+    matrix_type: GgmlType,
 }
 
 impl Builder {
@@ -57,19 +59,30 @@ impl Builder {
             writer,
             weights: HashMap::new(),
             rng: Rng::new(seed),
+            matrix_type: GgmlType::F32,
         }
     }
 
-    /// Adds an F32 tensor of uniform values in `offset ± scale`.
+    /// Adds a tensor of uniform values in `offset ± scale`; `weights` keeps
+    /// the values the file really holds (after quantization).
     fn tensor(&mut self, name: String, dims: &[usize], scale: f64, offset: f32) {
         let n = dims.iter().product();
-        let v: Vec<f32> = (0..n)
+        let mut v: Vec<f32> = (0..n)
             .map(|_| ((self.rng.next_f64() * 2.0 - 1.0) * scale) as f32 + offset)
             .collect();
         let d: Vec<u64> = dims.iter().map(|&x| x as u64).collect();
-        self.writer
-            .add_f32_tensor(name.clone(), &d, &v)
-            .expect("valid synthetic tensor");
+        let ty = self.matrix_type;
+        if dims.len() == 2 && ty != GgmlType::F32 && dims[0] % ty.block_len() == 0 {
+            let bytes = quants::quantize_to_vec(ty, &v).expect("quantizable synthetic tensor");
+            v = quants::dequantize_to_vec(ty, &bytes).expect("just quantized");
+            self.writer
+                .add_tensor(name.clone(), &d, ty, bytes)
+                .expect("valid synthetic tensor");
+        } else {
+            self.writer
+                .add_f32_tensor(name.clone(), &d, &v)
+                .expect("valid synthetic tensor");
+        }
         self.weights.insert(name, v);
     }
 
@@ -162,6 +175,8 @@ pub struct SyntheticDFlash {
     pub target_layers: Vec<i32>,
     pub block_size: u32,
     pub mask_token: u32,
+    /// Type of the matrices (real drafters ship quantized).
+    pub matrix_type: GgmlType,
 }
 
 /// A random DFlash (v1) drafter without embeddings or head (borrowed from
@@ -169,6 +184,7 @@ pub struct SyntheticDFlash {
 pub fn synthetic_dflash(spec: &SyntheticDFlash, seed: u64) -> SyntheticModel {
     let d = spec.dims;
     let mut b = Builder::new("dflash", seed);
+    b.matrix_type = spec.matrix_type;
     b.common_keys("dflash", &d);
     b.writer.add("dflash.block_size", spec.block_size);
     b.writer

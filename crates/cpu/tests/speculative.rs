@@ -17,7 +17,7 @@ use blockdraft_core::testing::{
     synthetic_decoder, synthetic_dflash, SyntheticDFlash, SyntheticDims,
 };
 use blockdraft_cpu::CpuBackend;
-use blockdraft_gguf::{GgufFile, GgufWriter};
+use blockdraft_gguf::{GgmlType, GgufFile, GgufWriter};
 use std::sync::Arc;
 
 const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
@@ -199,6 +199,7 @@ fn dflash_spec(target: &Decoder<CpuBackend>, layers: Vec<i32>, block_size: u32) 
         target_layers: layers,
         block_size,
         mask_token: 0,
+        matrix_type: GgmlType::Q8_0,
     }
 }
 

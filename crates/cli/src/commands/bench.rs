@@ -2,7 +2,8 @@
 //! like llama-bench), the verify cost curve T(k)/T(1), memory bandwidth
 //! achieved and peak RSS.
 
-use crate::load::{load, ModelArgs};
+use crate::drafter::DraftArgs;
+use crate::load::{load, Loaded, ModelArgs};
 use anyhow::{bail, Result};
 use blockdraft_core::model::{Decoder, DecoderState, LogitRows};
 use blockdraft_core::sampling::Rng;
@@ -32,6 +33,21 @@ pub struct Args {
     pub verify_ctx: usize,
     #[arg(long = "json")]
     pub json: bool,
+    /// Benchmark speculative against plain decoding with this drafter
+    /// (see `run --draft`), side by side on --prompt-text.
+    #[command(flatten)]
+    pub draft: DraftArgs,
+    /// With --draft: propose the target's own greedy continuation, corrupted
+    /// at the rate that gives this expected tau, while still running the
+    /// drafter for its cost (measures the engine apart from drafter quality).
+    #[arg(long = "forced-tau")]
+    pub forced_tau: Option<f64>,
+    /// With --draft: the prompt to generate from.
+    #[arg(
+        long = "prompt-text",
+        default_value = "def quicksort(items):\n    \"\"\"Sort a list of numbers.\"\"\"\n"
+    )]
+    pub prompt_text: String,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -89,6 +105,9 @@ pub fn run(args: Args) -> Result<()> {
         bail!("--repetitions must be at least 1");
     }
     let loaded = load(&args.model)?;
+    if let Some(spec) = &args.draft.draft {
+        return speculative_bench(&args, &loaded, spec);
+    }
     let dec = &loaded.decoder;
     let cfg = &dec.config;
     let n_ctx = (args.n_prompt.max(args.n_gen + 1))
@@ -211,5 +230,144 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(r) = rss {
         println!("peak RSS {:.1} MB", r as f64 / 1e6);
     }
+    Ok(())
+}
+
+/// Plain and speculative greedy decoding of the same prompt, repeated,
+/// medians side by side; plus the speedup the engine's own measured draft
+/// and verify costs predict, to expose overhead outside them.
+fn speculative_bench(args: &Args, loaded: &Loaded, spec: &str) -> Result<()> {
+    use blockdraft_core::generate::generate;
+    use blockdraft_core::sampling::{Sampler, SamplingParams};
+    use blockdraft_core::speculative::{
+        error_rate_for_tau, generate_speculative, DraftPolicy, ForcedDrafter, OracleDrafter,
+        SpecStats,
+    };
+
+    let dec = &loaded.decoder;
+    let prompt = loaded.tokenizer.encode(&args.prompt_text, true, true)?;
+    let n = args.n_gen.max(1);
+    let n_ctx = prompt.len() + n + args.draft.draft_max + 2;
+    let max_batch = 256;
+    let greedy = || Sampler::new(SamplingParams::greedy());
+
+    let mut plain_runs = Vec::new();
+    let mut plain_tokens = Vec::new();
+    for _ in 0..args.reps {
+        let mut state = dec.new_state(n_ctx, max_batch);
+        let (tokens, _, st) = generate(
+            dec,
+            &mut state,
+            &prompt,
+            n,
+            &mut greedy(),
+            &|_| false,
+            &mut |_| true,
+        )?;
+        plain_runs.push(st.decode_tokens_per_second());
+        plain_tokens = tokens;
+    }
+    let sequence: Vec<u32> = prompt.iter().chain(&plain_tokens).copied().collect();
+    let error_rate = args
+        .forced_tau
+        .map(|tau| error_rate_for_tau(tau, args.draft.draft_max));
+
+    let mut spec_runs: Vec<(f64, SpecStats)> = Vec::new();
+    let mut identical = true;
+    for rep in 0..args.reps {
+        let mut drafter = crate::drafter::build(spec, &args.draft, loaded, n_ctx, max_batch)?;
+        if let Some(e) = error_rate {
+            let oracle = OracleDrafter::new(sequence.clone(), e, dec.config.n_vocab, rep as u64);
+            drafter = Box::new(ForcedDrafter {
+                inner: drafter,
+                oracle,
+            });
+        }
+        let mut state = dec.new_state(n_ctx, max_batch);
+        let mut policy = DraftPolicy::new(args.draft.policy());
+        let (tokens, _, st) = generate_speculative(
+            dec,
+            &mut state,
+            drafter.as_mut(),
+            &mut policy,
+            &prompt,
+            n,
+            &mut greedy(),
+            &mut greedy(),
+            &|_| false,
+            &mut |_| true,
+            &mut |_| {},
+        )?;
+        identical &= tokens == plain_tokens;
+        spec_runs.push((st.decode_tokens_per_second(), st));
+    }
+    let plain_tps = median(plain_runs);
+    spec_runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (spec_tps, st) = spec_runs[spec_runs.len() / 2].clone();
+    let passes = (st.rounds + st.plain_steps).max(1) as f64;
+    let predicted_tps = st.generated_tokens.saturating_sub(1) as f64
+        / (st.draft_seconds + st.verify_seconds).max(1e-9);
+    let achieved = spec_tps / plain_tps;
+    let predicted = predicted_tps / plain_tps;
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "model": args.model.model.display().to_string(),
+                "drafter": spec,
+                "forced_tau": args.forced_tau,
+                "threads": args.model.threads(),
+                "prompt_tokens": prompt.len(),
+                "n_gen": n,
+                "repetitions": args.reps,
+                "plain_tokens_per_second": plain_tps,
+                "speculative_tokens_per_second": spec_tps,
+                "speedup": achieved,
+                "predicted_speedup": predicted,
+                "efficiency": achieved / predicted,
+                "tau": st.tau(),
+                "acceptance_rate": st.acceptance_rate(),
+                "rounds": st.rounds,
+                "plain_steps": st.plain_steps,
+                "draft_ms_per_pass": st.draft_seconds / passes * 1e3,
+                "verify_ms_per_pass": st.verify_seconds / passes * 1e3,
+                "identical_to_plain": identical,
+            })
+        );
+        return Ok(());
+    }
+    println!("model     {}", args.model.model.display());
+    println!(
+        "drafter   {spec}{}",
+        args.forced_tau
+            .map_or(String::new(), |t| format!(" (forced tau {t})"))
+    );
+    println!(
+        "plain     {plain_tps:>8.2} tok/s   (median of {})",
+        args.reps
+    );
+    println!("spec      {spec_tps:>8.2} tok/s   speedup {achieved:.2}x, predicted from draft+verify costs {predicted:.2}x (efficiency {:.0} %)", achieved / predicted * 100.0);
+    println!(
+        "rounds    {} speculative, {} plain; tau {:.2}; {}/{} drafts accepted",
+        st.rounds,
+        st.plain_steps,
+        st.tau(),
+        st.accepted,
+        st.drafted
+    );
+    println!(
+        "per pass  draft {:.2} ms, verify {:.2} ms (plain step {:.2} ms)",
+        st.draft_seconds / passes * 1e3,
+        st.verify_seconds / passes * 1e3,
+        1e3 / plain_tps
+    );
+    println!(
+        "output    {}",
+        if identical {
+            "identical to plain decoding"
+        } else {
+            "DIFFERENT from plain decoding"
+        }
+    );
     Ok(())
 }

@@ -1,10 +1,12 @@
 //! `blockdraft run`: streamed generation.
 
-use crate::load::{load, ModelArgs};
+use crate::drafter::DraftArgs;
+use crate::load::{load, Loaded, ModelArgs};
 use anyhow::{bail, Context, Result};
 use blockdraft_core::chat_template::{ChatMessage, ChatTemplate};
 use blockdraft_core::generate::{generate, StopStrings};
 use blockdraft_core::sampling::{Sampler, SamplingParams};
+use blockdraft_core::speculative::{generate_speculative, DraftPolicy};
 use blockdraft_core::tokenizer::StreamDecoder;
 use serde_json::json;
 use std::io::Write;
@@ -50,6 +52,11 @@ pub struct Args {
     /// Print one JSON object with tokens, text and statistics instead of streaming.
     #[arg(long = "json")]
     pub json: bool,
+    #[command(flatten)]
+    pub draft: DraftArgs,
+    /// With --draft, also run plain decoding and report the speedup.
+    #[arg(long = "compare")]
+    pub compare: bool,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -96,7 +103,7 @@ pub fn run(args: Args) -> Result<()> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
     });
-    let mut sampler = Sampler::new(SamplingParams {
+    let params = SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
         top_p: args.top_p,
@@ -104,75 +111,225 @@ pub fn run(args: Args) -> Result<()> {
         repeat_penalty: args.repeat_penalty,
         repeat_last_n: args.repeat_last_n,
         seed,
-    });
-    let mut state = loaded.decoder.new_state(n_ctx, 256);
+    };
+    if args.compare && args.draft.draft.is_none() {
+        bail!("--compare needs --draft");
+    }
+    let spec = match &args.draft.draft {
+        Some(d) => Some(decode(
+            &loaded,
+            &args,
+            &prompt,
+            n_ctx,
+            &params,
+            Some(d),
+            !args.json,
+        )?),
+        None => None,
+    };
+    let plain = if spec.is_none() || args.compare {
+        Some(decode(
+            &loaded,
+            &args,
+            &prompt,
+            n_ctx,
+            &params,
+            None,
+            spec.is_none() && !args.json,
+        )?)
+    } else {
+        None
+    };
+    let main = spec.as_ref().or(plain.as_ref()).expect("one of them ran");
+    let mut stdout = std::io::stdout().lock();
+    if args.json {
+        let mut stats = main.stats.clone();
+        stats["seed"] = json!(seed);
+        stats["backend"] = json!(loaded.decoder.backend_name());
+        if let (Some(s), Some(p)) = (&spec, &plain) {
+            stats["compare"] = json!({
+                "plain_decode_tokens_per_second": p.decode_tps,
+                "speculative_decode_tokens_per_second": s.decode_tps,
+                "speedup": s.decode_tps / p.decode_tps,
+                "identical_output": s.tokens == p.tokens,
+            });
+        }
+        let obj = json!({"prompt_tokens": prompt, "tokens": main.tokens, "text": main.text, "stats": stats});
+        writeln!(stdout, "{obj}")?;
+    } else {
+        writeln!(stdout)?;
+        eprintln!("\n[{}]", main.summary);
+        if let (Some(s), Some(p)) = (&spec, &plain) {
+            eprintln!(
+                "[compare: plain {:.2} tok/s, speculative {:.2} tok/s, speedup {:.2}x, output {}]",
+                p.decode_tps,
+                s.decode_tps,
+                s.decode_tps / p.decode_tps,
+                if s.tokens == p.tokens {
+                    "identical"
+                } else {
+                    "different"
+                }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// What one decoding run produced.
+struct Outcome {
+    tokens: Vec<u32>,
+    text: String,
+    decode_tps: f64,
+    stats: serde_json::Value,
+    summary: String,
+}
+
+/// Generates with `draft` (speculative) or without (plain), streaming the
+/// text to stdout when `stream` is set.
+fn decode(
+    loaded: &Loaded,
+    args: &Args,
+    prompt: &[u32],
+    n_ctx: usize,
+    params: &SamplingParams,
+    draft: Option<&str>,
+    stream: bool,
+) -> Result<Outcome> {
+    let tok = &loaded.tokenizer;
+    let max_batch = 256;
+    let mut state = loaded.decoder.new_state(n_ctx, max_batch);
+    let mut sampler = Sampler::new(params.clone());
     let mut detok = StreamDecoder::new(tok);
     let mut stops = StopStrings::new(args.stop.clone());
-    let mut text_out = String::new();
-    let mut stdout = std::io::stdout().lock();
+    let mut text = String::new();
+    let mut stdout = std::io::stdout();
     let mut failure: Option<anyhow::Error> = None;
-    let (tokens, reason, stats) = generate(
-        &loaded.decoder,
-        &mut state,
-        &prompt,
-        args.n_predict,
-        &mut sampler,
-        &|t| tok.is_eog(t),
-        &mut |t| {
-            let piece = match detok.push(t) {
-                Ok(p) => p,
-                Err(e) => {
-                    failure = Some(e.into());
-                    return false;
-                }
-            };
-            let (emit, stopped) = stops.push(&piece);
-            text_out.push_str(&emit);
-            if !args.json {
-                if let Err(e) = stdout
-                    .write_all(emit.as_bytes())
-                    .and_then(|_| stdout.flush())
-                {
-                    failure = Some(anyhow::Error::new(e).context("cannot write to stdout"));
-                    return false;
-                }
+    let mut on_token = |t: u32| {
+        let piece = match detok.push(t) {
+            Ok(p) => p,
+            Err(e) => {
+                failure = Some(e.into());
+                return false;
             }
-            !stopped
-        },
-    )?;
+        };
+        let (emit, stopped) = stops.push(&piece);
+        text.push_str(&emit);
+        if stream {
+            if let Err(e) = stdout
+                .write_all(emit.as_bytes())
+                .and_then(|_| stdout.flush())
+            {
+                failure = Some(anyhow::Error::new(e).context("cannot write to stdout"));
+                return false;
+            }
+        }
+        !stopped
+    };
+    let is_eog = |t| tok.is_eog(t);
+    let outcome = match draft {
+        None => {
+            let (tokens, reason, st) = generate(
+                &loaded.decoder,
+                &mut state,
+                prompt,
+                args.n_predict,
+                &mut sampler,
+                &is_eog,
+                &mut on_token,
+            )?;
+            let stats = json!({
+                "prompt_tokens": st.prompt_tokens,
+                "generated_tokens": st.generated_tokens,
+                "prefill_seconds": st.prefill_seconds,
+                "decode_seconds": st.decode_seconds,
+                "prefill_tokens_per_second": st.prefill_tokens_per_second(),
+                "decode_tokens_per_second": st.decode_tokens_per_second(),
+                "stop_reason": reason.as_str(),
+            });
+            let summary = format!(
+                "{} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s, stop: {}",
+                st.prompt_tokens,
+                st.prefill_tokens_per_second(),
+                st.generated_tokens,
+                st.decode_tokens_per_second(),
+                reason.as_str()
+            );
+            (tokens, st.decode_tokens_per_second(), stats, summary)
+        }
+        Some(spec) => {
+            let mut drafter = crate::drafter::build(spec, &args.draft, loaded, n_ctx, max_batch)?;
+            let mut policy = DraftPolicy::new(args.draft.policy());
+            let mut draft_sampler = Sampler::new(SamplingParams {
+                seed: params.seed ^ 0x5eed_d4af,
+                ..params.clone()
+            });
+            let (tokens, reason, st) = generate_speculative(
+                &loaded.decoder,
+                &mut state,
+                drafter.as_mut(),
+                &mut policy,
+                prompt,
+                args.n_predict,
+                &mut sampler,
+                &mut draft_sampler,
+                &is_eog,
+                &mut on_token,
+                &mut |_| {},
+            )?;
+            let per_slot: Vec<f64> = st
+                .slot_tried
+                .iter()
+                .zip(&st.slot_accepted)
+                .map(|(&t, &a)| a as f64 / t.max(1) as f64)
+                .collect();
+            let stats = json!({
+                "prompt_tokens": st.prompt_tokens,
+                "generated_tokens": st.generated_tokens,
+                "prefill_seconds": st.prefill_seconds,
+                "decode_seconds": st.decode_seconds,
+                "decode_tokens_per_second": st.decode_tokens_per_second(),
+                "stop_reason": reason.as_str(),
+                "drafter": st.drafter,
+                "rounds": st.rounds,
+                "plain_steps": st.plain_steps,
+                "drafted": st.drafted,
+                "accepted": st.accepted,
+                "acceptance_rate": st.acceptance_rate(),
+                "tau": st.tau(),
+                "per_slot_acceptance": per_slot,
+                "draft_seconds": st.draft_seconds,
+                "verify_seconds": st.verify_seconds,
+            });
+            let summary = format!(
+                "{}: {} generated at {:.1} tok/s; {} rounds, {} plain steps, {}/{} drafts accepted, tau {:.2}, stop: {}",
+                st.drafter,
+                st.generated_tokens,
+                st.decode_tokens_per_second(),
+                st.rounds,
+                st.plain_steps,
+                st.accepted,
+                st.drafted,
+                st.tau(),
+                reason.as_str()
+            );
+            (tokens, st.decode_tokens_per_second(), stats, summary)
+        }
+    };
     if let Some(e) = failure {
         return Err(e);
     }
     let tail = stops.push(&detok.finish()).0 + &stops.finish();
-    text_out.push_str(&tail);
-    if args.json {
-        let obj = json!({
-            "prompt_tokens": prompt,
-            "tokens": tokens,
-            "text": text_out,
-            "stats": {
-                "prompt_tokens": stats.prompt_tokens,
-                "generated_tokens": stats.generated_tokens,
-                "prefill_seconds": stats.prefill_seconds,
-                "decode_seconds": stats.decode_seconds,
-                "prefill_tokens_per_second": stats.prefill_tokens_per_second(),
-                "decode_tokens_per_second": stats.decode_tokens_per_second(),
-                "stop_reason": reason.as_str(),
-                "seed": seed,
-                "backend": loaded.decoder.backend_name(),
-            }
-        });
-        writeln!(stdout, "{obj}")?;
-    } else {
-        writeln!(stdout, "{tail}")?;
-        eprintln!(
-            "\n[{} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s, stop: {}]",
-            stats.prompt_tokens,
-            stats.prefill_tokens_per_second(),
-            stats.generated_tokens,
-            stats.decode_tokens_per_second(),
-            reason.as_str()
-        );
+    text.push_str(&tail);
+    if stream {
+        stdout.write_all(tail.as_bytes())?;
     }
-    Ok(())
+    let (tokens, decode_tps, stats, summary) = outcome;
+    Ok(Outcome {
+        tokens,
+        text,
+        decode_tps,
+        stats,
+        summary,
+    })
 }

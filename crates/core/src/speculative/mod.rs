@@ -11,4 +11,5 @@ pub mod verifier;
 
 pub use engine::{generate_speculative, RoundStats, SpecStats};
 pub use policy::{DraftPolicy, PolicyConfig};
+pub use proposer::{error_rate_for_tau, ForcedDrafter};
 pub use proposer::{DFlashDrafter, Draft, DraftModelDrafter, Drafter, NgramDrafter, OracleDrafter};

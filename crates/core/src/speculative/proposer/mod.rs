@@ -11,7 +11,7 @@ mod oracle;
 pub use dflash::DFlashDrafter;
 pub use draft_model::DraftModelDrafter;
 pub use ngram::NgramDrafter;
-pub use oracle::OracleDrafter;
+pub use oracle::{error_rate_for_tau, ForcedDrafter, OracleDrafter};
 
 use crate::backend::Backend;
 use crate::error::ModelError;

@@ -63,3 +63,83 @@ impl<B: Backend> Drafter<B> for OracleDrafter {
 
     fn rollback(&mut self, _: usize) {}
 }
+
+/// Runs a real drafter for its cost but proposes the oracle's tokens, so a
+/// benchmark sees the true draft time at a chosen acceptance length.
+pub struct ForcedDrafter<B: Backend> {
+    pub inner: Box<dyn Drafter<B>>,
+    pub oracle: OracleDrafter,
+}
+
+impl<B: Backend> Drafter<B> for ForcedDrafter<B> {
+    fn kind(&self) -> &'static str {
+        "forced"
+    }
+
+    fn tap_layers(&self) -> &[usize] {
+        self.inner.tap_layers()
+    }
+
+    fn max_draft(&self) -> usize {
+        self.inner.max_draft()
+    }
+
+    fn observe(
+        &mut self,
+        tokens: &[u32],
+        pos0: usize,
+        taps: Option<&B::Tensor>,
+    ) -> Result<(), ModelError> {
+        self.inner.observe(tokens, pos0, taps)
+    }
+
+    fn propose(
+        &mut self,
+        history: &[u32],
+        n_max: usize,
+        sampler: Option<&mut crate::sampling::Sampler>,
+    ) -> Result<Draft, ModelError> {
+        self.inner.propose(history, n_max, sampler)?;
+        Drafter::<B>::propose(&mut self.oracle, history, n_max, None)
+    }
+
+    fn rollback(&mut self, len: usize) {
+        self.inner.rollback(len);
+    }
+}
+
+/// The per-token error rate at which drafts of `k` tokens give an expected
+/// `tau` (accepted + 1) per round: solves `1 + Σ_{j=1..k} (1−e)^j = tau`.
+pub fn error_rate_for_tau(tau: f64, k: usize) -> f64 {
+    let expected = |e: f64| 1.0 + (1..=k).map(|j| (1.0 - e).powi(j as i32)).sum::<f64>();
+    let (mut lo, mut hi) = (0.0, 1.0);
+    for _ in 0..60 {
+        let mid = (lo + hi) / 2.0;
+        if expected(mid) > tau {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    (lo + hi) / 2.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_rate_matches_the_requested_tau() {
+        let e = error_rate_for_tau(4.0, 7);
+        let tau = 1.0 + (1..=7).map(|j| (1.0 - e).powi(j)).sum::<f64>();
+        assert!((tau - 4.0).abs() < 1e-9);
+        assert!(
+            error_rate_for_tau(8.0, 7) < 1e-9,
+            "tau = k + 1 needs no errors"
+        );
+        assert!(
+            error_rate_for_tau(1.0, 7) > 1.0 - 1e-9,
+            "tau = 1 needs every token wrong"
+        );
+    }
+}

@@ -1,0 +1,115 @@
+//! `--draft`: building a drafter from a file or a name.
+
+use crate::load::{open_gguf, Loaded};
+use anyhow::{Context, Result};
+use blockdraft_core::model::{Decoder, ModelConfig};
+use blockdraft_core::speculative::{DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter};
+use blockdraft_core::testing::{synthetic_dflash, SyntheticDFlash, SyntheticDims};
+use blockdraft_cpu::CpuBackend;
+use blockdraft_gguf::{GgmlType, GgufFile};
+use std::sync::Arc;
+
+/// Options of speculative decoding shared by `run` and `bench`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DraftArgs {
+    /// Drafter: a GGUF file (a DFlash drafter, or any model sharing the
+    /// target's vocabulary), `ngram` for prompt lookup, or
+    /// `dflash-random[:LAYERS]` (random weights; for benchmarks only).
+    #[arg(long = "draft")]
+    pub draft: Option<String>,
+    /// Most tokens drafted per round.
+    #[arg(long = "draft-max", default_value_t = 8)]
+    pub draft_max: usize,
+    /// Drafts shorter than this are not verified.
+    #[arg(long = "draft-min", default_value_t = 1)]
+    pub draft_min: usize,
+    /// DFlash: stop a draft at the first token whose probability is below this.
+    #[arg(long = "p-min", default_value_t = 0.0)]
+    pub p_min: f32,
+    /// Always draft --draft-max tokens instead of adapting the length to measured costs.
+    #[arg(long = "fixed-draft")]
+    pub fixed_draft: bool,
+}
+
+impl DraftArgs {
+    pub fn policy(&self) -> blockdraft_core::speculative::PolicyConfig {
+        blockdraft_core::speculative::PolicyConfig {
+            n_max: self.draft_max,
+            n_min: self.draft_min,
+            adaptive: !self.fixed_draft,
+        }
+    }
+}
+
+/// The drafter named by `spec`, for `target` with caches of `n_ctx` positions.
+pub fn build(
+    spec: &str,
+    args: &DraftArgs,
+    target: &Loaded,
+    n_ctx: usize,
+    max_batch: usize,
+) -> Result<Box<dyn Drafter<CpuBackend>>> {
+    if spec == "ngram" {
+        return Ok(Box::new(NgramDrafter::default()));
+    }
+    if let Some(layers) = spec.strip_prefix("dflash-random") {
+        let layers = match layers.strip_prefix(':') {
+            Some(n) => n
+                .parse()
+                .with_context(|| format!("`{spec}`: expected dflash-random:LAYERS"))?,
+            None if layers.is_empty() => 1,
+            None => anyhow::bail!("unknown drafter `{spec}`"),
+        };
+        let file = random_dflash(&target.decoder.config, layers);
+        let d = DFlashDrafter::load(&file, &target.decoder, &target.file, n_ctx, max_batch)?;
+        return Ok(Box::new(d));
+    }
+    if !(0.0..=1.0).contains(&args.p_min) {
+        anyhow::bail!("--p-min must be within 0..=1, got {}", args.p_min);
+    }
+    let path = std::path::Path::new(spec);
+    let file = open_gguf(path)?;
+    let arch = file
+        .metadata()
+        .get_str("general.architecture")
+        .with_context(|| format!("drafter {spec}"))?;
+    if arch == "dflash" {
+        let mut d = DFlashDrafter::load(&file, &target.decoder, &target.file, n_ctx, max_batch)
+            .with_context(|| format!("cannot load DFlash drafter {spec}"))?;
+        d.p_min = args.p_min;
+        return Ok(Box::new(d));
+    }
+    let backend = target.decoder.backend.clone();
+    let model = Decoder::load(&file, backend, &mut |_| {})
+        .with_context(|| format!("cannot load draft model {spec}"))?;
+    let d = DraftModelDrafter::new(Arc::new(model), target.decoder.config.n_vocab, n_ctx)
+        .with_context(|| format!("draft model {spec}"))?;
+    Ok(Box::new(d))
+}
+
+/// A random DFlash drafter shaped like a real one for `target`: `layers`
+/// target-sized layers, five taps spread over the depth, block 16, Q8_0.
+/// Its drafts are noise; it exists to measure drafting cost (`bench
+/// --forced-tau`).
+fn random_dflash(target: &ModelConfig, layers: usize) -> GgufFile {
+    let n = target.n_layer as i32;
+    let taps = (0..5).map(|i| 1 + i * (n - 3) / 4).collect();
+    let spec = SyntheticDFlash {
+        dims: SyntheticDims {
+            n_layer: layers,
+            n_embd: target.n_embd,
+            n_head: target.n_head,
+            n_head_kv: target.n_head_kv,
+            head_dim: target.head_dim,
+            n_ff: target.n_ff,
+            n_vocab: target.n_vocab,
+            window: 0,
+        },
+        target_layers: taps,
+        block_size: 16,
+        mask_token: 0,
+        matrix_type: GgmlType::Q8_0,
+    };
+    GgufFile::from_bytes(synthetic_dflash(&spec, 1).bytes)
+        .expect("the synthetic drafter is valid GGUF")
+}
