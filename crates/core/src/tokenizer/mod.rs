@@ -204,9 +204,10 @@ impl TokenizerSpec {
             sep: id("seperator_token_id")?,
             pad: id("padding_token_id")?,
             mask: id("mask_token_id")?,
-            fim_pre: id("fim_pre_token_id")?.or(id("prefix_token_id")?),
-            fim_suf: id("fim_suf_token_id")?.or(id("suffix_token_id")?),
-            fim_mid: id("fim_mid_token_id")?.or(id("middle_token_id")?),
+            // The deprecated keys come last in llama.cpp's list, so they win.
+            fim_pre: id("prefix_token_id")?.or(id("fim_pre_token_id")?),
+            fim_suf: id("suffix_token_id")?.or(id("fim_suf_token_id")?),
+            fim_mid: id("middle_token_id")?.or(id("fim_mid_token_id")?),
             fim_pad: id("fim_pad_token_id")?,
             fim_rep: id("fim_rep_token_id")?,
             fim_sep: id("fim_sep_token_id")?,

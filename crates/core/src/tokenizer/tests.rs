@@ -295,3 +295,10 @@ fn clean_spaces_pass() {
     assert_eq!(clean_spaces(b"don 't"), b"don 't".to_vec());
     assert_eq!(clean_spaces(b""), Vec::<u8>::new());
 }
+
+#[test]
+fn tokenizer_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Tokenizer>();
+    check::<crate::chat_template::ChatTemplate>();
+}
