@@ -116,3 +116,62 @@ fn gemma_base_has_no_template() {
     assert!(tok.is_eog(tok.token_id("<end_of_turn>").unwrap()));
     assert!(tok.is_eog(tok.eos().unwrap()));
 }
+
+/// llama.cpp's greedy fixtures (`tests/fixtures/llamacpp/greedy-*.json`)
+/// record prompts rendered by llama.cpp's own template engine and their ids
+/// (`add_special = true, parse_special = true`): our template rendering and
+/// our tokenization must reproduce both.
+#[test]
+fn llamacpp_rendered_prompts_match() {
+    let dir = match std::env::var_os("BLOCKDRAFT_LLAMACPP_FIXTURES") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llamacpp"),
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("greedy-") && n.ends_with(".json"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    if files.is_empty() {
+        eprintln!("SKIP: no greedy-*.json fixtures in {}", dir.display());
+        return;
+    }
+    // The user message of the fixtures' "chat" prompt.
+    const CHAT_USER: &str = "Write a haiku about the ocean.";
+    for path in files {
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let model = doc["model"].as_str().unwrap();
+        let Some(f) = open_model(model) else {
+            continue;
+        };
+        let tok = Tokenizer::from_gguf(&f).unwrap();
+        let tmpl = ChatTemplate::from_gguf(&f).unwrap();
+        for p in doc["prompts"].as_array().unwrap() {
+            let text = p["prompt_text"].as_str().unwrap();
+            let want: Vec<u32> = p["prompt_tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            assert_eq!(
+                tok.encode(text, true, true).unwrap(),
+                want,
+                "{model}: {text:?}"
+            );
+            if p["prompt_kind"].as_str() == Some("chat_template") {
+                let t = tmpl.as_ref().expect("chat prompt but no template");
+                let ours = t.render(&[ChatMessage::user(CHAT_USER)], true).unwrap();
+                assert_eq!(ours, text, "{model}: rendered chat prompt");
+            }
+        }
+    }
+}
