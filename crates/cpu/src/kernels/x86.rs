@@ -318,17 +318,18 @@ unsafe fn unpack_q8_1(blk: *const u8) -> __m256i {
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn unpack_q4_0(blk: *const u8) -> __m256i {
-    _mm256_sub_epi8(nibbles32(blk.add(2)), _mm256_set1_epi8(8))
+    // Unsigned 0..15; the -8 offset is applied through the activation sums.
+    nibbles32(blk.add(2))
 }
 
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn unpack_q5_0(blk: *const u8) -> __m256i {
-    // The fifth bit clear means value - 16, i.e. the top nibble all ones.
+    // Unsigned 0..31; the -16 offset is applied through the activation sums.
     let hb = bits_to_bytes((blk.add(2) as *const u32).read_unaligned());
     _mm256_or_si256(
         nibbles32(blk.add(6)),
-        _mm256_andnot_si256(hb, _mm256_set1_epi8(0xF0u8 as i8)),
+        _mm256_and_si256(hb, _mm256_set1_epi8(0x10)),
     )
 }
 
@@ -373,12 +374,12 @@ unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
 }
 
 /// Shared body of the 32-block types. Signed quants use the sign trick;
-/// unsigned ones (Q4_1, Q5_1: value = d q + m) use maddubs directly plus
-/// m * (dx sum xq) from the activation's block sum. Eight blocks at a time,
+/// unsigned ones (value = d q + m, m stored or `-$offset d`) use maddubs
+/// directly plus m * (dx sum xq) from the activation's block sum. Eight blocks at a time,
 /// then the remainder in pairs (so the accumulator chain has one dependent
 /// add per two blocks).
 macro_rules! kernel_32 {
-    ($name:ident, $bytes:expr, $unpack:ident, $signed:expr) => {
+    ($name:ident, $bytes:expr, $unpack:ident, $signed:expr, $offset:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
             let mut acc = [_mm256_setzero_ps(); NR];
@@ -395,6 +396,17 @@ macro_rules! kernel_32 {
                     })
                 }
             }
+            // The block's additive term per unit of activation sum.
+            #[inline(always)]
+            fn min(blk: *const u8, d: f32) -> f32 {
+                if $offset != 0.0 {
+                    -$offset * d
+                } else {
+                    // SAFETY: blocks with a stored min have it at byte 2.
+                    let bits = unsafe { (blk.add(2) as *const u16).read_unaligned() };
+                    half::f16::from_bits(bits).to_f32()
+                }
+            }
             let mut b = 0;
             // Eight blocks at a time: the eight integer sums are reduced to
             // one vector of block sums and scaled by one FMA (and the mins of
@@ -404,6 +416,8 @@ macro_rules! kernel_32 {
                 let dw = _mm256_cvtph_ps(gather_f16(blk0, $bytes));
                 let mw = if $signed {
                     _mm256_setzero_ps()
+                } else if $offset != 0.0 {
+                    _mm256_mul_ps(dw, _mm256_set1_ps(-$offset))
                 } else {
                     _mm256_cvtph_ps(gather_f16(blk0.add(2), $bytes))
                 };
@@ -452,11 +466,11 @@ macro_rules! kernel_32 {
                     let t =
                         _mm256_mul_ps(dot(q0, qa0, load(xq)), _mm256_set1_ps(d0 * *x[i].d.add(b)));
                     if !$signed {
-                        mins[i] += h2f(b0.add(2)) * *x[i].s.add(b);
+                        mins[i] += min(b0, d0) * *x[i].s.add(b);
                     }
                     let t = if pair {
                         if !$signed {
-                            mins[i] += h2f(b1.add(2)) * *x[i].s.add(b + 1);
+                            mins[i] += min(b1, d1) * *x[i].s.add(b + 1);
                         }
                         let s1 = dot(q1, qa1, load(xq.add(32)));
                         _mm256_fmadd_ps(s1, _mm256_set1_ps(d1 * *x[i].d.add(b + 1)), t)
@@ -472,12 +486,15 @@ macro_rules! kernel_32 {
     };
 }
 
-kernel_32!(q8_0, 34, unpack_q8_0, true);
-kernel_32!(q8_1, 36, unpack_q8_1, true);
-kernel_32!(q4_0, 18, unpack_q4_0, true);
-kernel_32!(q5_0, 22, unpack_q5_0, true);
-kernel_32!(q4_1, 20, unpack_q4_1, false);
-kernel_32!(q5_1, 24, unpack_q5_1, false);
+// Q8_0/Q8_1 use the sign trick. Q4_0/Q5_0 are dotted unsigned (no sign
+// operation per activation row) with their fixed offset -8 d / -16 d
+// treated like Q4_1/Q5_1's stored min.
+kernel_32!(q8_0, 34, unpack_q8_0, true, 0.0);
+kernel_32!(q8_1, 36, unpack_q8_1, true, 0.0);
+kernel_32!(q4_0, 18, unpack_q4_0, false, 8.0);
+kernel_32!(q5_0, 22, unpack_q5_0, false, 16.0);
+kernel_32!(q4_1, 20, unpack_q4_1, false, 0.0);
+kernel_32!(q5_1, 24, unpack_q5_1, false, 0.0);
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q8_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
