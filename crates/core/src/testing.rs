@@ -72,7 +72,7 @@ impl Builder {
             .collect();
         let d: Vec<u64> = dims.iter().map(|&x| x as u64).collect();
         let ty = self.matrix_type;
-        if dims.len() == 2 && ty != GgmlType::F32 && dims[0] % ty.block_len() == 0 {
+        if dims.len() == 2 && ty != GgmlType::F32 && dims[0].is_multiple_of(ty.block_len()) {
             let bytes = quants::quantize_to_vec(ty, &v).expect("quantizable synthetic tensor");
             v = quants::dequantize_to_vec(ty, &bytes).expect("just quantized");
             self.writer

@@ -250,7 +250,7 @@ impl<B: Backend> Decoder<B> {
                 be.add(&mut s.x, &s.o);
             }
         }
-        if let Some(t) = taps.as_deref_mut() {
+        if let Some(t) = taps {
             t.capture(be, cfg.n_layer, &s.x, n);
         }
         state.kv.set_len(pos0 + n);

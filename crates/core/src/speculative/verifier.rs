@@ -163,7 +163,12 @@ mod tests {
         let freq = first_token_frequencies(
             |rng| {
                 let x = q.sample(rng);
-                verify_rejection(&[p.clone(), after.clone()], &[x], &[q.clone()], rng)
+                verify_rejection(
+                    &[p.clone(), after.clone()],
+                    &[x],
+                    std::slice::from_ref(&q),
+                    rng,
+                )
             },
             n,
         );
