@@ -346,38 +346,53 @@ pub(crate) unsafe fn bf16w(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) 
 }
 
 /// Quantize `x` (a multiple of 32 long) to 32-blocks: `qs`, scale `d` and
-/// `s = d * sum(qs)` per block (the sum serves the min term of Q4_1/Q5_1).
+/// `s = d * sum(qs)` per block (the sum serves the offset and min terms).
+/// As llama.cpp does, the scale is rounded to f16 (its block_q8_0 stores
+/// it so) while the quants use the unrounded `127 / amax`: the same
+/// rounding on both sides keeps logits within noise of llama.cpp's.
 pub(crate) fn quantize_q8_0(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     for (b, xb) in x.chunks_exact(32).enumerate() {
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let db = amax / 127.0;
-        let id = if db > 0.0 { 1.0 / db } else { 0.0 };
+        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
         let mut sum = 0i32;
         for (q, &v) in qs[32 * b..32 * b + 32].iter_mut().zip(xb) {
             *q = (v * id).round_ties_even() as i8;
             sum += *q as i32;
         }
-        d[b] = db;
-        s[b] = db * sum as f32;
+        d[b] = round_f16(amax / 127.0);
+        s[b] = d[b] * sum as f32;
     }
 }
 
-/// Quantize `x` (a multiple of 256 long) to Q8_K-style super-blocks: one scale
+/// `x` rounded to the nearest f16.
+pub(crate) fn round_f16(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// Quantize `x` (a multiple of 256 long) to Q8_K super-blocks: one scale
 /// per 256 and the sum of each 16 quants (for the min / offset terms).
+/// Follows llama.cpp's rule exactly: the scale comes from the signed value
+/// of largest magnitude (`iscale = -127 / max`, so the scale may be
+/// negative), quants are clamped to 127.
 pub(crate) fn quantize_q8_k(x: &[f32], qs: &mut [i8], d: &mut [f32], bs: &mut [i16]) {
     for (b, xb) in x.chunks_exact(256).enumerate() {
-        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let db = amax / 127.0;
-        let id = if db > 0.0 { 1.0 / db } else { 0.0 };
-        for (q, &v) in qs[256 * b..256 * b + 256].iter_mut().zip(xb) {
-            *q = (v * id).round_ties_even() as i8;
+        let max = xb
+            .iter()
+            .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let q = &mut qs[256 * b..256 * b + 256];
+        if max == 0.0 {
+            q.fill(0);
+            bs[16 * b..16 * b + 16].fill(0);
+            d[b] = 0.0;
+            continue;
+        }
+        let iscale = -127.0 / max;
+        for (q, &v) in q.iter_mut().zip(xb) {
+            *q = (iscale * v).round_ties_even().min(127.0) as i8;
         }
         for g in 0..16 {
-            bs[16 * b + g] = qs[256 * b + 16 * g..256 * b + 16 * g + 16]
-                .iter()
-                .map(|&q| q as i16)
-                .sum();
+            bs[16 * b + g] = q[16 * g..16 * g + 16].iter().map(|&q| q as i16).sum();
         }
-        d[b] = db;
+        d[b] = 1.0 / iscale;
     }
 }

@@ -118,14 +118,15 @@ pub(crate) unsafe fn quantize_q8_0(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &
     let ones = _mm256_set1_epi8(1);
     for b in 0..nb {
         let p = x.as_ptr().add(32 * b);
-        let db = amax8(p, 4) / 127.0;
-        let id = if db > 0.0 { 1.0 / db } else { 0.0 };
+        // Same rounding as the scalar path (see there): f16 scale, 127/amax quants.
+        let amax = amax8(p, 4);
+        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
         let v = round32(p, id, qs.as_mut_ptr().add(32 * b));
         // sum of the 32 quants: maddubs(1, v) gives pair sums as i16.
         let pairs = _mm256_maddubs_epi16(ones, v);
         let sums = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-        d[b] = db;
-        s[b] = db * hsum_i32(sums) as f32;
+        d[b] = super::scalar::round_f16(amax / 127.0);
+        s[b] = d[b] * hsum_i32(sums) as f32;
     }
 }
 
@@ -136,10 +137,15 @@ pub(crate) unsafe fn quantize_q8_k(x: &[f32], qs: &mut [i8], d: &mut [f32], bs: 
     let ones = _mm256_set1_epi8(1);
     for b in 0..nb {
         let p = x.as_ptr().add(256 * b);
-        let db = amax8(p, 32) / 127.0;
-        let id = if db > 0.0 { 1.0 / db } else { 0.0 };
+        // llama.cpp's rule (see the scalar path): scale from the signed value
+        // of largest magnitude; |iscale * x| <= 127 so no clamp is needed.
+        let xb = std::slice::from_raw_parts(p, 256);
+        let max = xb
+            .iter()
+            .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let iscale = if max != 0.0 { -127.0 / max } else { 0.0 };
         for k in 0..8 {
-            let v = round32(p.add(32 * k), id, qs.as_mut_ptr().add(256 * b + 32 * k));
+            let v = round32(p.add(32 * k), iscale, qs.as_mut_ptr().add(256 * b + 32 * k));
             // Pair sums (i16) -> sums of 16 via madd within each 128-bit half.
             let pairs = _mm256_maddubs_epi16(ones, v);
             let quads = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); // 8 x i32 sums of 4
@@ -148,7 +154,7 @@ pub(crate) unsafe fn quantize_q8_k(x: &[f32], qs: &mut [i8], d: &mut [f32], bs: 
             bs[16 * b + 2 * k] = _mm256_extract_epi32(h, 0) as i16;
             bs[16 * b + 2 * k + 1] = _mm256_extract_epi32(h, 4) as i16;
         }
-        d[b] = db;
+        d[b] = if iscale != 0.0 { 1.0 / iscale } else { 0.0 };
     }
 }
 
