@@ -213,7 +213,7 @@ pub(crate) fn matmul_with(
             if kind == ActKind::Q8K {
                 grow(&mut sc.bs, n * cols / 16);
             }
-            quantize_rows(pool, kind, x, cols, n, sc);
+            quantize_rows(pool, w.ty, kind, x, cols, n, sc);
         }
         let base = Act {
             qs: sc.qs.as_ptr(),
@@ -286,6 +286,7 @@ pub(crate) fn matmul_with(
 /// Quantize the `n` rows of `x` into the scratch (in parallel when large).
 fn quantize_rows(
     pool: &ThreadPool,
+    ty: GgmlType,
     kind: ActKind,
     x: &[f32],
     cols: usize,
@@ -298,6 +299,8 @@ fn quantize_rows(
         SendPtr(sc.s.as_mut_ptr()),
         SendPtr(sc.bs.as_mut_ptr()),
     );
+    // llama.cpp pairs Q4_1/Q5_1 with block_q8_1, whose sum is stored as f16.
+    let q8_1_sums = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
     let one = |r: usize| {
         let xr = &x[r * cols..(r + 1) * cols];
         // SAFETY: row r owns these disjoint ranges of buffers grown to n rows.
@@ -308,7 +311,7 @@ fn quantize_rows(
                     let nbk = cols / 32;
                     let d = std::slice::from_raw_parts_mut(d.get().add(r * nbk), nbk);
                     let s = std::slice::from_raw_parts_mut(s.get().add(r * nbk), nbk);
-                    quantize_q8_0(xr, q, d, s);
+                    quantize_q8_0(xr, q, d, s, q8_1_sums);
                 }
                 ActKind::Q8K => {
                     let nbk = cols / 256;
@@ -331,13 +334,13 @@ fn quantize_rows(
     }
 }
 
-fn quantize_q8_0(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+fn quantize_q8_0(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], q8_1_sums: bool) {
     #[cfg(target_arch = "x86_64")]
     if x86::has_avx2() {
         // SAFETY: AVX2 checked at runtime.
-        return unsafe { x86::quantize_q8_0(x, qs, d, s) };
+        return unsafe { x86::quantize_q8_0(x, qs, d, s, q8_1_sums) };
     }
-    scalar::quantize_q8_0(x, qs, d, s)
+    scalar::quantize_q8_0(x, qs, d, s, q8_1_sums)
 }
 
 fn quantize_q8_k(x: &[f32], qs: &mut [i8], d: &mut [f32], bs: &mut [i16]) {

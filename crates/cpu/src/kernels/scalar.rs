@@ -350,7 +350,16 @@ pub(crate) unsafe fn bf16w(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) 
 /// As llama.cpp does, the scale is rounded to f16 (its block_q8_0 stores
 /// it so) while the quants use the unrounded `127 / amax`: the same
 /// rounding on both sides keeps logits within noise of llama.cpp's.
-pub(crate) fn quantize_q8_0(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+///
+/// `q8_1_sums`: `s` as llama.cpp's block_q8_1 has it (the Q4_1/Q5_1 partner),
+/// `f16(amax / 127 * sum)`, instead of the exact `d * sum`.
+pub(crate) fn quantize_q8_0(
+    x: &[f32],
+    qs: &mut [i8],
+    d: &mut [f32],
+    s: &mut [f32],
+    q8_1_sums: bool,
+) {
     for (b, xb) in x.chunks_exact(32).enumerate() {
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
         let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
@@ -360,7 +369,11 @@ pub(crate) fn quantize_q8_0(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f3
             sum += *q as i32;
         }
         d[b] = round_f16(amax / 127.0);
-        s[b] = d[b] * sum as f32;
+        s[b] = if q8_1_sums {
+            round_f16(amax / 127.0 * sum as f32)
+        } else {
+            d[b] * sum as f32
+        };
     }
 }
 

@@ -214,7 +214,7 @@ fn requantized(ty: GgmlType, x: &[f32]) -> Vec<f32> {
     let nb = x.len() / blk;
     let mut d = vec![0f32; nb];
     if blk == 32 {
-        scalar::quantize_q8_0(x, &mut q, &mut d, &mut vec![0f32; nb]);
+        scalar::quantize_q8_0(x, &mut q, &mut d, &mut vec![0f32; nb], false);
     } else {
         scalar::quantize_q8_k(x, &mut q, &mut d, &mut vec![0i16; x.len() / 16]);
     }
@@ -378,9 +378,11 @@ fn simd_quantizers_match_scalar() {
     let (mut q1, mut q2) = (vec![0i8; 1536], vec![0i8; 1536]);
     let (mut d1, mut d2) = (vec![0f32; 48], vec![0f32; 48]);
     let (mut s1, mut s2) = (vec![0f32; 48], vec![0f32; 48]);
-    scalar::quantize_q8_0(&x, &mut q1, &mut d1, &mut s1);
-    quantize_q8_0(&x, &mut q2, &mut d2, &mut s2);
-    assert_eq!((&q1, &d1, &s1), (&q2, &d2, &s2));
+    for q8_1_sums in [false, true] {
+        scalar::quantize_q8_0(&x, &mut q1, &mut d1, &mut s1, q8_1_sums);
+        quantize_q8_0(&x, &mut q2, &mut d2, &mut s2, q8_1_sums);
+        assert_eq!((&q1, &d1, &s1), (&q2, &d2, &s2));
+    }
     let (mut b1, mut b2) = (vec![0i16; 96], vec![0i16; 96]);
     scalar::quantize_q8_k(&x, &mut q1, &mut d1[..6], &mut b1);
     quantize_q8_k(&x, &mut q2, &mut d2[..6], &mut b2);

@@ -112,7 +112,13 @@ unsafe fn round32(p: *const f32, id: f32, q: *mut i8) -> __m256i {
 }
 
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn quantize_q8_0(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+pub(crate) unsafe fn quantize_q8_0(
+    x: &[f32],
+    qs: &mut [i8],
+    d: &mut [f32],
+    s: &mut [f32],
+    q8_1_sums: bool,
+) {
     let nb = x.len() / 32;
     assert!(qs.len() >= nb * 32 && d.len() >= nb && s.len() >= nb);
     let ones = _mm256_set1_epi8(1);
@@ -126,7 +132,12 @@ pub(crate) unsafe fn quantize_q8_0(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &
         let pairs = _mm256_maddubs_epi16(ones, v);
         let sums = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
         d[b] = super::scalar::round_f16(amax / 127.0);
-        s[b] = d[b] * hsum_i32(sums) as f32;
+        let sum = hsum_i32(sums) as f32;
+        s[b] = if q8_1_sums {
+            super::scalar::round_f16(amax / 127.0 * sum)
+        } else {
+            d[b] * sum
+        };
     }
 }
 
