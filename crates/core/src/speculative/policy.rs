@@ -139,7 +139,10 @@ impl DraftPolicy {
             return n_max;
         }
         let Some(t1) = self.verify_time[0] else {
-            return n_max; // nothing measured yet: try speculation first
+            // Try speculation first; after one round, take one plain step
+            // to learn the cost it has to beat.
+            let speculated = self.slots[0].1 > 0.0;
+            return if speculated { 0 } else { n_max };
         };
         let mut best = (0, 1.0 / t1);
         for k in self.config.n_min.max(1)..=n_max {
@@ -174,6 +177,8 @@ mod tests {
             adaptive: true,
         });
         assert_eq!(p.next_len(15), 8, "optimistic before any measurement");
+        p.record_acceptance(8, 8);
+        assert_eq!(p.next_len(15), 0, "one plain step to measure T(1)");
         for rows in 1..=9 {
             p.record_verify(rows, 0.010 + 0.001 * rows as f64);
         }
