@@ -142,15 +142,26 @@ mod tests {
         );
     }
 
+    const TARGET: [f64; 3] = [0.5, 0.3, 0.2];
+    const DRAWS: usize = 200_000;
+
     /// The first committed token must be distributed as the target's first
-    /// row, whatever the drafter proposes: checked by counting.
-    fn first_token_frequencies(f: impl Fn(&mut Rng) -> Verdict, n: usize) -> [f64; 3] {
+    /// row (`TARGET`), whatever the drafter proposes: checked by counting
+    /// within 5 sigma of a binomial proportion.
+    fn assert_first_token_follows_target(f: impl Fn(&mut Rng) -> Verdict) {
         let mut rng = Rng::new(1);
         let mut counts = [0usize; 3];
-        for _ in 0..n {
+        for _ in 0..DRAWS {
             counts[f(&mut rng).tokens[0] as usize] += 1;
         }
-        counts.map(|c| c as f64 / n as f64)
+        for (i, want) in TARGET.iter().enumerate() {
+            let got = counts[i] as f64 / DRAWS as f64;
+            let sigma = (want * (1.0 - want) / DRAWS as f64).sqrt();
+            assert!(
+                (got - want).abs() < 5.0 * sigma,
+                "token {i}: {got} vs {want}"
+            );
+        }
     }
 
     #[test]
@@ -158,46 +169,24 @@ mod tests {
         let p = dist(&[(0, 0.5), (1, 0.3), (2, 0.2)]);
         let q = dist(&[(2, 0.6), (1, 0.3), (0, 0.1)]);
         let after = dist(&[(0, 1.0)]);
-        let n = 200_000;
         // Draft tokens drawn from q, as a sampling drafter would.
-        let freq = first_token_frequencies(
-            |rng| {
-                let x = q.sample(rng);
-                verify_rejection(
-                    &[p.clone(), after.clone()],
-                    &[x],
-                    std::slice::from_ref(&q),
-                    rng,
-                )
-            },
-            n,
-        );
-        for (i, want) in [0.5, 0.3, 0.2].iter().enumerate() {
-            let sigma = (want * (1.0 - want) / n as f64).sqrt();
-            assert!(
-                (freq[i] - want).abs() < 5.0 * sigma,
-                "token {i}: {} vs {want}",
-                freq[i]
-            );
-        }
+        assert_first_token_follows_target(|rng| {
+            let x = q.sample(rng);
+            verify_rejection(
+                &[p.clone(), after.clone()],
+                &[x],
+                std::slice::from_ref(&q),
+                rng,
+            )
+        });
     }
 
     #[test]
     fn matching_preserves_the_target_distribution() {
         let p = dist(&[(0, 0.5), (1, 0.3), (2, 0.2)]);
         let after = dist(&[(0, 1.0)]);
-        let n = 200_000;
-        let freq = first_token_frequencies(
-            |rng| verify_by_matching(&[p.clone(), after.clone()], &[2], rng),
-            n,
-        );
-        for (i, want) in [0.5, 0.3, 0.2].iter().enumerate() {
-            let sigma = (want * (1.0 - want) / n as f64).sqrt();
-            assert!(
-                (freq[i] - want).abs() < 5.0 * sigma,
-                "token {i}: {} vs {want}",
-                freq[i]
-            );
-        }
+        assert_first_token_follows_target(|rng| {
+            verify_by_matching(&[p.clone(), after.clone()], &[2], rng)
+        });
     }
 }

@@ -36,10 +36,6 @@ impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
         "draft-model"
     }
 
-    fn observe(&mut self, _: &[u32], _: usize, _: Option<&B::Tensor>) -> Result<(), ModelError> {
-        Ok(())
-    }
-
     fn propose(
         &mut self,
         history: &[u32],

@@ -44,13 +44,17 @@ pub trait Drafter<B: Backend>: Send {
     /// Called after every target forward pass with the rows that are now
     /// committed: their tokens, first position and (when [`Self::tap_layers`]
     /// is non-empty) the captured hidden states, of which the first
-    /// `tokens.len()` rows are used.
+    /// `tokens.len()` rows are used. Drafters without per-position state
+    /// ignore it.
     fn observe(
         &mut self,
         tokens: &[u32],
         pos0: usize,
         taps: Option<&B::Tensor>,
-    ) -> Result<(), ModelError>;
+    ) -> Result<(), ModelError> {
+        let _ = (tokens, pos0, taps);
+        Ok(())
+    }
 
     /// Drafts up to `n_max` tokens following `history` (every committed
     /// token; the last one is not yet in the target's cache). With
@@ -64,5 +68,7 @@ pub trait Drafter<B: Backend>: Send {
     ) -> Result<Draft, ModelError>;
 
     /// Forgets everything about positions from `len` on.
-    fn rollback(&mut self, len: usize);
+    fn rollback(&mut self, len: usize) {
+        let _ = len;
+    }
 }

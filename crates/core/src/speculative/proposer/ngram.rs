@@ -55,10 +55,6 @@ impl<B: Backend> Drafter<B> for NgramDrafter {
         "ngram"
     }
 
-    fn observe(&mut self, _: &[u32], _: usize, _: Option<&B::Tensor>) -> Result<(), ModelError> {
-        Ok(())
-    }
-
     fn propose(
         &mut self,
         history: &[u32],
@@ -70,8 +66,6 @@ impl<B: Backend> Drafter<B> for NgramDrafter {
             probs: None,
         })
     }
-
-    fn rollback(&mut self, _: usize) {}
 }
 
 #[cfg(test)]

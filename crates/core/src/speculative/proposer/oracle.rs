@@ -33,10 +33,6 @@ impl<B: Backend> Drafter<B> for OracleDrafter {
         "oracle"
     }
 
-    fn observe(&mut self, _: &[u32], _: usize, _: Option<&B::Tensor>) -> Result<(), ModelError> {
-        Ok(())
-    }
-
     fn propose(
         &mut self,
         history: &[u32],
@@ -60,8 +56,6 @@ impl<B: Backend> Drafter<B> for OracleDrafter {
             probs: None,
         })
     }
-
-    fn rollback(&mut self, _: usize) {}
 }
 
 /// Runs a real drafter for its cost but proposes the oracle's tokens, so a
