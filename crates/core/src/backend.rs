@@ -129,6 +129,9 @@ pub trait Backend: Send + Sync + 'static {
     fn add(&self, x: &mut Self::Tensor, y: &Self::Tensor);
     /// `x *= s`.
     fn scale(&self, x: &mut Self::Tensor, s: f32);
+    /// NaN becomes 0 and values beyond `±limit` (infinities included) are
+    /// clamped to it.
+    fn clamp_finite(&self, x: &mut Self::Tensor, limit: f32);
     /// Copies `n_rows` whole rows of `src` (from `src_row`) into `dst`
     /// at row `dst_row`, column `dst_col`. Used for KV appends, tap capture
     /// and row selection.

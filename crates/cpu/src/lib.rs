@@ -230,6 +230,16 @@ impl Backend for CpuBackend {
         x.as_mut_slice().iter_mut().for_each(|v| *v *= s);
     }
 
+    fn clamp_finite(&self, x: &mut CpuTensor, limit: f32) {
+        for v in x.as_mut_slice() {
+            *v = if v.is_nan() {
+                0.0
+            } else {
+                v.clamp(-limit, limit)
+            };
+        }
+    }
+
     fn copy_rows(
         &self,
         src: &CpuTensor,
@@ -277,5 +287,19 @@ impl Backend for CpuBackend {
             .chunks_exact(x.cols)
             .map(blockdraft_core::sampling::argmax)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clamp_finite_zeroes_nan_and_clamps_to_the_limit() {
+        let be = CpuBackend::new(1);
+        let mut t = be.tensor(1, 5);
+        be.write(&mut t, &[f32::NAN, f32::INFINITY, -1e6, 3.5, -65504.0]);
+        be.clamp_finite(&mut t, 65504.0);
+        assert_eq!(be.read(&t), vec![0.0, 65504.0, -65504.0, 3.5, -65504.0]);
     }
 }

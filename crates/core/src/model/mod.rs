@@ -12,6 +12,9 @@ use crate::kv_cache::KvCache;
 use blockdraft_gguf::GgufFile;
 use std::sync::Arc;
 
+/// Largest magnitude a tapped feature keeps (the f16 range).
+pub const TAP_LIMIT: f32 = 65504.0;
+
 /// Which rows of a forward pass produce logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogitRows {
@@ -25,7 +28,8 @@ pub enum LogitRows {
 /// Hidden states to capture during a forward pass: the input of each listed
 /// block, where `n_layer` means the output of the last block before the
 /// final norm. Captured rows are concatenated per token in list order, so
-/// row `r` of `out` is `[h_{l0}(r) | h_{l1}(r) | ...]`.
+/// row `r` of `out` is `[h_{l0}(r) | h_{l1}(r) | ...]`, with NaN set to 0
+/// and magnitudes clamped to [`TAP_LIMIT`].
 pub struct Taps<B: Backend> {
     layers: Vec<usize>,
     out: B::Tensor,
@@ -252,6 +256,9 @@ impl<B: Backend> Decoder<B> {
         }
         if let Some(t) = taps {
             t.capture(be, cfg.n_layer, &s.x, n);
+            // Drafters read taps as f16-range features: a "massive
+            // activation" or a NaN must not poison their context.
+            be.clamp_finite(&mut t.out, TAP_LIMIT);
         }
         state.kv.set_len(pos0 + n);
 
