@@ -7,12 +7,16 @@ use blockdraft_core::backend::{
     AttentionMask, AttentionParams, GatedActivation, RopeParams, RopeStyle,
 };
 
+/// RMS norm with ggml's exact float sequence (f32 squares summed in f64,
+/// f32 mean, scale and products). Bit-equal inputs matter: the next
+/// matmul quantizes them, and a one-ulp difference can flip a rounding.
 pub fn rms_norm(x: &[f32], weight: &[f32], group: usize, eps: f32, out: &mut [f32]) {
     for (xs, os) in x.chunks_exact(group).zip(out.chunks_exact_mut(group)) {
-        let mean_sq = xs.iter().map(|v| (*v as f64) * (*v as f64)).sum::<f64>() / group as f64;
-        let scale = (1.0 / (mean_sq + eps as f64).sqrt()) as f32;
+        let sum: f64 = xs.iter().map(|v| (v * v) as f64).sum();
+        let mean = (sum / group as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
         for ((o, v), w) in os.iter_mut().zip(xs).zip(weight) {
-            *o = v * scale * w;
+            *o = (v * scale) * w;
         }
     }
 }
