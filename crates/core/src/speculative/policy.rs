@@ -32,8 +32,12 @@ impl Default for PolicyConfig {
 const EMA: f64 = 0.2;
 /// Per-round decay of acceptance counts, so old behaviour fades.
 const DECAY: f64 = 0.98;
-/// Plain rounds between probes while speculation is off.
+/// Plain rounds before the first probe while speculation is off. Each
+/// probe that does not turn speculation back on doubles the wait (up to
+/// `MAX_PROBE_INTERVAL`): a probe costs a draft model its catch-up on every
+/// token since the last one, so rare probes keep the loss bounded.
 const PROBE_INTERVAL: usize = 32;
+const MAX_PROBE_INTERVAL: usize = 1024;
 
 pub struct DraftPolicy {
     pub config: PolicyConfig,
@@ -44,6 +48,7 @@ pub struct DraftPolicy {
     /// Per slot: (accepted, tried), decayed.
     slots: Vec<(f64, f64)>,
     plain_since_probe: usize,
+    probe_interval: usize,
 }
 
 fn ema(slot: &mut Option<f64>, x: f64) {
@@ -59,6 +64,7 @@ impl DraftPolicy {
             draft_time: vec![None; n],
             slots: vec![(0.0, 0.0); n],
             plain_since_probe: 0,
+            probe_interval: PROBE_INTERVAL,
         }
     }
 
@@ -154,11 +160,13 @@ impl DraftPolicy {
         }
         if best.0 > 0 {
             self.plain_since_probe = 0;
+            self.probe_interval = PROBE_INTERVAL;
             return best.0;
         }
         self.plain_since_probe += 1;
-        if self.plain_since_probe >= PROBE_INTERVAL {
+        if self.plain_since_probe >= self.probe_interval {
             self.plain_since_probe = 0;
+            self.probe_interval = (self.probe_interval * 2).min(MAX_PROBE_INTERVAL);
             return self.config.n_min.max(1);
         }
         0
@@ -193,6 +201,11 @@ mod tests {
         }
         let lens: Vec<usize> = (0..PROBE_INTERVAL).map(|_| p.next_len(15)).collect();
         assert_eq!(lens.iter().filter(|&&k| k > 0).count(), 1, "{lens:?}");
+        // A probe that changes nothing doubles the wait for the next one.
+        let probes: Vec<usize> = (0..6 * PROBE_INTERVAL)
+            .filter(|_| p.next_len(15) > 0)
+            .collect();
+        assert_eq!(probes.len(), 2, "probes after 64 and 128 more steps");
         // An expensive drafter is not worth it even at high acceptance.
         let mut p = DraftPolicy::new(PolicyConfig {
             n_max: 4,
