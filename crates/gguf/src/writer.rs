@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::Path;
 
 use crate::error::{GgufError, Result};
-use crate::parse::{align_up, tensor_bytes, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC};
+use crate::parse::{align_up, tensor_bytes, ALIGNMENT_KEY, MAGIC};
 use crate::value::{ArrayValue, Metadata, Value};
 use crate::GgmlType;
 
@@ -133,23 +133,7 @@ impl GgufWriter {
     }
 
     fn alignment(&self) -> Result<u64> {
-        match self.metadata.get(ALIGNMENT_KEY) {
-            None => Ok(DEFAULT_ALIGNMENT),
-            Some(v) => {
-                let a = v
-                    .as_int()
-                    .and_then(|i| u64::try_from(i).ok())
-                    .ok_or_else(|| GgufError::WrongType {
-                        key: ALIGNMENT_KEY.to_string(),
-                        expected: "unsigned integer",
-                        found: v.type_description(),
-                    })?;
-                if !a.is_power_of_two() {
-                    return Err(GgufError::BadAlignment { value: a });
-                }
-                Ok(a)
-            }
-        }
+        crate::parse::alignment_of(&self.metadata)
     }
 
     /// Writes the file.
