@@ -498,6 +498,26 @@ pub(crate) fn validate_layout(
     Ok(())
 }
 
+/// The data alignment `metadata` declares (`general.alignment`), or the
+/// default; it must be an unsigned power of two.
+pub(crate) fn alignment_of(metadata: &Metadata) -> Result<u64, GgufError> {
+    let Some(v) = metadata.get(ALIGNMENT_KEY) else {
+        return Ok(DEFAULT_ALIGNMENT);
+    };
+    let a = v
+        .as_int()
+        .and_then(|i| u64::try_from(i).ok())
+        .ok_or_else(|| GgufError::WrongType {
+            key: ALIGNMENT_KEY.to_string(),
+            expected: "unsigned integer",
+            found: v.type_description(),
+        })?;
+    if !a.is_power_of_two() {
+        return Err(GgufError::BadAlignment { value: a });
+    }
+    Ok(a)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -557,24 +577,4 @@ mod tests {
         let e = validate_layout(&[t("a", 0, 64)], 32, Some(63)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::TensorOutOfBounds);
     }
-}
-
-/// The data alignment `metadata` declares (`general.alignment`), or the
-/// default; it must be an unsigned power of two.
-pub(crate) fn alignment_of(metadata: &Metadata) -> Result<u64, GgufError> {
-    let Some(v) = metadata.get(ALIGNMENT_KEY) else {
-        return Ok(DEFAULT_ALIGNMENT);
-    };
-    let a = v
-        .as_int()
-        .and_then(|i| u64::try_from(i).ok())
-        .ok_or_else(|| GgufError::WrongType {
-            key: ALIGNMENT_KEY.to_string(),
-            expected: "unsigned integer",
-            found: v.type_description(),
-        })?;
-    if !a.is_power_of_two() {
-        return Err(GgufError::BadAlignment { value: a });
-    }
-    Ok(a)
 }
