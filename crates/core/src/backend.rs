@@ -78,6 +78,17 @@ pub enum GatedActivation {
     GeGlu,
 }
 
+/// One side of a grouped dynamic depthwise convolution (DFlash2, spec §3.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvParams {
+    /// Taps T: row `i` mixes rows `i − T + 1 ..= i`.
+    pub taps: usize,
+    /// Channels sharing one dynamic delta (contiguous: group of `c` is `c / group`).
+    pub group: usize,
+    /// 0 = before the sublayer, 1 = after it.
+    pub side: usize,
+}
+
 pub trait Backend: Send + Sync + 'static {
     /// A row-major f32 matrix on the device with a fixed capacity.
     type Tensor: Send + Sync;
@@ -153,6 +164,19 @@ pub trait Backend: Send + Sync + 'static {
         v: &Self::Tensor,
         mask: AttentionMask,
         p: AttentionParams,
+        out: &mut Self::Tensor,
+    );
+    /// Grouped dynamic depthwise convolution over the rows of `x` (`n x d`),
+    /// one block whose row `i` is time step `i`:
+    /// `out[i][c] = Σ_t (base[s·T + t][c] + dynamic[i][(s·T + t)·d/G + c/G]) · x[i − t][c]`
+    /// for `t < T`, with rows before 0 taken as zero (taps never leave the
+    /// block). `base` is `2T x d`, `dynamic` is `n x 2T·d/G`.
+    fn grouped_conv(
+        &self,
+        x: &Self::Tensor,
+        base: &Self::Tensor,
+        dynamic: &Self::Tensor,
+        p: ConvParams,
         out: &mut Self::Tensor,
     );
     /// Index of the largest value of each row (first on ties).

@@ -10,7 +10,7 @@ pub mod pool;
 mod ops;
 
 use blockdraft_core::backend::{
-    AttentionMask, AttentionParams, Backend, BackendError, GatedActivation, RopeParams,
+    AttentionMask, AttentionParams, Backend, BackendError, ConvParams, GatedActivation, RopeParams,
     WeightSource,
 };
 use blockdraft_gguf::{GgmlType, TensorData};
@@ -282,6 +282,33 @@ impl Backend for CpuBackend {
         );
     }
 
+    fn grouped_conv(
+        &self,
+        x: &CpuTensor,
+        base: &CpuTensor,
+        dynamic: &CpuTensor,
+        p: ConvParams,
+        out: &mut CpuTensor,
+    ) {
+        assert!(
+            base.rows == 2 * p.taps
+                && base.cols == x.cols
+                && x.cols.is_multiple_of(p.group)
+                && dynamic.rows == x.rows
+                && dynamic.cols == 2 * p.taps * (x.cols / p.group)
+                && (out.rows, out.cols) == (x.rows, x.cols),
+            "grouped_conv shapes"
+        );
+        ops::grouped_conv(
+            x.as_slice(),
+            x.cols,
+            base.as_slice(),
+            dynamic.as_slice(),
+            p,
+            out.as_mut_slice(),
+        );
+    }
+
     fn argmax(&self, x: &CpuTensor) -> Vec<u32> {
         x.as_slice()
             .chunks_exact(x.cols)
@@ -301,5 +328,61 @@ mod tests {
         be.write(&mut t, &[f32::NAN, f32::INFINITY, -1e6, 3.5, -65504.0]);
         be.clamp_finite(&mut t, 65504.0);
         assert_eq!(be.read(&t), vec![0.0, 65504.0, -65504.0, 3.5, -65504.0]);
+    }
+
+    /// Two taps, two groups of two channels, three rows, checked by hand.
+    #[test]
+    fn grouped_conv_mixes_the_previous_row_with_static_plus_dynamic_weights() {
+        let be = CpuBackend::new(1);
+        let tensor = |rows, cols, data: &[f32]| {
+            let mut t = be.tensor(rows, cols);
+            be.write(&mut t, data);
+            t
+        };
+        let x = tensor(
+            3,
+            4,
+            &[
+                1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0,
+            ],
+        );
+        // base rows: side 0 taps 0, 1; side 1 taps 0, 1.
+        #[rustfmt::skip]
+        let base = tensor(4, 4, &[
+            1.0, 1.0, 2.0, 2.0,
+            0.5, 0.5, 0.5, 0.5,
+            9.0, 9.0, 9.0, 9.0,
+            9.0, 9.0, 9.0, 9.0,
+        ]);
+        // dynamic per row: [s0 t0 g0, s0 t0 g1, s0 t1 g0, s0 t1 g1, side 1 ...].
+        let mut dyn_data = Vec::new();
+        for i in 0..3 {
+            let d = i as f32;
+            dyn_data.extend([d, -d, 0.1 * d, 0.0, 7.0, 7.0, 7.0, 7.0]);
+        }
+        let dynamic = tensor(3, 8, &dyn_data);
+        let mut out = be.tensor(3, 4);
+        let p = ConvParams {
+            taps: 2,
+            group: 2,
+            side: 0,
+        };
+        be.grouped_conv(&x, &base, &dynamic, p, &mut out);
+        let mut want = vec![0.0f32; 12];
+        for i in 0..3 {
+            let d = i as f32;
+            let w0 = [1.0 + d, 1.0 + d, 2.0 - d, 2.0 - d];
+            let w1 = [0.5 + 0.1 * d, 0.5 + 0.1 * d, 0.5, 0.5];
+            for c in 0..4 {
+                want[i * 4 + c] = w0[c] * (i * 4 + c + 1) as f32;
+                if i > 0 {
+                    want[i * 4 + c] += w1[c] * ((i - 1) * 4 + c + 1) as f32;
+                }
+            }
+        }
+        let got = be.read(&out);
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() < 1e-5, "{got:?} vs {want:?}");
+        }
     }
 }

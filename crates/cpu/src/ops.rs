@@ -4,7 +4,7 @@
 use crate::kernels::{axpy_f32, dot_f32};
 use crate::pool::ThreadPool;
 use blockdraft_core::backend::{
-    AttentionMask, AttentionParams, GatedActivation, RopeParams, RopeStyle,
+    AttentionMask, AttentionParams, ConvParams, GatedActivation, RopeParams, RopeStyle,
 };
 
 /// RMS norm with ggml's exact float sequence (f32 squares summed in f64,
@@ -58,6 +58,40 @@ pub fn gated(act: GatedActivation, gate: &[f32], up: &[f32], out: &mut [f32]) {
             }
         };
         *o = a * u;
+    }
+}
+
+/// Grouped dynamic depthwise convolution (see `Backend::grouped_conv`);
+/// `base` is `2T x cols`, `dynamic` has `2T · cols/group` columns.
+pub fn grouped_conv(
+    x: &[f32],
+    cols: usize,
+    base: &[f32],
+    dynamic: &[f32],
+    p: ConvParams,
+    out: &mut [f32],
+) {
+    let groups = cols / p.group;
+    let dyn_cols = 2 * p.taps * groups;
+    for (i, o) in out.chunks_exact_mut(cols).enumerate() {
+        o.fill(0.0);
+        // Taps reaching before row 0 see zeros, so they are skipped.
+        for t in 0..p.taps.min(i + 1) {
+            let k = p.side * p.taps + t;
+            let xs = &x[(i - t) * cols..][..cols];
+            let bs = &base[k * cols..][..cols];
+            let ds = &dynamic[i * dyn_cols + k * groups..][..groups];
+            for (((oc, xc), bc), &dg) in o
+                .chunks_exact_mut(p.group)
+                .zip(xs.chunks_exact(p.group))
+                .zip(bs.chunks_exact(p.group))
+                .zip(ds)
+            {
+                for ((ov, &xv), &bv) in oc.iter_mut().zip(xc).zip(bc) {
+                    *ov += (bv + dg) * xv;
+                }
+            }
+        }
     }
 }
 

@@ -88,6 +88,25 @@ impl<B: Backend> Taps<B> {
     }
 }
 
+/// Where a [`LayerHook`] sees a layer's activations (`n x n_embd`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HookPoint {
+    /// The attention-normed input, before Q/K/V.
+    AttnInput,
+    /// The attention output projection, before the residual add.
+    AttnOutput,
+    /// The FFN-normed input, before gate/up.
+    FfnInput,
+    /// The FFN down projection, before the residual add.
+    FfnOutput,
+}
+
+/// Rewrites activations in place inside the layer loop; lets a drafter
+/// (DFlash2's convolutions) reuse the decoder without its own loop.
+pub trait LayerHook<B: Backend> {
+    fn apply(&mut self, be: &B, layer: usize, point: HookPoint, x: &mut B::Tensor);
+}
+
 /// A loaded decoder: config, resident weights, backend.
 pub struct Decoder<B: Backend> {
     pub config: ModelConfig,
@@ -150,7 +169,20 @@ impl<B: Backend> Decoder<B> {
         tokens: &[u32],
         logits: LogitRows,
         causal: bool,
+        taps: Option<&mut Taps<B>>,
+    ) -> Result<(), ModelError> {
+        self.forward_hooked(state, tokens, logits, causal, taps, None)
+    }
+
+    /// [`Self::forward`] with `hook` applied at every [`HookPoint`].
+    pub fn forward_hooked(
+        &self,
+        state: &mut DecoderState<B>,
+        tokens: &[u32],
+        logits: LogitRows,
+        causal: bool,
         mut taps: Option<&mut Taps<B>>,
+        mut hook: Option<&mut dyn LayerHook<B>>,
     ) -> Result<(), ModelError> {
         let cfg = &self.config;
         let be = &*self.backend;
@@ -186,6 +218,9 @@ impl<B: Backend> Decoder<B> {
             }
             // Attention.
             be.rms_norm(&s.x, &lw.attn_norm, cfg.n_embd, cfg.rms_eps, &mut s.xn);
+            if let Some(h) = hook.as_deref_mut() {
+                h.apply(be, il, HookPoint::AttnInput, &mut s.xn);
+            }
             be.matmul(&lw.wq, &s.xn, &mut s.q);
             be.matmul(&lw.wk, &s.xn, &mut s.k);
             be.matmul(&lw.wv, &s.xn, &mut s.v);
@@ -235,6 +270,9 @@ impl<B: Backend> Decoder<B> {
             let (kc, vc) = state.kv.layer(il);
             be.attention(&s.q, kc, vc, mask, params, &mut s.attn);
             be.matmul(&lw.wo, &s.attn, &mut s.o);
+            if let Some(h) = hook.as_deref_mut() {
+                h.apply(be, il, HookPoint::AttnOutput, &mut s.o);
+            }
             if let Some(pn) = &lw.post_attn_norm {
                 be.rms_norm(&s.o, pn, cfg.n_embd, cfg.rms_eps, &mut s.xn);
                 be.add(&mut s.x, &s.xn);
@@ -243,10 +281,16 @@ impl<B: Backend> Decoder<B> {
             }
             // Feed-forward.
             be.rms_norm(&s.x, &lw.ffn_norm, cfg.n_embd, cfg.rms_eps, &mut s.xn);
+            if let Some(h) = hook.as_deref_mut() {
+                h.apply(be, il, HookPoint::FfnInput, &mut s.xn);
+            }
             be.matmul(&lw.w_gate, &s.xn, &mut s.gate);
             be.matmul(&lw.w_up, &s.xn, &mut s.up);
             be.gated(cfg.activation, &s.gate, &s.up, &mut s.hidden);
             be.matmul(&lw.w_down, &s.hidden, &mut s.o);
+            if let Some(h) = hook.as_deref_mut() {
+                h.apply(be, il, HookPoint::FfnOutput, &mut s.o);
+            }
             if let Some(pn) = &lw.post_ffn_norm {
                 be.rms_norm(&s.o, pn, cfg.n_embd, cfg.rms_eps, &mut s.xn);
                 be.add(&mut s.x, &s.xn);
@@ -354,6 +398,11 @@ impl<B: Backend> DecoderState<B> {
     /// Logits of the rows the last forward pass asked for.
     pub fn logits(&self) -> &B::Tensor {
         &self.logits
+    }
+
+    /// Final-normed hidden rows behind [`Self::logits`] (what the head read).
+    pub fn normed_hidden(&self) -> &B::Tensor {
+        &self.scratch.o
     }
 
     pub fn max_batch(&self) -> usize {

@@ -12,4 +12,7 @@ pub mod verifier;
 pub use engine::{generate_speculative, RoundStats, SpecStats};
 pub use policy::{DraftPolicy, PolicyConfig};
 pub use proposer::{error_rate_for_tau, ForcedDrafter};
-pub use proposer::{DFlashDrafter, Draft, DraftModelDrafter, Drafter, NgramDrafter, OracleDrafter};
+pub use proposer::{
+    DFlash2Config, DFlashConfig, DFlashDrafter, Draft, DraftModelDrafter, Drafter, Lattice,
+    NgramDrafter, OracleDrafter,
+};

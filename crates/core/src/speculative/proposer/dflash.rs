@@ -7,11 +7,15 @@
 //! row's target position. Block path: `[anchor, MASK × n]` at the next
 //! positions runs through the layers attending to all context and the whole
 //! block; row i ≥ 1 predicts the i-th token after the anchor.
+//!
+//! DFlash2 (tensor `selector_hidden.weight`) adds convolutions inside the
+//! block path and a candidate selector (see [`super::dflash2`]).
 
+use super::dflash2::{Convs, DFlash2Config, Lattice, Selector};
 use super::{Draft, Drafter};
 use crate::backend::{Backend, RopeParams, WeightSource};
 use crate::error::ModelError;
-use crate::model::{Architecture, Decoder, DecoderState, LogitRows, ModelConfig};
+use crate::model::{Architecture, Decoder, DecoderState, LayerHook, LogitRows, ModelConfig};
 use crate::sampling::{argmax, Sampler};
 use blockdraft_gguf::GgufFile;
 
@@ -24,6 +28,8 @@ pub struct DFlashConfig {
     pub mask_token: u32,
     /// Block rows attend causally (off for DFlash).
     pub causal: bool,
+    /// Present for DFlash2 drafters.
+    pub v2: Option<DFlash2Config>,
 }
 
 fn reject(reason: impl Into<String>) -> ModelError {
@@ -46,7 +52,6 @@ impl DFlashConfig {
         for (tensor, variant) in [
             ("layer_fusion", "DFly"),
             ("markov_w1.weight", "DSpark"),
-            ("selector_hidden.weight", "DFlash2"),
             ("d2t", "reduced-vocabulary"),
         ] {
             if file.tensor(tensor).is_some() {
@@ -86,6 +91,16 @@ impl DFlashConfig {
                 target.n_vocab
             )));
         }
+        // Before the generic block-size check: DFlash2 has no default.
+        let v2 = match file.tensor("selector_hidden.weight") {
+            Some(_) => {
+                let n_embd = md
+                    .opt_usize("dflash.embedding_length")?
+                    .unwrap_or(target.n_embd);
+                Some(DFlash2Config::from_gguf(file, n_embd).map_err(reject)?)
+            }
+            None => None,
+        };
         let block_size = md.opt_u64("dflash.block_size")?.unwrap_or(16) as usize;
         if block_size < 2 {
             return Err(reject(format!(
@@ -98,6 +113,7 @@ impl DFlashConfig {
             block_size,
             mask_token: mask as u32,
             causal,
+            v2,
         })
     }
 }
@@ -119,12 +135,20 @@ struct ContextScratch<B: Backend> {
     v: B::Tensor,
 }
 
+/// DFlash2's extra weights and scratch.
+struct V2<B: Backend> {
+    convs: Convs<B>,
+    selector: Selector<B>,
+    gates: B::Tensor,
+}
+
 pub struct DFlashDrafter<B: Backend> {
     pub config: DFlashConfig,
     model: Decoder<B>,
     ctx: ContextWeights<B>,
     scratch: ContextScratch<B>,
     state: DecoderState<B>,
+    v2: Option<V2<B>>,
     /// Stop drafting at the first row whose top probability is below this.
     pub p_min: f32,
 }
@@ -191,13 +215,23 @@ impl<B: Backend> DFlashDrafter<B> {
             k_normed: be.tensor(rows, c.kv_dim()),
             v: be.tensor(rows, c.kv_dim()),
         };
-        let state = model.new_state(n_ctx, config.block_size.max(rows));
+        let max_block = config.block_size.max(rows);
+        let state = model.new_state(n_ctx, max_block);
+        let v2 = match &config.v2 {
+            Some(v2) => Some(V2 {
+                convs: Convs::load(&*be, file, v2, c.n_layer, c.n_embd, max_block)?,
+                selector: Selector::load(&*be, file, v2, c.n_embd, c.n_vocab)?,
+                gates: be.tensor(max_block, v2.selector_rank),
+            }),
+            None => None,
+        };
         Ok(DFlashDrafter {
             config,
             model,
             ctx,
             scratch,
             state,
+            v2,
             p_min: 0.0,
         })
     }
@@ -275,22 +309,64 @@ impl<B: Backend> DFlashDrafter<B> {
 
     /// Logits of the block `[anchor, MASK × n]` drafted at the next
     /// position, rows 0..=n (row 0, the anchor's, is not a prediction).
+    /// DFlash2 logits carry the target's output transforms.
     pub fn block_logits(&mut self, anchor: u32, n: usize) -> Result<Vec<f32>, ModelError> {
         let n = n.min(self.config.block_size - 1);
         let mut block = vec![self.config.mask_token; n + 1];
         block[0] = anchor;
         let pos = self.state.len();
-        let result = self.model.forward(
+        let hook = self
+            .v2
+            .as_mut()
+            .map(|v2| &mut v2.convs as &mut dyn LayerHook<B>);
+        let result = self.model.forward_hooked(
             &mut self.state,
             &block,
             LogitRows::All,
             self.config.causal,
             None,
+            hook,
         );
         // The block's own K/V never outlive the round.
         self.state.truncate(pos);
         result?;
-        Ok(self.model.backend.read(self.state.logits()))
+        let mut logits = self.model.backend.read(self.state.logits());
+        if let Some(v2) = &self.config.v2 {
+            v2.transform_logits(&mut logits);
+        }
+        Ok(logits)
+    }
+
+    /// DFlash2: runs the block and returns the selector's candidates of
+    /// rows 1..=n. `None` for a v1 drafter.
+    pub fn block_lattice(&mut self, anchor: u32, n: usize) -> Result<Option<Lattice>, ModelError> {
+        if self.v2.is_none() {
+            return Ok(None);
+        }
+        let logits = self.block_logits(anchor, n)?;
+        let be = &*self.model.backend;
+        let v2 = self.v2.as_mut().expect("checked above");
+        let hidden = self.state.normed_hidden();
+        let rows = be.shape(hidden).0;
+        let rank = be.shape(&v2.gates).1;
+        be.reshape(&mut v2.gates, rows, rank);
+        be.matmul(&v2.selector.hidden, hidden, &mut v2.gates);
+        let gates = be.read(&v2.gates);
+        let n_vocab = self.model.config.n_vocab;
+        Ok(Some(v2.selector.lattice(
+            &logits[n_vocab..],
+            &gates[rank..],
+            n_vocab,
+        )))
+    }
+
+    /// DFlash2's greedy walk over `lattice` from `anchor` (no p_min stop
+    /// when `p_min` is 0); empty for a v1 drafter.
+    pub fn walk(&self, lattice: &Lattice, anchor: u32, p_min: f32) -> Vec<u32> {
+        match &self.v2 {
+            Some(v2) => v2.selector.walk(lattice, anchor, p_min),
+            None => Vec::new(),
+        }
     }
 }
 
@@ -335,6 +411,15 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
         );
         if n == 0 {
             return Ok(Draft::default());
+        }
+        // DFlash2 walks its lattice greedily at any temperature (as
+        // llama.cpp does); without draft probabilities the verifier
+        // accepts by matching the target's samples.
+        if let Some(lattice) = self.block_lattice(anchor, n)? {
+            return Ok(Draft {
+                tokens: self.walk(&lattice, anchor, self.p_min),
+                probs: None,
+            });
         }
         let logits = self.block_logits(anchor, n)?;
         let n_vocab = self.model.config.n_vocab;

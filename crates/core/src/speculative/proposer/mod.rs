@@ -4,11 +4,13 @@
 //! n-gram prompt lookup, so the engine, verifier and policy are shared.
 
 mod dflash;
+mod dflash2;
 mod draft_model;
 mod ngram;
 mod oracle;
 
-pub use dflash::DFlashDrafter;
+pub use dflash::{DFlashConfig, DFlashDrafter};
+pub use dflash2::{DFlash2Config, Lattice};
 pub use draft_model::DraftModelDrafter;
 pub use ngram::NgramDrafter;
 pub use oracle::{error_rate_for_tau, ForcedDrafter, OracleDrafter};
