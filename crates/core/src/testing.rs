@@ -1,5 +1,5 @@
 //! Small random GGUF models for tests and benchmarks: a decoder of every
-//! supported architecture and DFlash drafters, written with the GGUF writer
+//! supported architecture and DFlash drafters (v1 and DFly), written with the GGUF writer
 //! exactly as llama.cpp's converter names things. Weights are F32 and
 //! returned alongside, so tests can compute independent references.
 
@@ -182,6 +182,52 @@ pub struct SyntheticDFlash {
 /// A random DFlash (v1) drafter without embeddings or head (borrowed from
 /// the target). `dims.n_vocab` is not written.
 pub fn synthetic_dflash(spec: &SyntheticDFlash, seed: u64) -> SyntheticModel {
+    dflash_builder(spec, "enc.output_norm.weight", seed).finish()
+}
+
+/// A random DFly drafter: v1's tensors with `context_norm` for
+/// `enc.output_norm`, `layer_fusion` `{T, L}` and, with
+/// `hidden_correction`, the five correction tensors (intermediate width
+/// `dims.n_ff`).
+pub fn synthetic_dfly(
+    spec: &SyntheticDFlash,
+    hidden_correction: bool,
+    seed: u64,
+) -> SyntheticModel {
+    let d = spec.dims;
+    let mut b = dflash_builder(spec, "context_norm.weight", seed);
+    // Wide logits so each layer's softmax is far from uniform; F32 always
+    // (a softmax input, never quantized).
+    let ty = std::mem::replace(&mut b.matrix_type, GgmlType::F32);
+    b.tensor(
+        "layer_fusion".into(),
+        &[spec.target_layers.len(), d.n_layer],
+        2.0,
+        0.0,
+    );
+    b.matrix_type = ty;
+    if hidden_correction {
+        let (e, ff) = (d.n_embd, d.n_ff);
+        b.tensor(
+            "hidden_correction.hidden_norm.weight".into(),
+            &[e],
+            0.2,
+            1.0,
+        );
+        b.tensor("hidden_correction.embed_norm.weight".into(), &[e], 0.2, 1.0);
+        b.tensor(
+            "hidden_correction.gate.weight".into(),
+            &[2 * e, ff],
+            0.3,
+            0.0,
+        );
+        b.tensor("hidden_correction.up.weight".into(), &[2 * e, ff], 0.3, 0.0);
+        b.tensor("hidden_correction.down.weight".into(), &[ff, e], 0.3, 0.0);
+    }
+    b.finish()
+}
+
+fn dflash_builder(spec: &SyntheticDFlash, context_norm: &str, seed: u64) -> Builder {
     let d = spec.dims;
     let mut b = Builder::new("dflash", seed);
     b.matrix_type = spec.matrix_type;
@@ -193,8 +239,8 @@ pub fn synthetic_dflash(spec: &SyntheticDFlash, seed: u64) -> SyntheticModel {
         .add("tokenizer.ggml.mask_token_id", spec.mask_token);
     let width = spec.target_layers.len() * d.n_embd;
     b.tensor("fc.weight".into(), &[width, d.n_embd], 0.1, 0.0);
-    b.tensor("enc.output_norm.weight".into(), &[d.n_embd], 0.2, 1.0);
+    b.tensor(context_norm.into(), &[d.n_embd], 0.2, 1.0);
     b.tensor("output_norm.weight".into(), &[d.n_embd], 0.2, 1.0);
     b.layers(&d, false, true, false);
-    b.finish()
+    b
 }

@@ -326,8 +326,10 @@ fn dflash_loading_rejects_mismatches() {
     };
     assert!(rewrite(Some("dflash.target_layers"), None).contains("requires 'target_layers'"));
     assert!(rewrite(Some("tokenizer.ggml.mask_token_id"), None).contains("no mask token"));
+    // A bare `layer_fusion` makes a DFly file, which lacks its context norm.
+    assert!(rewrite(None, Some("layer_fusion"))
+        .contains("DFly drafter (tensor `layer_fusion`) lacks `context_norm.weight`"));
     for (tensor, variant) in [
-        ("layer_fusion", "DFly"),
         ("markov_w1.weight", "DSpark"),
         ("d2t", "reduced-vocabulary"),
     ] {

@@ -10,10 +10,15 @@
 //!
 //! DFlash2 (tensor `selector_hidden.weight`) adds convolutions inside the
 //! block path and a candidate selector (see [`super::dflash2`]).
+//!
+//! DFly (tensor `layer_fusion`) gives every draft layer its own context and
+//! optionally corrects each block row by its predecessor (see
+//! [`super::dfly`]).
 
 use super::dflash2::{Convs, DFlash2Config, Lattice, Selector};
+use super::dfly::{fused_rows, load_checked, Correction, DFlyConfig};
 use super::{Draft, Drafter};
-use crate::backend::{Backend, RopeParams, WeightSource};
+use crate::backend::{Backend, RopeParams};
 use crate::error::ModelError;
 use crate::model::{Architecture, Decoder, DecoderState, LayerHook, LogitRows, ModelConfig};
 use crate::sampling::{argmax, Sampler};
@@ -30,6 +35,8 @@ pub struct DFlashConfig {
     pub causal: bool,
     /// Present for DFlash2 drafters.
     pub v2: Option<DFlash2Config>,
+    /// Present for DFly drafters.
+    pub dfly: Option<DFlyConfig>,
 }
 
 fn reject(reason: impl Into<String>) -> ModelError {
@@ -49,12 +56,13 @@ impl DFlashConfig {
         if md.contains_key("dflash.hyper_connection_count") {
             return Err(reject("DSpark-DSV4 drafters are not supported"));
         }
+        // DFly first: its own rejections of d2t and markov_w1 say more.
+        let is_dfly = file.tensor("layer_fusion").is_some();
         for (tensor, variant) in [
-            ("layer_fusion", "DFly"),
             ("markov_w1.weight", "DSpark"),
             ("d2t", "reduced-vocabulary"),
         ] {
-            if file.tensor(tensor).is_some() {
+            if !is_dfly && file.tensor(tensor).is_some() {
                 return Err(reject(format!(
                     "{variant} drafters (tensor `{tensor}`) are not supported yet"
                 )));
@@ -78,6 +86,11 @@ impl DFlashConfig {
                 }
             }
         }
+        let dfly = if is_dfly {
+            Some(DFlyConfig::from_gguf(file, target_layers.len()).map_err(reject)?)
+        } else {
+            None
+        };
         let mask = match (
             md.opt_u64("tokenizer.ggml.mask_token_id")?,
             md.opt_u64("dflash.mask_token_id")?,
@@ -114,6 +127,7 @@ impl DFlashConfig {
             mask_token: mask as u32,
             causal,
             v2,
+            dfly,
         })
     }
 }
@@ -121,6 +135,7 @@ impl DFlashConfig {
 /// Weights of the context path.
 struct ContextWeights<B: Backend> {
     fc: B::Weight,
+    /// `enc.output_norm`, or DFly's `context_norm`.
     norm: B::Weight,
 }
 
@@ -133,6 +148,8 @@ struct ContextScratch<B: Backend> {
     k: B::Tensor,
     k_normed: B::Tensor,
     v: B::Tensor,
+    /// DFly: every layer's context, `[rows × L·d]` layer-major per row.
+    contexts: Option<B::Tensor>,
 }
 
 /// DFlash2's extra weights and scratch.
@@ -149,6 +166,8 @@ pub struct DFlashDrafter<B: Backend> {
     scratch: ContextScratch<B>,
     state: DecoderState<B>,
     v2: Option<V2<B>>,
+    /// DFly's predecessor correction, when the file has it.
+    correction: Option<Correction<B>>,
     /// Stop drafting at the first row whose top probability is below this.
     pub p_min: f32,
 }
@@ -183,27 +202,14 @@ impl<B: Backend> DFlashDrafter<B> {
             Decoder::load_with_config(mcfg, file, Some(target_file), be.clone(), &mut |_| {})?;
         let d = model.config.n_embd as u64;
         let width = config.target_layers.len() as u64 * d;
-        let load = |name: &str, dims: &[u64]| -> Result<B::Weight, ModelError> {
-            let info = file
-                .tensor(name)
-                .ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
-            if info.dims != dims {
-                return Err(ModelError::TensorShape {
-                    name: name.into(),
-                    found: info.dims.clone(),
-                    expected: dims.to_vec(),
-                });
-            }
-            Ok(be.load_weight(WeightSource {
-                name,
-                ty: info.ty,
-                dims: &info.dims,
-                data: file.tensor_data(name)?,
-            })?)
+        let load = |name: &str, dims: &[u64]| load_checked(&*be, file, name, dims);
+        let norm = match config.dfly {
+            Some(_) => "context_norm.weight",
+            None => "enc.output_norm.weight",
         };
         let ctx = ContextWeights {
             fc: load("fc.weight", &[width, d])?,
-            norm: load("enc.output_norm.weight", &[d])?,
+            norm: load(norm, &[d])?,
         };
         let rows = max_batch.max(1);
         let c = &model.config;
@@ -214,6 +220,10 @@ impl<B: Backend> DFlashDrafter<B> {
             k: be.tensor(rows, c.kv_dim()),
             k_normed: be.tensor(rows, c.kv_dim()),
             v: be.tensor(rows, c.kv_dim()),
+            contexts: config
+                .dfly
+                .as_ref()
+                .map(|_| be.tensor(rows, c.n_layer * c.n_embd)),
         };
         let max_block = config.block_size.max(rows);
         let state = model.new_state(n_ctx, max_block);
@@ -225,6 +235,12 @@ impl<B: Backend> DFlashDrafter<B> {
             }),
             None => None,
         };
+        let correction = match &config.dfly {
+            Some(f) if f.hidden_correction => {
+                Some(Correction::load(&*be, file, c.n_embd, c.n_vocab)?)
+            }
+            _ => None,
+        };
         Ok(DFlashDrafter {
             config,
             model,
@@ -232,6 +248,7 @@ impl<B: Backend> DFlashDrafter<B> {
             scratch,
             state,
             v2,
+            correction,
             p_min: 0.0,
         })
     }
@@ -269,14 +286,37 @@ impl<B: Backend> DFlashDrafter<B> {
         }
         // Rows beyond `n` (rejected drafts) are projected too but never stored.
         be.matmul(&self.ctx.fc, taps, &mut s.projected);
-        be.rms_norm(
-            &s.projected,
-            &self.ctx.norm,
-            cfg.n_embd,
-            cfg.rms_eps,
-            &mut s.c,
-        );
+        // DFly: the shared projection (before any norm) and the raw taps,
+        // mixed per layer below.
+        let dfly = self.config.dfly.as_ref().map(|f| {
+            if let Some(w) = s.contexts.as_mut() {
+                be.reshape(w, rows, cfg.n_layer * cfg.n_embd);
+            }
+            (f, be.read(&s.projected), be.read(taps))
+        });
+        if dfly.is_none() {
+            be.rms_norm(
+                &s.projected,
+                &self.ctx.norm,
+                cfg.n_embd,
+                cfg.rms_eps,
+                &mut s.c,
+            );
+        }
         for (il, lw) in self.model.weights.layers.iter().enumerate() {
+            if let Some((f, base, x)) = &dfly {
+                let mixed = fused_rows(&f.fusion[il], base, x, rows, cfg.n_embd);
+                be.write(&mut s.projected, &mixed);
+                be.rms_norm(
+                    &s.projected,
+                    &self.ctx.norm,
+                    cfg.n_embd,
+                    cfg.rms_eps,
+                    &mut s.c,
+                );
+                let wide = s.contexts.as_mut().expect("allocated for DFly");
+                be.copy_rows(&s.c, 0, wide, 0, il * cfg.n_embd, rows);
+            }
             be.matmul(&lw.wk, &s.c, &mut s.k);
             be.matmul(&lw.wv, &s.c, &mut s.v);
             let k = match &lw.k_norm {
@@ -307,6 +347,19 @@ impl<B: Backend> DFlashDrafter<B> {
         Ok(())
     }
 
+    /// The contexts of the last injection, `[rows × width]` (DFly: every
+    /// layer's, layer-major within a row; otherwise the single shared one).
+    pub fn contexts(&self) -> Vec<f32> {
+        let s = &self.scratch;
+        self.model.backend.read(s.contexts.as_ref().unwrap_or(&s.c))
+    }
+
+    /// Final-normed hidden rows of the last block (what the head and DFly's
+    /// correction read), `[rows × d]`.
+    pub fn block_hidden(&self) -> Vec<f32> {
+        self.model.backend.read(self.state.normed_hidden())
+    }
+
     /// Logits of the block `[anchor, MASK × n]` drafted at the next
     /// position, rows 0..=n (row 0, the anchor's, is not a prediction).
     /// DFlash2 logits carry the target's output transforms.
@@ -335,6 +388,48 @@ impl<B: Backend> DFlashDrafter<B> {
             v2.transform_logits(&mut logits);
         }
         Ok(logits)
+    }
+
+    /// Runs the block and drafts rows 1..=n in order, `pick` choosing each
+    /// row's token from its logits (`None` stops). With DFly's correction
+    /// row i's logits are corrected by the token picked at row i − 1 (the
+    /// anchor for row 1), so the rows are sequential. Returns the tokens and
+    /// the logits of row 0 and of every drafted row.
+    pub fn draft_block(
+        &mut self,
+        anchor: u32,
+        n: usize,
+        pick: &mut dyn FnMut(&[f32]) -> Option<u32>,
+    ) -> Result<(Vec<u32>, Vec<f32>), ModelError> {
+        let mut logits = self.block_logits(anchor, n)?;
+        let n_vocab = self.model.config.n_vocab;
+        let eps = self.model.config.rms_eps;
+        let mut tokens = Vec::new();
+        let mut prev = anchor;
+        for i in 1..logits.len() / n_vocab {
+            let row = &mut logits[i * n_vocab..(i + 1) * n_vocab];
+            if let Some(c) = self.correction.as_mut() {
+                let w = &self.model.weights;
+                row.copy_from_slice(&c.row_logits(
+                    &*self.model.backend,
+                    self.state.normed_hidden(),
+                    i,
+                    prev,
+                    &w.tok_embd,
+                    w.head(),
+                    eps,
+                ));
+            }
+            match pick(row) {
+                Some(t) => {
+                    tokens.push(t);
+                    prev = t;
+                }
+                None => break,
+            }
+        }
+        logits.truncate((tokens.len() + 1) * n_vocab);
+        Ok((tokens, logits))
     }
 
     /// DFlash2: runs the block and returns the selector's candidates of
@@ -421,26 +516,20 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
                 probs: None,
             });
         }
-        let logits = self.block_logits(anchor, n)?;
-        let n_vocab = self.model.config.n_vocab;
-        let mut tokens = Vec::with_capacity(n);
+        let p_min = self.p_min;
         let mut probs = Vec::new();
-        for row in logits.chunks_exact(n_vocab).skip(1) {
-            match sampler.as_deref_mut() {
-                Some(s) if !s.params.is_greedy() => {
-                    let dist = s.distribution(row);
-                    tokens.push(dist.sample(&mut s.rng));
-                    probs.push(dist);
-                }
-                _ => {
-                    let best = argmax(row);
-                    if self.p_min > 0.0 && top_probability(row, best) < self.p_min {
-                        break;
-                    }
-                    tokens.push(best);
-                }
+        let (tokens, _) = self.draft_block(anchor, n, &mut |row| match sampler.as_deref_mut() {
+            Some(s) if !s.params.is_greedy() => {
+                let dist = s.distribution(row);
+                let token = dist.sample(&mut s.rng);
+                probs.push(dist);
+                Some(token)
             }
-        }
+            _ => {
+                let best = argmax(row);
+                (p_min <= 0.0 || top_probability(row, best) >= p_min).then_some(best)
+            }
+        })?;
         let probs = (!probs.is_empty()).then_some(probs);
         Ok(Draft { tokens, probs })
     }

@@ -5,12 +5,14 @@
 
 mod dflash;
 mod dflash2;
+mod dfly;
 mod draft_model;
 mod ngram;
 mod oracle;
 
 pub use dflash::{DFlashConfig, DFlashDrafter};
 pub use dflash2::{DFlash2Config, Lattice};
+pub use dfly::DFlyConfig;
 pub use draft_model::DraftModelDrafter;
 pub use ngram::NgramDrafter;
 pub use oracle::{error_rate_for_tau, ForcedDrafter, OracleDrafter};

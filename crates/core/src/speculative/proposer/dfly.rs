@@ -1,0 +1,226 @@
+//! DFly (tensor `layer_fusion`, spec: shared/spec/dflash-family.md §1.3,
+//! §3.5): each draft layer reads its own context, the shared `fc`
+//! projection plus a softmax-weighted mix of the raw taps, and an optional
+//! predecessor correction refines every block row with the embedding of the
+//! token drafted just before it.
+
+use crate::backend::{Backend, GatedActivation, WeightSource};
+use crate::error::ModelError;
+use blockdraft_gguf::{GgmlType, GgufFile};
+
+const CORRECTION: [&str; 5] = [
+    "hidden_correction.hidden_norm.weight",
+    "hidden_correction.embed_norm.weight",
+    "hidden_correction.gate.weight",
+    "hidden_correction.up.weight",
+    "hidden_correction.down.weight",
+];
+
+/// DFly-specific structure, checked at load.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DFlyConfig {
+    /// Softmax over the taps of each draft layer's fusion logits,
+    /// `[layer][tap]` (ggml `{T, L}` = HF `layer_fusion_weights [L, T]`).
+    pub fusion: Vec<Vec<f32>>,
+    /// All five `hidden_correction.*` tensors are present.
+    pub hidden_correction: bool,
+}
+
+impl DFlyConfig {
+    /// `n_taps` = len(target_layers); the error strings name the variant so
+    /// a misdetected file says why.
+    pub fn from_gguf(file: &GgufFile, n_taps: usize) -> Result<Self, String> {
+        if file.tensor("d2t").is_some() {
+            return Err("DFly with a reduced draft vocabulary (d2t) is not supported. The reference chain runs the full target head".into());
+        }
+        if file.tensor("markov_w1.weight").is_some() {
+            return Err("checkpoint has both a DFly layer_fusion and a DSpark markov_w1; they are mutually exclusive, the export is wrong".into());
+        }
+        if file.tensor("context_norm.weight").is_none() {
+            return Err("DFly drafter (tensor `layer_fusion`) lacks `context_norm.weight`".into());
+        }
+        let n_layer = file
+            .metadata()
+            .get_usize("dflash.block_count")
+            .map_err(|e| e.to_string())?;
+        let info = file.tensor("layer_fusion").expect("DFly is detected by it");
+        let expected = [n_taps as u64, n_layer as u64];
+        if info.dims != expected {
+            return Err(format!(
+                "DFly `layer_fusion` has shape {:?}, expected {{T, L}} = {expected:?} ({n_taps} taps, {n_layer} draft layers)",
+                info.dims
+            ));
+        }
+        // Consumed by a softmax, never by a matmul: llama.cpp keeps it F32.
+        if info.ty != GgmlType::F32 {
+            return Err(format!(
+                "DFly `layer_fusion` is {:?}, expected F32",
+                info.ty
+            ));
+        }
+        let data = file
+            .tensor_data("layer_fusion")
+            .map_err(|e| e.to_string())?;
+        let logits: Vec<f32> = data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        // ne0 = T is the fastest axis: row l holds layer l's T logits.
+        let fusion = logits.chunks_exact(n_taps).map(softmax).collect();
+        let present = CORRECTION
+            .iter()
+            .filter(|n| file.tensor(n).is_some())
+            .count();
+        if present != 0 && present != CORRECTION.len() {
+            let missing: Vec<_> = CORRECTION
+                .iter()
+                .filter(|n| file.tensor(n).is_none())
+                .collect();
+            return Err(format!(
+                "DFly hidden correction is a partial set (missing {missing:?}): a broken export"
+            ));
+        }
+        Ok(DFlyConfig {
+            fusion,
+            hidden_correction: present == CORRECTION.len(),
+        })
+    }
+}
+
+fn softmax(x: &[f32]) -> Vec<f32> {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f32> = x.iter().map(|v| (v - m).exp()).collect();
+    let s: f32 = e.iter().sum();
+    e.iter().map(|v| v / s).collect()
+}
+
+/// Loads `name` after checking its ggml dims.
+pub(super) fn load_checked<B: Backend>(
+    be: &B,
+    file: &GgufFile,
+    name: &str,
+    dims: &[u64],
+) -> Result<B::Weight, ModelError> {
+    let info = file
+        .tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
+    if info.dims != dims {
+        return Err(ModelError::TensorShape {
+            name: name.into(),
+            found: info.dims.clone(),
+            expected: dims.to_vec(),
+        });
+    }
+    Ok(be.load_weight(WeightSource {
+        name,
+        ty: info.ty,
+        dims: &info.dims,
+        data: file.tensor_data(name)?,
+    })?)
+}
+
+/// Adds the fusion mix of layer `l` to `base` on the host: the mix of T
+/// raw d-wide slices is a per-row weighted sum no backend op expresses, and
+/// folding it into `fc` would cost a dense `d × T·d` matrix per layer.
+pub(super) fn fused_rows(
+    fusion: &[f32],
+    base: &[f32],
+    taps: &[f32],
+    n: usize,
+    d: usize,
+) -> Vec<f32> {
+    let width = fusion.len() * d;
+    let mut out = base[..n * d].to_vec();
+    for (r, row) in out.chunks_exact_mut(d).enumerate() {
+        let x = &taps[r * width..(r + 1) * width];
+        for (&p, f) in fusion.iter().zip(x.chunks_exact(d)) {
+            for (o, v) in row.iter_mut().zip(f) {
+                *o += p * v;
+            }
+        }
+    }
+    out
+}
+
+/// The predecessor correction (TreeFlash): weights and one-row scratch.
+pub(super) struct Correction<B: Backend> {
+    hidden_norm: B::Weight,
+    embed_norm: B::Weight,
+    gate: B::Weight,
+    up: B::Weight,
+    down: B::Weight,
+    z: B::Tensor,
+    z_normed: B::Tensor,
+    e: B::Tensor,
+    e_normed: B::Tensor,
+    u: B::Tensor,
+    g: B::Tensor,
+    h: B::Tensor,
+    act: B::Tensor,
+    delta: B::Tensor,
+    logits: B::Tensor,
+}
+
+impl<B: Backend> Correction<B> {
+    pub(super) fn load(
+        be: &B,
+        file: &GgufFile,
+        d: usize,
+        n_vocab: usize,
+    ) -> Result<Self, ModelError> {
+        let ff = file
+            .tensor("hidden_correction.down.weight")
+            .map(|t| t.dims[0])
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: "hidden_correction.down.weight".into(),
+            })?;
+        let (d64, n) = (d as u64, CORRECTION);
+        Ok(Correction {
+            hidden_norm: load_checked(be, file, n[0], &[d64])?,
+            embed_norm: load_checked(be, file, n[1], &[d64])?,
+            gate: load_checked(be, file, n[2], &[2 * d64, ff])?,
+            up: load_checked(be, file, n[3], &[2 * d64, ff])?,
+            down: load_checked(be, file, n[4], &[ff, d64])?,
+            z: be.tensor(1, d),
+            z_normed: be.tensor(1, d),
+            e: be.tensor(1, d),
+            e_normed: be.tensor(1, d),
+            u: be.tensor(1, 2 * d),
+            g: be.tensor(1, ff as usize),
+            h: be.tensor(1, ff as usize),
+            act: be.tensor(1, ff as usize),
+            delta: be.tensor(1, d),
+            logits: be.tensor(1, n_vocab),
+        })
+    }
+
+    /// Logits of block row `row` of `hidden` (final-normed) corrected by
+    /// the embedding of `prev`, the token drafted at the row before:
+    /// `head(z + down(silu(gate u) ⊙ up u))`, `u = [rms(z) ; rms(embed(prev))]`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn row_logits(
+        &mut self,
+        be: &B,
+        hidden: &B::Tensor,
+        row: usize,
+        prev: u32,
+        embd: &B::Weight,
+        head: &B::Weight,
+        eps: f32,
+    ) -> Vec<f32> {
+        let d = be.shape(&self.z).1;
+        be.copy_rows(hidden, row, &mut self.z, 0, 0, 1);
+        be.embed(embd, &[prev], &mut self.e);
+        be.rms_norm(&self.z, &self.hidden_norm, d, eps, &mut self.z_normed);
+        be.rms_norm(&self.e, &self.embed_norm, d, eps, &mut self.e_normed);
+        be.copy_rows(&self.z_normed, 0, &mut self.u, 0, 0, 1);
+        be.copy_rows(&self.e_normed, 0, &mut self.u, 0, d, 1);
+        be.matmul(&self.gate, &self.u, &mut self.g);
+        be.matmul(&self.up, &self.u, &mut self.h);
+        be.gated(GatedActivation::SwiGlu, &self.g, &self.h, &mut self.act);
+        be.matmul(&self.down, &self.act, &mut self.delta);
+        be.add(&mut self.z, &self.delta);
+        be.matmul(head, &self.z, &mut self.logits);
+        be.read(&self.logits)
+    }
+}
