@@ -1,4 +1,5 @@
-//! `blockdraft`: generate, tokenize, score, benchmark and inspect GGUF models.
+//! `blockdraft`: generate, tokenize, score, benchmark and inspect GGUF models;
+//! convert HF drafter checkpoints.
 
 mod commands;
 mod drafter;
@@ -30,6 +31,8 @@ enum Command {
     Bench(commands::bench::Args),
     /// Metadata, tensors, types and sizes of a GGUF file.
     Inspect(commands::inspect::Args),
+    /// Convert an HF DFlash/DFlash2/DFly drafter checkpoint to GGUF.
+    Convert(commands::convert::Args),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
         Command::Score(a) => commands::score::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
+        Command::Convert(a) => commands::convert::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod convert;
 pub mod inspect;
 pub mod run;
 pub mod score;
