@@ -1,5 +1,6 @@
 //! Small random GGUF models for tests and benchmarks: a decoder of every
-//! supported architecture and DFlash drafters (v1 and DFly), written with the GGUF writer
+//! supported architecture and DFlash drafters (v1, DFly, DSpark, with or
+//! without a reduced vocabulary), written with the GGUF writer
 //! exactly as llama.cpp's converter names things. Weights are F32 and
 //! returned alongside, so tests can compute independent references.
 
@@ -225,6 +226,74 @@ pub fn synthetic_dfly(
         b.tensor("hidden_correction.down.weight".into(), &[ff, e], 0.3, 0.0);
     }
     b.finish()
+}
+
+/// DSpark's extras (and the reduced vocabulary of any drafter).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SyntheticDSpark {
+    /// Markov rank R_m.
+    pub rank: usize,
+    /// Written to `dflash.sample_from_anchor` when set.
+    pub sample_from_anchor: Option<bool>,
+    /// Written to `dflash.has_confidence_head` when set.
+    pub has_confidence_head: Option<bool>,
+    /// Writes `conf_proj.weight` and `conf_proj.bias`.
+    pub confidence_tensors: bool,
+    /// Writes `markov_w2.scale`.
+    pub markov_scale: Option<f32>,
+    /// Reduced vocabulary: target id of each row of the drafter's own head.
+    pub d2t: Option<Vec<i64>>,
+}
+
+/// A random DSpark drafter: v1's tensors plus `markov_w1` `{R_m, n_vocab}`
+/// (`spec.dims.n_vocab` = the target's vocabulary) and `markov_w2`
+/// `{R_m, n_vocab_draft}`, and whatever `ds` asks for.
+pub fn synthetic_dspark(spec: &SyntheticDFlash, ds: &SyntheticDSpark, seed: u64) -> SyntheticModel {
+    let d = spec.dims;
+    let mut b = dflash_builder(spec, "enc.output_norm.weight", seed);
+    let n_draft = ds.d2t.as_ref().map_or(d.n_vocab, Vec::len);
+    b.tensor("markov_w1.weight".into(), &[ds.rank, d.n_vocab], 1.0, 0.0);
+    b.tensor("markov_w2.weight".into(), &[ds.rank, n_draft], 1.0, 0.0);
+    if let Some(s) = ds.markov_scale {
+        b.tensor("markov_w2.scale".into(), &[1], 0.0, s);
+    }
+    if ds.confidence_tensors {
+        b.tensor(
+            "conf_proj.weight".into(),
+            &[d.n_embd + ds.rank, 1],
+            0.5,
+            0.0,
+        );
+        b.tensor("conf_proj.bias".into(), &[1], 0.5, 0.0);
+    }
+    if let Some(v) = ds.sample_from_anchor {
+        b.writer.add("dflash.sample_from_anchor", v);
+    }
+    if let Some(v) = ds.has_confidence_head {
+        b.writer.add("dflash.has_confidence_head", v);
+    }
+    if let Some(map) = &ds.d2t {
+        b.d2t(d.n_embd, map);
+    }
+    b.finish()
+}
+
+/// A random DFlash (v1) drafter with its own head of `d2t.len()` rows and
+/// the `d2t` map to target ids.
+pub fn synthetic_dflash_d2t(spec: &SyntheticDFlash, d2t: &[i64], seed: u64) -> SyntheticModel {
+    let mut b = dflash_builder(spec, "enc.output_norm.weight", seed);
+    b.d2t(spec.dims.n_embd, d2t);
+    b.finish()
+}
+
+impl Builder {
+    fn d2t(&mut self, n_embd: usize, map: &[i64]) {
+        self.tensor("output.weight".into(), &[n_embd, map.len()], 0.3, 0.0);
+        let bytes: Vec<u8> = map.iter().flat_map(|t| t.to_le_bytes()).collect();
+        self.writer
+            .add_tensor("d2t".to_string(), &[map.len() as u64], GgmlType::I64, bytes)
+            .expect("valid d2t");
+    }
 }
 
 fn dflash_builder(spec: &SyntheticDFlash, context_norm: &str, seed: u64) -> Builder {

@@ -49,6 +49,9 @@ pub struct ModelConfig {
     pub n_head_kv: usize,
     pub head_dim: usize,
     pub n_vocab: usize,
+    /// Rows of the LM head (logit width): `n_vocab`, except for a drafter
+    /// with a reduced vocabulary (`d2t`) whose own head is narrower.
+    pub n_vocab_head: usize,
     pub n_ctx_train: usize,
     pub rms_eps: f32,
     pub rope_style: RopeStyle,
@@ -157,6 +160,7 @@ impl ModelConfig {
             n_head_kv,
             head_dim,
             n_vocab,
+            n_vocab_head: n_vocab,
             n_ctx_train,
             rms_eps,
             rope_style: RopeStyle::Neox,

@@ -315,7 +315,7 @@ impl<B: Backend> Decoder<B> {
         be.copy_rows(&s.x, first, &mut s.xn, 0, 0, rows);
         be.reshape(&mut s.o, rows, cfg.n_embd);
         be.rms_norm(&s.xn, &w.output_norm, cfg.n_embd, cfg.rms_eps, &mut s.o);
-        be.reshape(&mut state.logits, rows, cfg.n_vocab);
+        be.reshape(&mut state.logits, rows, cfg.n_vocab_head);
         be.matmul(w.head(), &s.o, &mut state.logits);
         Ok(())
     }
@@ -390,7 +390,7 @@ impl<B: Backend> DecoderState<B> {
         DecoderState {
             kv: KvCache::new(be, cfg.n_layer, cfg.kv_dim(), n_ctx),
             scratch: Scratch::new(be, cfg, max_batch),
-            logits: be.tensor(max_batch, cfg.n_vocab),
+            logits: be.tensor(max_batch, cfg.n_vocab_head),
             max_batch,
         }
     }

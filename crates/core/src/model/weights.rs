@@ -96,7 +96,7 @@ impl<B: Backend> DecoderWeights<B> {
         );
         let tok_embd = loader.require("token_embd.weight", &[d, cfg.n_vocab as u64])?;
         let output_norm = loader.require("output_norm.weight", &[d])?;
-        let output = loader.optional("output.weight", &[d, cfg.n_vocab as u64])?;
+        let output = loader.optional("output.weight", &[d, cfg.n_vocab_head as u64])?;
         let has_qk_norm = matches!(
             cfg.arch,
             Architecture::Qwen3 | Architecture::Gemma3 | Architecture::DFlash

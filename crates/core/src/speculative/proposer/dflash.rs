@@ -14,9 +14,16 @@
 //! DFly (tensor `layer_fusion`) gives every draft layer its own context and
 //! optionally corrects each block row by its predecessor (see
 //! [`super::dfly`]).
+//!
+//! DSpark (tensor `markov_w1.weight`) biases each row by the token chosen
+//! before it and may stop on a confidence head; with `sample_from_anchor`
+//! the anchor row itself predicts (see [`super::dspark`]). A `d2t` tensor
+//! (v1, DFlash2, DSpark) gives the drafter its own narrower head whose rows
+//! map to target ids.
 
 use super::dflash2::{Convs, DFlash2Config, Lattice, Selector};
 use super::dfly::{fused_rows, load_checked, Correction, DFlyConfig};
+use super::dspark::{load_d2t, DSparkConfig, MarkovHead};
 use super::{Draft, Drafter};
 use crate::backend::{Backend, RopeParams};
 use crate::error::ModelError;
@@ -37,6 +44,10 @@ pub struct DFlashConfig {
     pub v2: Option<DFlash2Config>,
     /// Present for DFly drafters.
     pub dfly: Option<DFlyConfig>,
+    /// Present for DSpark drafters.
+    pub dspark: Option<DSparkConfig>,
+    /// Reduced vocabulary: draft head row → target token id.
+    pub d2t: Option<Vec<u32>>,
 }
 
 fn reject(reason: impl Into<String>) -> ModelError {
@@ -58,15 +69,9 @@ impl DFlashConfig {
         }
         // DFly first: its own rejections of d2t and markov_w1 say more.
         let is_dfly = file.tensor("layer_fusion").is_some();
-        for (tensor, variant) in [
-            ("markov_w1.weight", "DSpark"),
-            ("d2t", "reduced-vocabulary"),
-        ] {
-            if !is_dfly && file.tensor(tensor).is_some() {
-                return Err(reject(format!(
-                    "{variant} drafters (tensor `{tensor}`) are not supported yet"
-                )));
-            }
+        let is_dspark = !is_dfly && file.tensor("markov_w1.weight").is_some();
+        if !is_dfly && !is_dspark && md.opt_bool("dflash.has_confidence_head")? == Some(true) {
+            return Err(reject("metadata declares a confidence head, but markov_w1.weight is missing: the file would load as plain DFlash and read drafts one row late"));
         }
         let layers = md
             .opt_i32_array("dflash.target_layers")?
@@ -106,14 +111,31 @@ impl DFlashConfig {
         }
         // Before the generic block-size check: DFlash2 has no default.
         let v2 = match file.tensor("selector_hidden.weight") {
-            Some(_) => {
+            Some(_) if !is_dspark => {
                 let n_embd = md
                     .opt_usize("dflash.embedding_length")?
                     .unwrap_or(target.n_embd);
                 Some(DFlash2Config::from_gguf(file, n_embd).map_err(reject)?)
             }
-            None => None,
+            _ => None,
         };
+        let dspark = if is_dspark {
+            Some(DSparkConfig::from_gguf(file)?)
+        } else {
+            None
+        };
+        // DFly's own check rejected d2t above.
+        let d2t =
+            match (file.tensor("d2t"), file.tensor("output.weight")) {
+                (None, _) => None,
+                (Some(_), None) => return Err(reject(
+                    "tensor `d2t` needs the drafter's own `output.weight` {n_embd, n_vocab_draft}",
+                )),
+                (Some(_), Some(head)) => {
+                    let rows = head.dims.get(1).copied().unwrap_or(0) as usize;
+                    Some(load_d2t(file, rows, target.n_vocab)?)
+                }
+            };
         let block_size = md.opt_u64("dflash.block_size")?.unwrap_or(16) as usize;
         if block_size < 2 {
             return Err(reject(format!(
@@ -128,7 +150,17 @@ impl DFlashConfig {
             causal,
             v2,
             dfly,
+            dspark,
+            d2t,
         })
+    }
+
+    /// First block row that predicts: 0 for anchor-first DSpark, else 1.
+    pub fn first_row(&self) -> usize {
+        match &self.dspark {
+            Some(d) if d.sample_from_anchor => 0,
+            _ => 1,
+        }
     }
 }
 
@@ -168,7 +200,10 @@ pub struct DFlashDrafter<B: Backend> {
     v2: Option<V2<B>>,
     /// DFly's predecessor correction, when the file has it.
     correction: Option<Correction<B>>,
-    /// Stop drafting at the first row whose top probability is below this.
+    /// DSpark's Markov (and confidence) head.
+    markov: Option<MarkovHead>,
+    /// Stop drafting at the first row whose top probability (DSpark: whose
+    /// confidence) is below this.
     pub p_min: f32,
 }
 
@@ -183,7 +218,11 @@ impl<B: Backend> DFlashDrafter<B> {
         max_batch: usize,
     ) -> Result<Self, ModelError> {
         let config = DFlashConfig::from_gguf(file, &target.config)?;
-        let mcfg = ModelConfig::from_metadata_with_vocab(file.metadata(), target.config.n_vocab)?;
+        let mut mcfg =
+            ModelConfig::from_metadata_with_vocab(file.metadata(), target.config.n_vocab)?;
+        if let Some(d2t) = &config.d2t {
+            mcfg.n_vocab_head = d2t.len();
+        }
         debug_assert_eq!(mcfg.arch, Architecture::DFlash);
         if mcfg.n_embd != target.config.n_embd {
             return Err(reject(format!(
@@ -241,6 +280,16 @@ impl<B: Backend> DFlashDrafter<B> {
             }
             _ => None,
         };
+        let markov = match &config.dspark {
+            Some(ds) => Some(MarkovHead::load(
+                file,
+                ds,
+                c.n_embd,
+                c.n_vocab,
+                c.n_vocab_head,
+            )?),
+            None => None,
+        };
         Ok(DFlashDrafter {
             config,
             model,
@@ -249,6 +298,7 @@ impl<B: Backend> DFlashDrafter<B> {
             state,
             v2,
             correction,
+            markov,
             p_min: 0.0,
         })
     }
@@ -360,12 +410,15 @@ impl<B: Backend> DFlashDrafter<B> {
         self.model.backend.read(self.state.normed_hidden())
     }
 
-    /// Logits of the block `[anchor, MASK × n]` drafted at the next
-    /// position, rows 0..=n (row 0, the anchor's, is not a prediction).
-    /// DFlash2 logits carry the target's output transforms.
+    /// Base logits (before DFly's correction or DSpark's Markov bias) over
+    /// the target vocabulary of the block drafting `n` tokens at the next
+    /// position: `[anchor, MASK × n]`, rows 0..=n, row 0 not a prediction;
+    /// for anchor-first DSpark `[anchor, MASK × (n − 1)]`, rows 0..n, all
+    /// predictions. DFlash2 logits carry the target's output transforms.
+    /// With `d2t` the draft rows are scattered into a −inf row.
     pub fn block_logits(&mut self, anchor: u32, n: usize) -> Result<Vec<f32>, ModelError> {
-        let n = n.min(self.config.block_size - 1);
-        let mut block = vec![self.config.mask_token; n + 1];
+        let rows = (n.min(self.max_draft()) + self.config.first_row()).max(1);
+        let mut block = vec![self.config.mask_token; rows];
         block[0] = anchor;
         let pos = self.state.len();
         let hook = self
@@ -387,14 +440,30 @@ impl<B: Backend> DFlashDrafter<B> {
         if let Some(v2) = &self.config.v2 {
             v2.transform_logits(&mut logits);
         }
+        if let Some(d2t) = &self.config.d2t {
+            let n_vocab = self.model.config.n_vocab;
+            let mut wide = vec![f32::NEG_INFINITY; block.len() * n_vocab];
+            for (src, dst) in logits
+                .chunks_exact(d2t.len())
+                .zip(wide.chunks_exact_mut(n_vocab))
+            {
+                for (&l, &t) in src.iter().zip(d2t) {
+                    dst[t as usize] = l;
+                }
+            }
+            logits = wide;
+        }
         Ok(logits)
     }
 
-    /// Runs the block and drafts rows 1..=n in order, `pick` choosing each
-    /// row's token from its logits (`None` stops). With DFly's correction
-    /// row i's logits are corrected by the token picked at row i − 1 (the
-    /// anchor for row 1), so the rows are sequential. Returns the tokens and
-    /// the logits of row 0 and of every drafted row.
+    /// Runs the block and drafts its prediction rows in order, `pick`
+    /// choosing each row's token from its logits (`None` stops). With DFly's
+    /// correction row i's logits are corrected by the token picked at row
+    /// i − 1 (the anchor for row 1); with DSpark's Markov head they are
+    /// biased by the argmax of the row before (the anchor for the first
+    /// prediction row), and with `p_min > 0` the draft stops at the first
+    /// row whose confidence is below it. The rows are thus sequential.
+    /// Returns the tokens and the logits of the rows up to the last drafted.
     pub fn draft_block(
         &mut self,
         anchor: u32,
@@ -404,9 +473,22 @@ impl<B: Backend> DFlashDrafter<B> {
         let mut logits = self.block_logits(anchor, n)?;
         let n_vocab = self.model.config.n_vocab;
         let eps = self.model.config.rms_eps;
+        let first = self.config.first_row();
+        if let Some(m) = &self.markov {
+            if self.p_min > 0.0 && !m.has_confidence() {
+                return Err(reject(
+                    "DSpark draft has no confidence head: please set p_min 0",
+                ));
+            }
+        }
+        let hidden = match self.markov {
+            Some(_) if self.p_min > 0.0 => self.block_hidden(),
+            _ => Vec::new(),
+        };
+        let d = self.model.config.n_embd;
         let mut tokens = Vec::new();
         let mut prev = anchor;
-        for i in 1..logits.len() / n_vocab {
+        for i in first..logits.len() / n_vocab {
             let row = &mut logits[i * n_vocab..(i + 1) * n_vocab];
             if let Some(c) = self.correction.as_mut() {
                 let w = &self.model.weights;
@@ -420,15 +502,27 @@ impl<B: Backend> DFlashDrafter<B> {
                     eps,
                 ));
             }
+            let mut next = None;
+            if let Some(m) = &self.markov {
+                if self.p_min > 0.0 {
+                    let conf = m.confidence(&hidden[i * d..(i + 1) * d], prev);
+                    if conf.is_some_and(|c| c < self.p_min) {
+                        break;
+                    }
+                }
+                m.add_bias(row, prev, self.config.d2t.as_deref());
+                // The chain is greedy at any temperature (llama.cpp's graph).
+                next = Some(argmax(row));
+            }
             match pick(row) {
                 Some(t) => {
                     tokens.push(t);
-                    prev = t;
+                    prev = next.unwrap_or(t);
                 }
                 None => break,
             }
         }
-        logits.truncate((tokens.len() + 1) * n_vocab);
+        logits.truncate((first + tokens.len()).max(1) * n_vocab);
         Ok((tokens, logits))
     }
 
@@ -455,6 +549,16 @@ impl<B: Backend> DFlashDrafter<B> {
         )))
     }
 
+    /// DSpark's confidence of block row `row` (of the last block) given the
+    /// token `prev` chosen before it; `None` without a confidence head.
+    pub fn confidence(&self, row: usize, prev: u32) -> Option<f32> {
+        let d = self.model.config.n_embd;
+        let h = self.block_hidden();
+        self.markov
+            .as_ref()?
+            .confidence(&h[row * d..(row + 1) * d], prev)
+    }
+
     /// DFlash2's greedy walk over `lattice` from `anchor` (no p_min stop
     /// when `p_min` is 0); empty for a v1 drafter.
     pub fn walk(&self, lattice: &Lattice, anchor: u32, p_min: f32) -> Vec<u32> {
@@ -475,7 +579,7 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
     }
 
     fn max_draft(&self) -> usize {
-        self.config.block_size - 1
+        self.config.block_size - self.config.first_row()
     }
 
     fn observe(
@@ -502,7 +606,7 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
             self.state
                 .kv
                 .capacity()
-                .saturating_sub(self.state.len() + 1),
+                .saturating_sub(self.state.len() + self.config.first_row()),
         );
         if n == 0 {
             return Ok(Draft::default());
@@ -516,7 +620,12 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
                 probs: None,
             });
         }
-        let p_min = self.p_min;
+        // DSpark stops on its confidence head inside the walk instead.
+        let p_min = if self.markov.is_some() {
+            0.0
+        } else {
+            self.p_min
+        };
         let mut probs = Vec::new();
         let (tokens, _) = self.draft_block(anchor, n, &mut |row| match sampler.as_deref_mut() {
             Some(s) if !s.params.is_greedy() => {

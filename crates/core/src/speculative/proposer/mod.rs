@@ -7,6 +7,7 @@ mod dflash;
 mod dflash2;
 mod dfly;
 mod draft_model;
+mod dspark;
 mod ngram;
 mod oracle;
 
