@@ -438,7 +438,13 @@ fn metadata_and_plan(
     };
     let head_dim = match c.uint_opt("head_dim")? {
         Some(_) => c.positive("head_dim")? as usize,
-        None => h / n_head,
+        None if h.is_multiple_of(n_head) => h / n_head,
+        None => {
+            return Err(ConvertError::BadField {
+                field: "num_attention_heads".into(),
+                reason: format!("{n_head} does not divide hidden_size {h} (and no head_dim)"),
+            })
+        }
     };
     if h != target.n_embd {
         return Err(ConvertError::HiddenSize {
@@ -465,7 +471,7 @@ fn metadata_and_plan(
         .map(|v| v.as_i64().ok_or_else(bad_ids))
         .collect::<Result<_>>()?;
     for &id in &ids {
-        if id < 0 || id as u64 >= target.n_layer as u64 {
+        if id < 0 || id >= i32::MAX as i64 || id as u64 >= target.n_layer as u64 {
             return Err(ConvertError::TargetLayer {
                 id,
                 depth: target.n_layer,

@@ -552,6 +552,14 @@ fn validations_refuse_with_typed_errors() {
         matches!(&e, ConvertError::BadField { field, .. } if field == "target_layer_ids"),
         "{e}"
     );
+    let e = err(&v1_dir("split", |c, _| {
+        c["num_attention_heads"] = json!(5);
+        c.as_object_mut().unwrap().remove("head_dim");
+    }));
+    assert!(
+        matches!(&e, ConvertError::BadField { field, .. } if field == "num_attention_heads"),
+        "{e}"
+    );
     let e = err(&v1_dir("heads", |c, _| c["num_attention_heads"] = json!(0)));
     assert!(
         matches!(&e, ConvertError::BadField { field, .. } if field == "num_attention_heads"),
