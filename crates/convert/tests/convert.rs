@@ -1,7 +1,7 @@
 //! HF checkpoints written here (config.json + safetensors) for DFlash v1,
 //! DFlash2 and DFly, converted and loaded with blockdraft's loaders: every
-//! tensor round trips (ggml dims = torch shape reversed, same values), v1
-//! and DFly block logits equal those of the same weights written directly
+//! tensor round trips (ggml dims = torch shape reversed, same values), v1,
+//! DFlash2 and DFly block logits equal those of the same weights written directly
 //! as GGUF by `blockdraft_core::testing`, and every validation refuses.
 
 use blockdraft_convert::{convert, ConvertError, OutType, TargetGeometry, Variant};
@@ -9,8 +9,8 @@ use blockdraft_core::model::{Decoder, LogitRows, Taps};
 use blockdraft_core::sampling::Rng;
 use blockdraft_core::speculative::DFlashDrafter;
 use blockdraft_core::testing::{
-    synthetic_decoder, synthetic_dflash, synthetic_dfly, SyntheticDFlash, SyntheticDims,
-    SyntheticModel,
+    synthetic_decoder, synthetic_dflash, synthetic_dflash2, synthetic_dfly, SyntheticDFlash,
+    SyntheticDFlash2, SyntheticDims, SyntheticModel,
 };
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{quants, GgmlType, GgufFile};
@@ -124,6 +124,9 @@ fn hf_name(gguf: &str, dfly: bool) -> String {
         "enc.output_norm.weight" => "hidden_norm.weight",
         "output_norm.weight" => "norm.weight",
         "layer_fusion" => "layer_fusion_weights",
+        "selector_hidden.weight" => "candidate_selector.hidden_projection.weight",
+        "selector_predecessor.weight" => "candidate_selector.predecessor_codebook",
+        "selector_successor.weight" => "candidate_selector.successor_codebook.weight",
         "hidden_correction.gate.weight" => "hidden_correction.gate_proj.weight",
         "hidden_correction.up.weight" => "hidden_correction.up_proj.weight",
         "hidden_correction.down.weight" => "hidden_correction.down_proj.weight",
@@ -135,6 +138,19 @@ fn hf_name(gguf: &str, dfly: bool) -> String {
     }
     let rest = &gguf["blk.".len()..];
     let (layer, t) = rest.split_once('.').unwrap();
+    for (g, hf) in [
+        ("attn_conv_base", "attention_conv.base_kernel"),
+        (
+            "attn_conv_proj.weight",
+            "attention_conv.kernel_projection.weight",
+        ),
+        ("ffn_conv_base", "mlp_conv.base_kernel"),
+        ("ffn_conv_proj.weight", "mlp_conv.kernel_projection.weight"),
+    ] {
+        if t == g {
+            return format!("layers.{layer}.{hf}");
+        }
+    }
     let t = t.strip_suffix(".weight").unwrap();
     let module = match t {
         "attn_norm" => "input_layernorm",
@@ -272,8 +288,16 @@ fn random_tensor(rng: &mut Rng, name: &str, shape: &[usize]) -> HfTensor {
     }
 }
 
-/// A random DFlash2 checkpoint: K = 2 taps, groups of 16 (3 groups), rank 8, top-2.
-fn dflash2_checkpoint() -> (Value, Vec<HfTensor>) {
+const V2: SyntheticDFlash2 = SyntheticDFlash2 {
+    conv_kernel_size: 2,
+    conv_group_size: 16,
+    selector_rank: 8,
+    selector_top_k: 2,
+};
+
+/// A random DFlash2 drafter (K = 2 taps, groups of 16 (3 groups), rank 8,
+/// top-2) and its HF checkpoint holding exactly the same weights.
+fn dflash2_checkpoint() -> (Value, Vec<HfTensor>, SyntheticModel) {
     let mut config = base_config();
     config["architectures"] = json!(["DFlash2DraftModel"]);
     config["vocab_size"] = json!(61);
@@ -282,104 +306,32 @@ fn dflash2_checkpoint() -> (Value, Vec<HfTensor>) {
     d.insert("conv_group_size".into(), json!(16));
     d.insert("selector_rank".into(), json!(8));
     d.insert("selector_top_k".into(), json!(2));
-    let m = synthetic_dflash(&spec(), 5);
-    let mut tensors = hf_tensors(&m, false);
-    let mut rng = Rng::new(7);
-    for i in 0..2 {
-        for sub in ["attention_conv", "mlp_conv"] {
-            let mut base = random_tensor(
-                &mut rng,
-                &format!("layers.{i}.{sub}.base_kernel"),
-                &[2, 2, 48],
-            );
-            base.values.iter_mut().for_each(|x| *x += 0.5);
-            tensors.push(base);
-            tensors.push(random_tensor(
-                &mut rng,
-                &format!("layers.{i}.{sub}.kernel_projection.weight"),
-                &[2 * 2 * 3, 48],
-            ));
-        }
-    }
-    let s = "candidate_selector";
-    tensors.push(random_tensor(
-        &mut rng,
-        &format!("{s}.hidden_projection.weight"),
-        &[8, 48],
-    ));
-    tensors.push(random_tensor(
-        &mut rng,
-        &format!("{s}.predecessor_codebook"),
-        &[61, 8],
-    ));
-    tensors.push(random_tensor(
-        &mut rng,
-        &format!("{s}.successor_codebook.weight"),
-        &[61, 8],
-    ));
-    (config, tensors)
-}
-
-/// GGUF name of a DFlash2-only HF tensor.
-fn dflash2_gguf_name(hf: &str) -> String {
-    match hf {
-        "candidate_selector.hidden_projection.weight" => "selector_hidden.weight".into(),
-        "candidate_selector.predecessor_codebook" => "selector_predecessor.weight".into(),
-        "candidate_selector.successor_codebook.weight" => "selector_successor.weight".into(),
-        _ => {
-            let rest = hf.strip_prefix("layers.").unwrap();
-            let (layer, t) = rest.split_once('.').unwrap();
-            let t = t
-                .replace("attention_conv.", "attn_conv_")
-                .replace("mlp_conv.", "ffn_conv_")
-                .replace("conv_base_kernel", "conv_base")
-                .replace("conv_kernel_projection", "conv_proj");
-            format!("blk.{layer}.{t}")
-        }
-    }
+    let mut s = spec();
+    s.dims.n_vocab = 61;
+    let m = synthetic_dflash2(&s, &V2, 5);
+    let tensors = hf_tensors(&m, false);
+    (config, tensors, m)
 }
 
 #[test]
-fn dflash2_round_trips_and_loads() {
+fn dflash2_equals_the_directly_written_gguf() {
     let t = target();
-    let (config, tensors) = dflash2_checkpoint();
+    let (config, tensors, m) = dflash2_checkpoint();
+    assert_eq!(tensors.len(), 11 * 2 + 4 * 2 + 3 + 3);
     let dir = scratch_dir("v2");
     write_checkpoint(&dir, &config, &tensors, Dtype::F32);
-    let (variant, gguf) = run_convert(&dir, OutType::F32).unwrap();
+    let (variant, converted) = run_convert(&dir, OutType::F32).unwrap();
     assert_eq!(variant, Variant::DFlash2);
-    assert_eq!(gguf.tensors().len(), tensors.len());
-    for h in &tensors {
-        let name = if h.name.contains("conv") || h.name.starts_with("candidate") {
-            dflash2_gguf_name(&h.name)
-        } else {
-            ["fc.weight", "hidden_norm.weight", "norm.weight"]
-                .iter()
-                .zip(["fc.weight", "enc.output_norm.weight", "output_norm.weight"])
-                .find(|(s, _)| **s == h.name)
-                .map(|(_, g)| g.to_string())
-                .unwrap_or_else(|| gguf_layer_name(&h.name))
-        };
-        let info = gguf.tensor(&name).unwrap_or_else(|| panic!("{name}"));
-        let dims: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
-        assert_eq!(dims, h.shape, "{name}");
-        assert_eq!(
-            gguf.tensor_data(&name).unwrap().to_f32().unwrap(),
-            h.values,
-            "{name}"
-        );
-    }
-    let md = gguf.metadata();
+    let direct = GgufFile::from_bytes(m.bytes).unwrap();
+    assert_same_file(&converted, &direct);
+    let md = converted.metadata();
     assert_eq!(md.get_u32("dflash.conv_kernel_size").unwrap(), 2);
     assert_eq!(md.get_u32("dflash.conv_group_size").unwrap(), 16);
     assert_eq!(md.get_u32("dflash.selector_rank").unwrap(), 8);
     assert_eq!(md.get_u32("dflash.selector_top_k").unwrap(), 2);
-    assert_eq!(
-        md.get_i32_array("dflash.target_layers").unwrap(),
-        vec![1, 4, 7]
-    );
-    let d = DFlashDrafter::load(&gguf, &t.dec, &t.file, 64, 16).unwrap();
+    let d = DFlashDrafter::load(&converted, &t.dec, &t.file, 64, 16).unwrap();
     assert!(d.config.v2.is_some());
-    block_logits(&t, &gguf);
+    assert_eq!(block_logits(&t, &converted), block_logits(&t, &direct));
 }
 
 /// `layers.N.<module>.weight` -> `blk.N.<qwen3 name>.weight`.
@@ -637,7 +589,7 @@ fn validations_refuse_with_typed_errors() {
 
 #[test]
 fn dflash2_and_dfly_validations() {
-    let (config, tensors) = dflash2_checkpoint();
+    let (config, tensors, _) = dflash2_checkpoint();
     for (field, value, missing) in [
         ("selector_rank", Value::Null, true),
         ("conv_group_size", json!(5), false),

@@ -1,5 +1,5 @@
 //! Small random GGUF models for tests and benchmarks: a decoder of every
-//! supported architecture and DFlash drafters (v1, DFly, DSpark, with or
+//! supported architecture and DFlash drafters (v1, DFlash2, DFly, DSpark, with or
 //! without a reduced vocabulary), written with the GGUF writer
 //! exactly as llama.cpp's converter names things. Weights are F32 and
 //! returned alongside, so tests can compute independent references.
@@ -312,4 +312,70 @@ fn dflash_builder(spec: &SyntheticDFlash, context_norm: &str, seed: u64) -> Buil
     b.tensor("output_norm.weight".into(), &[d.n_embd], 0.2, 1.0);
     b.layers(&d, false, true, false);
     b
+}
+
+/// DFlash2's convolutions and candidate selector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyntheticDFlash2 {
+    /// Taps T of every convolution.
+    pub conv_kernel_size: usize,
+    /// Channels per group G (divides `n_embd`).
+    pub conv_group_size: usize,
+    /// Selector rank R.
+    pub selector_rank: usize,
+    pub selector_top_k: usize,
+}
+
+/// A random DFlash2 drafter: v1's tensors plus, per layer,
+/// `attn_conv_base`/`ffn_conv_base` `{n_embd, T, 2}` (F32) and
+/// `attn_conv_proj`/`ffn_conv_proj` `{n_embd, 2·T·(n_embd/G)}`, and the
+/// selector `selector_hidden` `{n_embd, R}`, `selector_predecessor` and
+/// `selector_successor` `{R, n_vocab}` (`spec.dims.n_vocab` = the target's
+/// vocabulary). No logit scale or softcap is written.
+pub fn synthetic_dflash2(
+    spec: &SyntheticDFlash,
+    v2: &SyntheticDFlash2,
+    seed: u64,
+) -> SyntheticModel {
+    let d = spec.dims;
+    assert!(
+        d.n_vocab > 0,
+        "DFlash2 codebooks need the target vocabulary"
+    );
+    let (e, t) = (d.n_embd, v2.conv_kernel_size);
+    let dyn_cols = 2 * t * (e / v2.conv_group_size);
+    let mut b = dflash_builder(spec, "enc.output_norm.weight", seed);
+    let w = &mut b.writer;
+    w.add("dflash.conv_kernel_size", t as u32);
+    w.add("dflash.conv_group_size", v2.conv_group_size as u32);
+    w.add("dflash.selector_rank", v2.selector_rank as u32);
+    w.add("dflash.selector_top_k", v2.selector_top_k as u32);
+    for il in 0..d.n_layer {
+        for sub in ["attn", "ffn"] {
+            // Base kernels near 0.5 so the convolution mixes neighbours
+            // without vanishing; small dynamic deltas on top.
+            b.tensor(format!("blk.{il}.{sub}_conv_base"), &[e, t, 2], 0.3, 0.5);
+            b.tensor(
+                format!("blk.{il}.{sub}_conv_proj.weight"),
+                &[e, dyn_cols],
+                0.1,
+                0.0,
+            );
+        }
+    }
+    let r = v2.selector_rank;
+    b.tensor("selector_hidden.weight".into(), &[e, r], 0.3, 0.0);
+    b.tensor(
+        "selector_predecessor.weight".into(),
+        &[r, d.n_vocab],
+        1.0,
+        0.0,
+    );
+    b.tensor(
+        "selector_successor.weight".into(),
+        &[r, d.n_vocab],
+        1.0,
+        0.0,
+    );
+    b.finish()
 }

@@ -14,7 +14,8 @@ use blockdraft_core::speculative::{
     OracleDrafter, PolicyConfig, SpecStats,
 };
 use blockdraft_core::testing::{
-    synthetic_decoder, synthetic_dflash, SyntheticDFlash, SyntheticDims,
+    synthetic_decoder, synthetic_dflash, synthetic_dflash2, SyntheticDFlash, SyntheticDFlash2,
+    SyntheticDims,
 };
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile, GgufWriter};
@@ -233,6 +234,36 @@ fn dflash_greedy_is_identical_to_plain_on_llama_and_qwen2_targets() {
                 );
             }
         }
+    }
+}
+
+#[test]
+fn dflash2_greedy_is_identical_to_plain_on_smollm2() {
+    let Some(path) = common::model(SMOLLM2) else {
+        return;
+    };
+    let t = load(&path);
+    let mut spec = dflash_spec(&t.dec, vec![2, 29], 8);
+    spec.dims.n_vocab = t.dec.config.n_vocab;
+    let v2 = SyntheticDFlash2 {
+        conv_kernel_size: 2,
+        conv_group_size: 16,
+        selector_rank: 8,
+        selector_top_k: 4,
+    };
+    let drafter_file = GgufFile::from_bytes(synthetic_dflash2(&spec, &v2, 6).bytes).unwrap();
+    for prompt in prompts(t.dec.config.n_vocab).iter().take(2) {
+        let want = plain(&t.dec, prompt, 16);
+        let mut d =
+            DFlashDrafter::load(&drafter_file, &t.dec, &t.file, prompt.len() + 64, 32).unwrap();
+        assert!(d.config.v2.is_some());
+        let (got, stats) = speculative(&t.dec, &mut d, prompt, 16, fixed(16));
+        assert_eq!(got, want);
+        assert!(stats.rounds > 0);
+        assert!(
+            stats.slot_tried.len() < 8,
+            "drafts are clamped to the block"
+        );
     }
 }
 
