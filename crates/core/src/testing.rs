@@ -337,6 +337,23 @@ pub fn synthetic_dflash2(
     v2: &SyntheticDFlash2,
     seed: u64,
 ) -> SyntheticModel {
+    dflash2_builder(spec, v2, seed).finish()
+}
+
+/// [`synthetic_dflash2`] with a reduced draft vocabulary: its own
+/// `output.weight` over `d2t.len()` rows and the `d2t` map to target ids.
+pub fn synthetic_dflash2_d2t(
+    spec: &SyntheticDFlash,
+    v2: &SyntheticDFlash2,
+    d2t: &[i64],
+    seed: u64,
+) -> SyntheticModel {
+    let mut b = dflash2_builder(spec, v2, seed);
+    b.d2t(spec.dims.n_embd, d2t);
+    b.finish()
+}
+
+fn dflash2_builder(spec: &SyntheticDFlash, v2: &SyntheticDFlash2, seed: u64) -> Builder {
     let d = spec.dims;
     assert!(
         d.n_vocab > 0,
@@ -377,5 +394,5 @@ pub fn synthetic_dflash2(
         1.0,
         0.0,
     );
-    b.finish()
+    b
 }

@@ -14,8 +14,8 @@ use blockdraft_core::speculative::{
     OracleDrafter, PolicyConfig, SpecStats,
 };
 use blockdraft_core::testing::{
-    synthetic_decoder, synthetic_dflash, synthetic_dflash2, SyntheticDFlash, SyntheticDFlash2,
-    SyntheticDims,
+    synthetic_decoder, synthetic_dflash, synthetic_dflash2, synthetic_dflash2_d2t, SyntheticDFlash,
+    SyntheticDFlash2, SyntheticDims,
 };
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile, GgufWriter};
@@ -238,7 +238,7 @@ fn dflash_greedy_is_identical_to_plain_on_llama_and_qwen2_targets() {
 }
 
 #[test]
-fn dflash2_greedy_is_identical_to_plain_on_smollm2() {
+fn dflash2_greedy_is_identical_to_plain_on_smollm2_with_full_and_reduced_heads() {
     let Some(path) = common::model(SMOLLM2) else {
         return;
     };
@@ -251,12 +251,21 @@ fn dflash2_greedy_is_identical_to_plain_on_smollm2() {
         selector_rank: 8,
         selector_top_k: 4,
     };
-    let drafter_file = GgufFile::from_bytes(synthetic_dflash2(&spec, &v2, 6).bytes).unwrap();
-    for prompt in prompts(t.dec.config.n_vocab).iter().take(2) {
+    // Full head, and a reduced head of 4096 target ids (a d2t map).
+    let d2t: Vec<i64> = (0..4096)
+        .map(|i| (i * 7) % t.dec.config.n_vocab as i64)
+        .collect();
+    let files = [
+        GgufFile::from_bytes(synthetic_dflash2(&spec, &v2, 6).bytes).unwrap(),
+        GgufFile::from_bytes(synthetic_dflash2_d2t(&spec, &v2, &d2t, 6).bytes).unwrap(),
+    ];
+    for (drafter_file, prompt) in files.iter().zip(prompts(t.dec.config.n_vocab).iter()) {
         let want = plain(&t.dec, prompt, 16);
         let mut d =
-            DFlashDrafter::load(&drafter_file, &t.dec, &t.file, prompt.len() + 64, 32).unwrap();
+            DFlashDrafter::load(drafter_file, &t.dec, &t.file, prompt.len() + 64, 32).unwrap();
         assert!(d.config.v2.is_some());
+        let reduced = std::ptr::eq(drafter_file, &files[1]);
+        assert_eq!(d.config.d2t.as_ref().map(Vec::len), reduced.then_some(4096));
         let (got, stats) = speculative(&t.dec, &mut d, prompt, 16, fixed(16));
         assert_eq!(got, want);
         assert!(stats.rounds > 0);
