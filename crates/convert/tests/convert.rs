@@ -649,3 +649,114 @@ fn target_geometry_from_gguf_and_hf_dir() {
         Err(ConvertError::Target(_))
     ));
 }
+
+/// HF → GGUF → load → the PyTorch reference's own logits: a golden drafter
+/// (tests/fixtures/dflash, made by the PyPI `dflash` package) written back as
+/// an HF checkpoint, converted, and run on the golden target; its block
+/// logits must be the reference's.
+fn golden_round_trip(gguf: &str, json_file: &str, v2_fields: Option<Value>) {
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/dflash");
+    let golden: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures.join(json_file)).unwrap()).unwrap();
+    let drafter = GgufFile::open(fixtures.join(gguf)).unwrap();
+    let tensors: Vec<HfTensor> = drafter
+        .tensors()
+        .iter()
+        .map(|t| HfTensor {
+            name: hf_name(&t.name, false),
+            shape: t.dims.iter().rev().map(|&d| d as usize).collect(),
+            values: drafter.tensor_data(&t.name).unwrap().to_f32().unwrap(),
+        })
+        .collect();
+    let c = &golden["config"];
+    let mut dflash_config = json!({
+        "target_layer_ids": c["target_layer_ids_hf"],
+        "mask_token_id": c["mask_token_id"],
+        "block_size": c["block_size"],
+    });
+    if let Some(Value::Object(extra)) = v2_fields {
+        dflash_config.as_object_mut().unwrap().extend(extra);
+    }
+    let config = json!({
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": c["hidden_size"],
+        "num_hidden_layers": c["draft_layers"],
+        "intermediate_size": c["intermediate_size"],
+        "num_attention_heads": c["n_head"],
+        "num_key_value_heads": c["n_head_kv"],
+        "head_dim": c["head_dim"],
+        "rms_norm_eps": c["rms_eps"],
+        "rope_theta": c["rope_theta"],
+        "max_position_embeddings": 256,
+        "num_target_layers": 2,
+        "dflash_config": dflash_config,
+    });
+    let dir = scratch_dir(json_file);
+    write_checkpoint(&dir, &config, &tensors, Dtype::F32);
+    let geometry = TargetGeometry {
+        n_layer: 6,
+        n_embd: 64,
+    };
+    let converted = convert(&dir, geometry, OutType::F32, &mut |_, _| {}).unwrap();
+    let converted = GgufFile::from_bytes(converted.writer.to_bytes().unwrap()).unwrap();
+
+    let tfile = GgufFile::open(fixtures.join("target-qwen3.gguf")).unwrap();
+    let target = Decoder::load(&tfile, Arc::new(CpuBackend::new(1)), &mut |_| {}).unwrap();
+    let mut d = DFlashDrafter::load(&converted, &target, &tfile, 64, 16).unwrap();
+    assert_eq!(d.config.v2.is_some(), json_file.contains("v2"));
+    let be = &*target.backend;
+    let mut taps = Taps::new(be, &target.config, &d.config.target_layers, 16).unwrap();
+    let mut state = target.new_state(64, 16);
+    let prompt: Vec<u32> = golden["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    target
+        .forward(&mut state, &prompt, LogitRows::Last, true, Some(&mut taps))
+        .unwrap();
+    d.inject(taps.output(), 0, prompt.len()).unwrap();
+    let anchor = golden["target_next_token"].as_u64().unwrap() as u32;
+    let logits = d.block_logits(anchor, 7).unwrap();
+    let n_vocab = target.config.n_vocab;
+    let want: Vec<f32> = golden["draft_logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|row| {
+            row.as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap() as f32)
+        })
+        .collect();
+    let got = &logits[n_vocab..];
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let err = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max)
+        / scale;
+    assert!(
+        err < 1e-4,
+        "{gguf}: converted drafter's logits off the PyTorch reference by {err}"
+    );
+}
+
+#[test]
+fn converted_golden_checkpoints_reproduce_the_pytorch_logits() {
+    golden_round_trip("dflash-v1.gguf", "golden-v1.json", None);
+    golden_round_trip(
+        "dflash2.gguf",
+        "golden-v2.json",
+        Some(json!({
+            "conv_kernel_size": 2,
+            "conv_group_size": 16,
+            "selector_rank": 8,
+            "selector_top_k": 4,
+        })),
+    );
+}
