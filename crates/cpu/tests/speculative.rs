@@ -366,6 +366,39 @@ fn dflash_loading_rejects_mismatches() {
     };
     assert!(rewrite(Some("dflash.target_layers"), None).contains("requires 'target_layers'"));
     assert!(rewrite(Some("tokenizer.ggml.mask_token_id"), None).contains("no mask token"));
+    // Log-SNR conditioning (PrismML DSpark) is refused, naming what is wrong.
+    let with_keys = |extra: &[(&str, blockdraft_gguf::Value)]| {
+        let mut w = GgufWriter::new();
+        w.add_all(base.metadata());
+        for (k, v) in extra {
+            w.add(*k, v.clone());
+        }
+        for t in base.tensors() {
+            w.add_tensor(
+                t.name.clone(),
+                &t.dims,
+                t.ty,
+                base.tensor_data(&t.name).unwrap().to_vec(),
+            )
+            .unwrap();
+        }
+        load(w.to_bytes().unwrap()).unwrap_err()
+    };
+    use blockdraft_gguf::Value as V;
+    let snr = ("dflash.log_snr_conditioning", V::Bool(true));
+    assert!(with_keys(&[snr.clone()]).contains("requires finite min_log_snr < max_log_snr"));
+    let bad = [
+        snr.clone(),
+        ("dflash.min_log_snr", V::F32(2.0)),
+        ("dflash.max_log_snr", V::F32(1.0)),
+    ];
+    assert!(with_keys(&bad).contains("requires finite min_log_snr < max_log_snr"));
+    let ok = [
+        snr,
+        ("dflash.min_log_snr", V::F32(-5.0)),
+        ("dflash.max_log_snr", V::F32(5.0)),
+    ];
+    assert!(with_keys(&ok).contains("log-SNR conditioned DSpark drafters"));
     // A bare `layer_fusion` makes a DFly file, which lacks its context norm.
     assert!(rewrite(None, Some("layer_fusion"))
         .contains("DFly drafter (tensor `layer_fusion`) lacks `context_norm.weight`"));

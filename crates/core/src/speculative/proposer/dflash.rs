@@ -67,6 +67,20 @@ impl DFlashConfig {
         if md.contains_key("dflash.hyper_connection_count") {
             return Err(reject("DSpark-DSV4 drafters are not supported"));
         }
+        // PrismML's GIDD DSpark adds a log-SNR embedding to the block rows;
+        // running such a file without it would draft from the wrong inputs.
+        if md.opt_bool("dflash.log_snr_conditioning")? == Some(true) {
+            let (lo, hi) = (
+                md.opt_f32("dflash.min_log_snr")?,
+                md.opt_f32("dflash.max_log_snr")?,
+            );
+            let valid = matches!((lo, hi), (Some(lo), Some(hi)) if lo.is_finite() && hi.is_finite() && lo < hi);
+            return Err(reject(if valid {
+                "log-SNR conditioned DSpark drafters (dflash.log_snr_conditioning) are not supported".to_string()
+            } else {
+                format!("dflash.log_snr_conditioning requires finite min_log_snr < max_log_snr, got {lo:?} and {hi:?}")
+            }));
+        }
         // DFly first: its own rejections of d2t and markov_w1 say more.
         let is_dfly = file.tensor("layer_fusion").is_some();
         let is_dspark = !is_dfly && file.tensor("markov_w1.weight").is_some();
