@@ -386,7 +386,9 @@ fn dflash_loading_rejects_mismatches() {
     };
     use blockdraft_gguf::Value as V;
     let snr = ("dflash.log_snr_conditioning", V::Bool(true));
-    assert!(with_keys(&[snr.clone()]).contains("requires finite min_log_snr < max_log_snr"));
+    assert!(
+        with_keys(std::slice::from_ref(&snr)).contains("requires finite min_log_snr < max_log_snr")
+    );
     let bad = [
         snr.clone(),
         ("dflash.min_log_snr", V::F32(2.0)),
