@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::{fixture_file, flat, ids, rel_err};
+
 use blockdraft_core::backend::{ConvParams, WeightSource};
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
 use blockdraft_core::sampling::{Sampler, SamplingParams};
@@ -15,45 +17,7 @@ use blockdraft_core::speculative::{
 use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgufFile, GgufWriter, Value};
-use serde_json::Value as Json;
-use std::path::PathBuf;
 use std::sync::Arc;
-
-fn fixture_file(name: &str) -> GgufFile {
-    GgufFile::open(
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/dflash")
-            .join(name),
-    )
-    .unwrap()
-}
-
-fn flat(v: &Json) -> Vec<f32> {
-    match v {
-        Json::Array(a) => a.iter().flat_map(flat).collect(),
-        Json::Number(n) => vec![n.as_f64().unwrap() as f32],
-        other => panic!("not a number array: {other}"),
-    }
-}
-
-fn ids(v: &Json) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-/// Max |a − b| relative to the largest |b|.
-fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-        / scale
-}
 
 #[test]
 fn dflash2_matches_the_pytorch_reference() {

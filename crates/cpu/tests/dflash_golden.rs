@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::{fixture_file, flat, ids, rel_err};
+
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
 use blockdraft_core::sampling::{argmax, Sampler, SamplingParams};
 use blockdraft_core::speculative::{
@@ -13,46 +15,7 @@ use blockdraft_core::speculative::{
 };
 use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
-use blockdraft_gguf::GgufFile;
-use serde_json::Value;
-use std::path::PathBuf;
 use std::sync::Arc;
-
-fn fixture_file(name: &str) -> GgufFile {
-    GgufFile::open(
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/dflash")
-            .join(name),
-    )
-    .unwrap()
-}
-
-fn flat(v: &Value) -> Vec<f32> {
-    match v {
-        Value::Array(a) => a.iter().flat_map(flat).collect(),
-        Value::Number(n) => vec![n.as_f64().unwrap() as f32],
-        other => panic!("not a number array: {other}"),
-    }
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-/// Max |a − b| relative to the largest |b|.
-fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-        / scale
-}
 
 #[test]
 fn dflash_v1_matches_the_pytorch_reference() {

@@ -21,22 +21,15 @@
 
 mod common;
 
+use common::ids;
+
 use blockdraft_core::generate::generate;
 use blockdraft_core::model::{Decoder, LogitRows};
 use blockdraft_core::sampling::{argmax, Sampler, SamplingParams};
 use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::GgufFile;
-use serde_json::Value;
 use std::sync::Arc;
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("id array")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
 
 fn log_softmax_at(row: &[f32], id: usize) -> f64 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
