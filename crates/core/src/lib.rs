@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod chat_template;
+pub mod conformance;
 pub mod error;
 pub mod generate;
 pub mod kv_cache;

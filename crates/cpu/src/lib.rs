@@ -57,6 +57,9 @@ impl CpuWeight {
 
 pub struct CpuBackend {
     pool: ThreadPool,
+    /// SIMD matmul kernels where the CPU has them; off for the scalar
+    /// reference.
+    simd: bool,
 }
 
 impl CpuBackend {
@@ -64,6 +67,16 @@ impl CpuBackend {
     pub fn new(n_threads: usize) -> Self {
         CpuBackend {
             pool: ThreadPool::new(n_threads.max(1)),
+            simd: true,
+        }
+    }
+
+    /// A backend on the portable scalar matmul kernels: the reference the
+    /// SIMD kernels (and other backends) are checked against.
+    pub fn scalar(n_threads: usize) -> Self {
+        CpuBackend {
+            simd: false,
+            ..Self::new(n_threads)
         }
     }
 
@@ -80,7 +93,11 @@ impl Backend for CpuBackend {
         format!(
             "cpu ({} threads, {})",
             self.pool.n_threads(),
-            kernels::simd_level()
+            if self.simd {
+                kernels::simd_level()
+            } else {
+                "scalar"
+            }
         )
     }
 
@@ -192,7 +209,18 @@ impl Backend for CpuBackend {
     fn matmul(&self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) {
         debug_assert_eq!(x.cols, w.cols);
         debug_assert_eq!((out.rows, out.cols), (x.rows, w.rows));
-        kernels::matmul(&self.pool, &w.matrix(), x.as_slice(), out.as_mut_slice());
+        let kernel = if self.simd {
+            kernels::best_kernel(w.ty)
+        } else {
+            kernels::scalar_kernel(w.ty)
+        };
+        kernels::matmul_with(
+            &self.pool,
+            &w.matrix(),
+            x.as_slice(),
+            out.as_mut_slice(),
+            kernel,
+        );
     }
 
     fn add_bias(&self, x: &mut CpuTensor, bias: &CpuWeight) {

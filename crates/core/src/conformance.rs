@@ -1,0 +1,419 @@
+//! The op conformance suite every backend runs (as candle's `test_device!`
+//! and llama.cpp's `test-backend-ops` do): each op on random shapes and
+//! data, compared with a reference backend (the CPU backend) within a
+//! per-op tolerance. Written once; [`crate::backend_conformance_tests!`]
+//! instantiates it for a backend.
+
+use crate::backend::{
+    AttentionMask, AttentionParams, Backend, ConvParams, GatedActivation, RopeParams, RopeStyle,
+    WeightSource,
+};
+use crate::sampling::Rng;
+use blockdraft_gguf::{quants, GgmlType, GgufFile, GgufWriter};
+
+/// Every weight type the matmul and embedding kernels must read in place.
+pub const WEIGHT_TYPES: &[GgmlType] = &[
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q8_1,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::Q8_K,
+];
+
+fn uniform(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * scale)
+        .collect()
+}
+
+fn tensor<B: Backend>(be: &B, rows: usize, cols: usize, data: &[f32]) -> B::Tensor {
+    let mut t = be.tensor(rows, cols);
+    be.write(&mut t, data);
+    t
+}
+
+/// Largest difference relative to the reference's largest magnitude.
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len(), "lengths differ");
+    let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| {
+            if g.is_nan() {
+                f32::INFINITY
+            } else {
+                (g - w).abs()
+            }
+        })
+        .fold(0.0, f32::max)
+        / scale
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    let err = rel_err(got, want);
+    assert!(err <= tol, "{what}: relative error {err:e} > {tol:e}");
+}
+
+/// A GGUF holding one `rows x cols` weight of type `ty` (random values),
+/// so both backends load the very same bytes.
+fn weight_file(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> GgufFile {
+    let mut rng = Rng::new(seed);
+    let x = uniform(&mut rng, rows * cols, 1.0);
+    let bytes = quants::quantize_to_vec(ty, &x).expect("quantize");
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", "test");
+    let dims: Vec<u64> = if rows == 1 {
+        vec![cols as u64]
+    } else {
+        vec![cols as u64, rows as u64]
+    };
+    w.add_tensor("w", &dims, ty, bytes).expect("tensor");
+    GgufFile::from_bytes(w.to_bytes().expect("gguf")).expect("parse")
+}
+
+fn load<B: Backend>(be: &B, file: &GgufFile) -> B::Weight {
+    let info = file.tensor("w").expect("tensor w");
+    be.load_weight(WeightSource {
+        name: "w",
+        ty: info.ty,
+        dims: &info.dims,
+        data: file.tensor_data("w").expect("data"),
+    })
+    .unwrap_or_else(|e| panic!("loading a {} weight: {e}", info.ty))
+}
+
+/// Tolerance of a matmul against the reference: float weights agree to
+/// rounding; quantized ones quantize the activations identically, so only
+/// the summation order differs.
+fn matmul_tolerance(ty: GgmlType) -> f32 {
+    match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1e-5,
+        _ => 2e-4,
+    }
+}
+
+/// `x · Wᵀ` for every weight type, for 1..16 rows (the verify shapes) and
+/// a prefill-size batch, with output-feature counts that are not multiples
+/// of any tile.
+pub fn matmul<B: Backend, R: Backend>(be: &B, reference: &R) {
+    for (i, &ty) in WEIGHT_TYPES.iter().enumerate() {
+        let cols = if ty.block_len() == 256 { 512 } else { 96 };
+        let rows = 37 + 5 * i;
+        let file = weight_file(ty, rows, cols, 100 + i as u64);
+        let (w, wr) = (load(be, &file), load(reference, &file));
+        for n in [1, 2, 3, 5, 8, 9, 16, 40] {
+            let x = uniform(&mut Rng::new(n as u64), n * cols, 2.0);
+            let mut out = be.tensor(n, rows);
+            be.matmul(&w, &tensor(be, n, cols, &x), &mut out);
+            let mut want = reference.tensor(n, rows);
+            reference.matmul(&wr, &tensor(reference, n, cols, &x), &mut want);
+            assert_close(
+                &format!("matmul {ty} n={n}"),
+                &be.read(&out),
+                &reference.read(&want),
+                matmul_tolerance(ty),
+            );
+        }
+    }
+}
+
+/// Embedding rows of every weight type, repeated and unordered ids.
+pub fn embed<B: Backend, R: Backend>(be: &B, reference: &R) {
+    for (i, &ty) in WEIGHT_TYPES.iter().enumerate() {
+        let cols = ty.block_len().max(32) * 2;
+        let file = weight_file(ty, 19, cols, 200 + i as u64);
+        let (w, wr) = (load(be, &file), load(reference, &file));
+        let ids = [3u32, 0, 18, 3, 7];
+        let mut out = be.tensor(ids.len(), cols);
+        be.embed(&w, &ids, &mut out);
+        let mut want = reference.tensor(ids.len(), cols);
+        reference.embed(&wr, &ids, &mut want);
+        assert_close(
+            &format!("embed {ty}"),
+            &be.read(&out),
+            &reference.read(&want),
+            0.0,
+        );
+    }
+}
+
+/// RMS norm over whole rows and over per-head groups (q/k norms).
+pub fn rms_norm<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(7);
+    for (rows, cols, group) in [(1, 64, 64), (5, 300, 300), (3, 128, 32), (2, 1536, 1536)] {
+        let x = uniform(&mut rng, rows * cols, 3.0);
+        let file = weight_file(GgmlType::F32, 1, group, 300 + group as u64);
+        let (w, wr) = (load(be, &file), load(reference, &file));
+        let mut out = be.tensor(rows, cols);
+        be.rms_norm(&tensor(be, rows, cols, &x), &w, group, 1e-6, &mut out);
+        let mut want = reference.tensor(rows, cols);
+        reference.rms_norm(
+            &tensor(reference, rows, cols, &x),
+            &wr,
+            group,
+            1e-6,
+            &mut want,
+        );
+        assert_close(
+            &format!("rms_norm {rows}x{cols}/{group}"),
+            &be.read(&out),
+            &reference.read(&want),
+            1e-5,
+        );
+    }
+}
+
+/// Both rotary layouts, partial rotation, and large positions.
+pub fn rope<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(8);
+    for (style, n_head, head_dim, n_rot, pos0, rows) in [
+        (RopeStyle::Normal, 4, 64, 64, 0, 3),
+        (RopeStyle::Neox, 2, 128, 128, 17, 5),
+        (RopeStyle::Neox, 3, 64, 32, 4000, 2),
+        (RopeStyle::Normal, 1, 256, 256, 131_000, 1),
+    ] {
+        let p = RopeParams {
+            style,
+            n_head,
+            head_dim,
+            n_rot,
+            base: 10_000.0,
+        };
+        let cols = n_head * head_dim;
+        let x = uniform(&mut rng, rows * cols, 2.0);
+        let mut t = tensor(be, rows, cols, &x);
+        be.rope(&mut t, pos0, p);
+        let mut tr = tensor(reference, rows, cols, &x);
+        reference.rope(&mut tr, pos0, p);
+        assert_close(
+            &format!("rope {p:?} pos {pos0}"),
+            &be.read(&t),
+            &reference.read(&tr),
+            1e-5,
+        );
+    }
+}
+
+/// Gated activations, residual add, scale, bias and the tap sanitiser.
+pub fn elementwise<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(9);
+    let (rows, cols) = (3, 200);
+    let g = uniform(&mut rng, rows * cols, 8.0);
+    let u = uniform(&mut rng, rows * cols, 2.0);
+    for act in [GatedActivation::SwiGlu, GatedActivation::GeGlu] {
+        let mut out = be.tensor(rows, cols);
+        be.gated(
+            act,
+            &tensor(be, rows, cols, &g),
+            &tensor(be, rows, cols, &u),
+            &mut out,
+        );
+        let mut want = reference.tensor(rows, cols);
+        reference.gated(
+            act,
+            &tensor(reference, rows, cols, &g),
+            &tensor(reference, rows, cols, &u),
+            &mut want,
+        );
+        assert_close(
+            &format!("{act:?}"),
+            &be.read(&out),
+            &reference.read(&want),
+            1e-5,
+        );
+    }
+
+    let mut x = tensor(be, rows, cols, &g);
+    be.add(&mut x, &tensor(be, rows, cols, &u));
+    be.scale(&mut x, -0.75);
+    let file = weight_file(GgmlType::F32, 1, cols, 400);
+    be.add_bias(&mut x, &load(be, &file));
+    let mut xr = tensor(reference, rows, cols, &g);
+    reference.add(&mut xr, &tensor(reference, rows, cols, &u));
+    reference.scale(&mut xr, -0.75);
+    reference.add_bias(&mut xr, &load(reference, &file));
+    assert_close(
+        "add/scale/add_bias",
+        &be.read(&x),
+        &reference.read(&xr),
+        1e-6,
+    );
+
+    let special = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e9,
+        -7e4,
+        3.5,
+        -0.0,
+        65504.0,
+    ];
+    let mut t = tensor(be, 1, special.len(), &special);
+    be.clamp_finite(&mut t, 65504.0);
+    let mut tr = tensor(reference, 1, special.len(), &special);
+    reference.clamp_finite(&mut tr, 65504.0);
+    assert_eq!(be.read(&t), reference.read(&tr), "clamp_finite");
+}
+
+/// Row copies into a wider tensor at a row and column offset, and reshape
+/// within capacity.
+pub fn copy_rows<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(10);
+    let src = uniform(&mut rng, 6 * 40, 1.0);
+    let dst = uniform(&mut rng, 9 * 100, 1.0);
+    let s = tensor(be, 6, 40, &src);
+    let mut d = tensor(be, 9, 100, &dst);
+    be.copy_rows(&s, 2, &mut d, 5, 60, 3);
+    let sr = tensor(reference, 6, 40, &src);
+    let mut dr = tensor(reference, 9, 100, &dst);
+    reference.copy_rows(&sr, 2, &mut dr, 5, 60, 3);
+    assert_eq!(be.read(&d), reference.read(&dr), "copy_rows");
+    be.reshape(&mut d, 3, 50);
+    assert_eq!(be.shape(&d), (3, 50));
+    assert_eq!(
+        be.read(&d),
+        dst_prefix(&reference.read(&dr), 150),
+        "reshape keeps the data"
+    );
+}
+
+fn dst_prefix(v: &[f32], n: usize) -> Vec<f32> {
+    v[..n].to_vec()
+}
+
+/// Attention for decode, multi-row verify and non-causal blocks, with
+/// grouped-query heads, sliding windows and caches longer than one tile.
+pub fn attention<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(11);
+    let cases = [
+        // (n_head, n_head_kv, head_dim, rows, q_pos0, capacity, causal, window)
+        (4, 2, 64, 1, 0, 8, true, None),
+        (4, 1, 64, 1, 150, 200, true, None),
+        (2, 2, 128, 7, 90, 128, true, None),
+        (6, 2, 32, 16, 300, 400, false, None),
+        (4, 4, 256, 5, 60, 80, true, Some(16)),
+        (8, 2, 64, 3, 0, 3, false, Some(2)),
+    ];
+    for (n_head, n_head_kv, head_dim, rows, q_pos0, capacity, causal, window) in cases {
+        let p = AttentionParams {
+            n_head,
+            n_head_kv,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        let mask = AttentionMask {
+            q_pos0,
+            kv_len: q_pos0 + rows,
+            causal,
+            window,
+        };
+        let (qc, kvc) = (n_head * head_dim, n_head_kv * head_dim);
+        let q = uniform(&mut rng, rows * qc, 2.0);
+        let k = uniform(&mut rng, capacity.max(q_pos0 + rows) * kvc, 2.0);
+        let v = uniform(&mut rng, capacity.max(q_pos0 + rows) * kvc, 1.0);
+        let kv_rows = k.len() / kvc;
+        let mut out = be.tensor(rows, qc);
+        be.attention(
+            &tensor(be, rows, qc, &q),
+            &tensor(be, kv_rows, kvc, &k),
+            &tensor(be, kv_rows, kvc, &v),
+            mask,
+            p,
+            &mut out,
+        );
+        let mut want = reference.tensor(rows, qc);
+        reference.attention(
+            &tensor(reference, rows, qc, &q),
+            &tensor(reference, kv_rows, kvc, &k),
+            &tensor(reference, kv_rows, kvc, &v),
+            mask,
+            p,
+            &mut want,
+        );
+        assert_close(
+            &format!("attention {p:?} {mask:?}"),
+            &be.read(&out),
+            &reference.read(&want),
+            1e-5,
+        );
+    }
+}
+
+/// DFlash2's grouped dynamic convolution, both sides.
+pub fn grouped_conv<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(12);
+    let (n, d, taps, group) = (7, 64, 3, 16);
+    let dyn_cols = 2 * taps * d / group;
+    let x = uniform(&mut rng, n * d, 1.0);
+    let base = uniform(&mut rng, 2 * taps * d, 1.0);
+    let dynamic = uniform(&mut rng, n * dyn_cols, 0.5);
+    for side in [0, 1] {
+        let p = ConvParams { taps, group, side };
+        let mut out = be.tensor(n, d);
+        be.grouped_conv(
+            &tensor(be, n, d, &x),
+            &tensor(be, 2 * taps, d, &base),
+            &tensor(be, n, dyn_cols, &dynamic),
+            p,
+            &mut out,
+        );
+        let mut want = reference.tensor(n, d);
+        reference.grouped_conv(
+            &tensor(reference, n, d, &x),
+            &tensor(reference, 2 * taps, d, &base),
+            &tensor(reference, n, dyn_cols, &dynamic),
+            p,
+            &mut want,
+        );
+        assert_close(
+            &format!("grouped_conv side {side}"),
+            &be.read(&out),
+            &reference.read(&want),
+            1e-5,
+        );
+    }
+}
+
+/// Argmax per row: the first index wins ties, rows wider than a workgroup.
+pub fn argmax<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(13);
+    let (rows, cols) = (4, 151_936);
+    let mut x = uniform(&mut rng, rows * cols, 10.0);
+    x[5] = 50.0; // row 0: a tie between 5 and 900, 5 wins
+    x[900] = 50.0;
+    x[cols + cols - 1] = 60.0; // row 1: the last column
+    x[2 * cols] = 70.0; // row 2: the first column
+    let got = be.argmax(&tensor(be, rows, cols, &x));
+    let want = reference.argmax(&tensor(reference, rows, cols, &x));
+    assert_eq!(got, want, "argmax");
+    assert_eq!(&got[..3], &[5, cols as u32 - 1, 0]);
+}
+
+/// One `#[test]` per op family for a backend, each against the reference.
+/// `$backend` and `$reference` are expressions building fresh backends.
+#[macro_export]
+macro_rules! backend_conformance_tests {
+    ($backend:expr, $reference:expr) => {
+        $crate::backend_conformance_tests!(@each $backend, $reference;
+            matmul, embed, rms_norm, rope, elementwise, copy_rows, attention, grouped_conv, argmax);
+    };
+    (@each $backend:expr, $reference:expr; $($op:ident),*) => {
+        $(
+            #[test]
+            fn $op() {
+                $crate::conformance::$op(&$backend, &$reference);
+            }
+        )*
+    };
+}

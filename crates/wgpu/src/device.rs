@@ -1,0 +1,79 @@
+//! Adapter and device selection: limits are requested explicitly from the
+//! adapter (a browser device otherwise gets the small WebGPU defaults), and
+//! optional features only where the adapter offers them.
+
+use blockdraft_core::backend::BackendError;
+
+/// The device and what it can do.
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    pub features: wgpu::Features,
+}
+
+impl Gpu {
+    /// The default adapter of this platform (natively Vulkan, Metal or DX12;
+    /// a software Vulkan such as lavapipe counts).
+    pub async fn request() -> Result<Gpu, BackendError> {
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| {
+                BackendError::Device(format!(
+                    "no WebGPU adapter ({e}); natively install a Vulkan driver \
+                     (e.g. Debian's mesa-vulkan-drivers for a software one)"
+                ))
+            })?;
+        Self::from_adapter(adapter).await
+    }
+
+    pub async fn from_adapter(adapter: wgpu::Adapter) -> Result<Gpu, BackendError> {
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        // Fast paths are chosen at run time; no kernel requires these.
+        let features = adapter.features() & (wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP);
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("blockdraft"),
+                required_features: features,
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| BackendError::Device(format!("requesting a device: {e}")))?;
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            limits,
+            features,
+        })
+    }
+
+    /// One line: adapter, driver and the limits that shape the kernels.
+    pub fn describe(&self) -> String {
+        let l = &self.limits;
+        format!(
+            "{} ({:?}, {:?}, driver {} {}); max storage binding {} MiB, max buffer {} MiB, \
+             {} invocations/workgroup, {} storage buffers/stage; f16 {}, subgroups {}",
+            self.info.name,
+            self.info.backend,
+            self.info.device_type,
+            self.info.driver,
+            self.info.driver_info,
+            l.max_storage_buffer_binding_size >> 20,
+            l.max_buffer_size >> 20,
+            l.max_compute_invocations_per_workgroup,
+            l.max_storage_buffers_per_shader_stage,
+            self.features.contains(wgpu::Features::SHADER_F16),
+            self.features.contains(wgpu::Features::SUBGROUP),
+        )
+    }
+}

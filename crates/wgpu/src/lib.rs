@@ -1,0 +1,463 @@
+//! WebGPU backend: the [`Backend`] trait on wgpu, with WGSL kernels from
+//! `shaders/` (one op family per file). The same crate runs natively
+//! (Vulkan, Metal, DX12, or a software Vulkan such as Mesa's lavapipe) and
+//! in the browser.
+//!
+//! Ops record dispatches into one command encoder; a readback (`read`,
+//! `argmax`) submits everything recorded since the last one and waits.
+//! Plain decoding therefore costs one submit and one small readback per
+//! token. [`WgpuBackend::counters`] exposes what crossed the boundary.
+//!
+//! Portable by construction: no kernel needs `shader-f16` or subgroups,
+//! workgroups have at most 256 invocations, and weights larger than the
+//! adapter's largest storage binding are split into parts of whole rows.
+
+mod device;
+mod recorder;
+pub mod shaders;
+mod weights;
+
+pub use device::Gpu;
+pub use recorder::Counters;
+pub use weights::WgpuWeight;
+
+use blockdraft_core::backend::{
+    AttentionMask, AttentionParams, Backend, BackendError, ConvParams, GatedActivation, RopeParams,
+    RopeStyle, WeightSource,
+};
+use recorder::{Binding, Device};
+use shaders::Kernel;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// A row-major f32 matrix in a GPU buffer.
+pub struct WgpuTensor {
+    buffer: wgpu::Buffer,
+    rows: usize,
+    cols: usize,
+    capacity: usize,
+}
+
+impl WgpuTensor {
+    fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    fn binding(&self) -> Binding<'_> {
+        Binding::whole(&self.buffer)
+    }
+}
+
+pub struct WgpuBackend {
+    dev: Device,
+    gpu_info: String,
+    max_binding: u64,
+    /// Token ids of `embed` calls, and argmax results.
+    ids: Mutex<Option<wgpu::Buffer>>,
+    /// cos/sin tables by (pos0, rows, base bits, n_rot): shared by the q and
+    /// k rotations of every layer of a forward pass.
+    rope_tables: Mutex<HashMap<(usize, usize, u32, usize), wgpu::Buffer>>,
+}
+
+/// Workgroups for `n` items of `per_group` each, as a 2-D grid when one
+/// dimension is not enough (the kernels use `group_index`).
+fn grid(n: usize, per_group: usize) -> [u32; 3] {
+    const MAX: usize = 65535;
+    let groups = n.div_ceil(per_group).max(1);
+    let x = groups.min(MAX);
+    [x as u32, groups.div_ceil(x) as u32, 1]
+}
+
+fn kernel(file: &'static str, entry: &'static str) -> Kernel {
+    Kernel { file, entry }
+}
+
+fn u(x: usize) -> u32 {
+    u32::try_from(x).expect("tensor dimension exceeds u32")
+}
+
+impl WgpuBackend {
+    /// The platform's default adapter (blocking).
+    pub fn new() -> Result<Self, BackendError> {
+        Ok(Self::with_gpu(pollster::block_on(Gpu::request())?))
+    }
+
+    pub fn with_gpu(gpu: Gpu) -> Self {
+        let gpu_info = gpu.describe();
+        let max_binding = gpu
+            .limits
+            .max_storage_buffer_binding_size
+            .min(gpu.limits.max_buffer_size);
+        WgpuBackend {
+            dev: Device::new(gpu.device, gpu.queue),
+            gpu_info,
+            max_binding,
+            ids: Mutex::new(None),
+            rope_tables: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Adapter, driver and limits, for logs and `bench`.
+    pub fn adapter_info(&self) -> &str {
+        &self.gpu_info
+    }
+
+    /// Dispatches, submits and readbacks so far.
+    pub fn counters(&self) -> Counters {
+        self.dev.counters.snapshot()
+    }
+
+    /// Submits everything recorded so far without waiting.
+    pub fn flush(&self) {
+        self.dev.flush();
+    }
+
+    /// The shared ids buffer, grown to hold `n` u32.
+    fn ids_buffer(&self, n: usize) -> wgpu::Buffer {
+        let mut ids = self.ids.lock().unwrap();
+        match &*ids {
+            Some(b) if b.size() >= (n * 4) as u64 => b.clone(),
+            _ => {
+                let b = self.dev.storage("ids", (n.max(256) * 4) as u64);
+                *ids = Some(b.clone());
+                b
+            }
+        }
+    }
+
+    fn rope_table(&self, pos0: usize, rows: usize, p: &RopeParams) -> wgpu::Buffer {
+        let key = (pos0, rows, p.base.to_bits(), p.n_rot);
+        let mut tables = self.rope_tables.lock().unwrap();
+        if let Some(b) = tables.get(&key) {
+            return b.clone();
+        }
+        // ggml's sequence: theta_i = pos · scale^i by repeated f32 products.
+        let theta_scale = p.base.powf(-2.0 / p.n_rot as f32);
+        let half = p.n_rot / 2;
+        let mut cs = Vec::with_capacity(rows * half * 2);
+        for r in 0..rows {
+            let mut theta = (pos0 + r) as f32;
+            for _ in 0..half {
+                cs.push(theta.cos());
+                cs.push(theta.sin());
+                theta *= theta_scale;
+            }
+        }
+        // A forward pass uses one or two tables; older ones are stale.
+        if tables.len() >= 8 {
+            tables.clear();
+        }
+        let b = self.dev.storage_init("rope", bytemuck::cast_slice(&cs));
+        tables.insert(key, b.clone());
+        b
+    }
+
+    fn elementwise(
+        &self,
+        entry: &'static str,
+        x: &WgpuTensor,
+        y: Option<&WgpuTensor>,
+        n: usize,
+        cols: usize,
+        s: f32,
+    ) {
+        let params = [u(n), u(cols), s.to_bits(), 0];
+        let mut bindings = vec![x.binding()];
+        if let Some(y) = y {
+            bindings.push(y.binding());
+        }
+        self.dev.dispatch(
+            kernel("elementwise.wgsl", entry),
+            &params,
+            &bindings,
+            grid(n, 256),
+        );
+    }
+}
+
+impl Backend for WgpuBackend {
+    type Tensor = WgpuTensor;
+    type Weight = WgpuWeight;
+
+    fn name(&self) -> String {
+        format!("wgpu ({})", self.gpu_info)
+    }
+
+    fn load_weight(&self, src: WeightSource<'_>) -> Result<WgpuWeight, BackendError> {
+        WgpuWeight::load(&self.dev, src, self.max_binding)
+    }
+
+    fn tensor(&self, rows: usize, cols: usize) -> WgpuTensor {
+        let capacity = rows * cols;
+        WgpuTensor {
+            buffer: self.dev.storage("tensor", capacity as u64 * 4),
+            rows,
+            cols,
+            capacity,
+        }
+    }
+
+    fn shape(&self, t: &WgpuTensor) -> (usize, usize) {
+        (t.rows, t.cols)
+    }
+
+    fn reshape(&self, t: &mut WgpuTensor, rows: usize, cols: usize) {
+        assert!(
+            rows * cols <= t.capacity,
+            "reshape to {rows}x{cols} exceeds capacity {}",
+            t.capacity
+        );
+        t.rows = rows;
+        t.cols = cols;
+    }
+
+    fn write(&self, t: &mut WgpuTensor, data: &[f32]) {
+        assert_eq!(
+            data.len(),
+            t.len(),
+            "write: data length is not the tensor's"
+        );
+        self.dev.upload(&t.buffer, 0, bytemuck::cast_slice(data));
+    }
+
+    fn read(&self, t: &WgpuTensor) -> Vec<f32> {
+        let bytes = self.dev.read_bytes(&t.buffer, 0, t.len() as u64 * 4);
+        bytemuck::pod_collect_to_vec(&bytes)
+    }
+
+    fn embed(&self, table: &WgpuWeight, ids: &[u32], out: &mut WgpuTensor) {
+        assert_eq!(out.len(), ids.len() * table.cols(), "embed: output shape");
+        let ids_buf = self.ids_buffer(ids.len());
+        self.dev.upload(&ids_buf, 0, bytemuck::cast_slice(ids));
+        table.embed(&self.dev, &ids_buf, ids.len(), &out.buffer);
+    }
+
+    fn matmul(&self, w: &WgpuWeight, x: &WgpuTensor, out: &mut WgpuTensor) {
+        assert_eq!(x.cols, w.cols(), "matmul: x columns");
+        assert_eq!(
+            (out.rows, out.cols),
+            (x.rows, w.rows()),
+            "matmul: output shape"
+        );
+        w.matmul(&self.dev, &x.buffer, x.rows, &out.buffer);
+    }
+
+    fn add_bias(&self, x: &mut WgpuTensor, bias: &WgpuWeight) {
+        let params = [u(x.len()), u(x.cols), 0, 0];
+        self.dev.dispatch(
+            kernel("elementwise.wgsl", "add_bias"),
+            &params,
+            &[x.binding(), bias.dense_binding()],
+            grid(x.len(), 256),
+        );
+    }
+
+    fn rms_norm(
+        &self,
+        x: &WgpuTensor,
+        weight: &WgpuWeight,
+        group: usize,
+        eps: f32,
+        out: &mut WgpuTensor,
+    ) {
+        assert!(
+            out.len() >= x.len() && x.cols % group == 0,
+            "rms_norm shapes"
+        );
+        let slices = x.len() / group;
+        let params = [u(group), u(slices), eps.to_bits(), 0];
+        self.dev.dispatch(
+            kernel("norm.wgsl", "rms_norm"),
+            &params,
+            &[x.binding(), weight.dense_binding(), out.binding()],
+            grid(slices, 1),
+        );
+    }
+
+    fn rope(&self, x: &mut WgpuTensor, pos0: usize, p: RopeParams) {
+        let half = p.n_rot / 2;
+        if half == 0 || x.rows == 0 {
+            return;
+        }
+        let table = self.rope_table(pos0, x.rows, &p);
+        let params = [
+            u(x.rows),
+            u(x.cols),
+            u(p.n_head),
+            u(p.head_dim),
+            u(half),
+            u32::from(p.style == RopeStyle::Neox),
+            0,
+            0,
+        ];
+        self.dev.dispatch(
+            kernel("rope.wgsl", "rope"),
+            &params,
+            &[x.binding(), Binding::whole(&table)],
+            grid(x.rows * p.n_head * half, 256),
+        );
+    }
+
+    fn gated(
+        &self,
+        act: GatedActivation,
+        gate: &WgpuTensor,
+        up: &WgpuTensor,
+        out: &mut WgpuTensor,
+    ) {
+        let n = gate.len();
+        assert!(up.len() == n && out.len() == n, "gated shapes");
+        let entry = match act {
+            GatedActivation::SwiGlu => "swiglu",
+            GatedActivation::GeGlu => "geglu",
+        };
+        self.dev.dispatch(
+            kernel("activation.wgsl", entry),
+            &[u(n), 0, 0, 0],
+            &[gate.binding(), up.binding(), out.binding()],
+            grid(n, 256),
+        );
+    }
+
+    fn add(&self, x: &mut WgpuTensor, y: &WgpuTensor) {
+        assert_eq!(x.len(), y.len(), "add shapes");
+        self.elementwise("add", x, Some(y), x.len(), x.cols, 0.0);
+    }
+
+    fn scale(&self, x: &mut WgpuTensor, s: f32) {
+        self.elementwise("scale", x, None, x.len(), x.cols, s);
+    }
+
+    fn clamp_finite(&self, x: &mut WgpuTensor, limit: f32) {
+        self.elementwise("clamp_finite", x, None, x.len(), x.cols, limit);
+    }
+
+    fn copy_rows(
+        &self,
+        src: &WgpuTensor,
+        src_row: usize,
+        dst: &mut WgpuTensor,
+        dst_row: usize,
+        dst_col: usize,
+        n_rows: usize,
+    ) {
+        assert!(
+            dst_col + src.cols <= dst.cols
+                && dst_row + n_rows <= dst.rows
+                && src_row + n_rows <= src.rows,
+            "copy_rows out of bounds"
+        );
+        if n_rows == 0 {
+            return;
+        }
+        let params = [
+            u(n_rows),
+            u(src.cols),
+            u(src_row),
+            u(dst.cols),
+            u(dst_row),
+            u(dst_col),
+            0,
+            0,
+        ];
+        self.dev.dispatch(
+            kernel("copy.wgsl", "copy_rows"),
+            &params,
+            &[src.binding(), dst.binding()],
+            grid(n_rows * src.cols, 256),
+        );
+    }
+
+    fn attention(
+        &self,
+        q: &WgpuTensor,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        mask: AttentionMask,
+        p: AttentionParams,
+        out: &mut WgpuTensor,
+    ) {
+        assert!(
+            p.head_dim <= 256 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0,
+            "attention: head_dim {} > 256 or heads {} / {}",
+            p.head_dim,
+            p.n_head,
+            p.n_head_kv
+        );
+        let params = [
+            u(q.rows),
+            u(p.n_head),
+            u(p.n_head_kv),
+            u(p.head_dim),
+            u(mask.q_pos0),
+            u(mask.kv_len),
+            u32::from(mask.causal),
+            u(mask.window.unwrap_or(0)),
+            p.scale.to_bits(),
+            0,
+            0,
+            0,
+        ];
+        self.dev.dispatch(
+            kernel("attention.wgsl", "attention"),
+            &params,
+            &[q.binding(), k.binding(), v.binding(), out.binding()],
+            grid(q.rows * p.n_head, 1),
+        );
+    }
+
+    fn grouped_conv(
+        &self,
+        x: &WgpuTensor,
+        base: &WgpuTensor,
+        dynamic: &WgpuTensor,
+        p: ConvParams,
+        out: &mut WgpuTensor,
+    ) {
+        assert!(
+            base.rows == 2 * p.taps
+                && base.cols == x.cols
+                && x.cols % p.group == 0
+                && dynamic.rows == x.rows
+                && dynamic.cols == 2 * p.taps * (x.cols / p.group)
+                && (out.rows, out.cols) == (x.rows, x.cols),
+            "grouped_conv shapes"
+        );
+        let params = [
+            u(x.rows),
+            u(x.cols),
+            u(p.taps),
+            u(p.group),
+            u(p.side),
+            0,
+            0,
+            0,
+        ];
+        self.dev.dispatch(
+            kernel("conv.wgsl", "grouped_conv"),
+            &params,
+            &[
+                x.binding(),
+                base.binding(),
+                dynamic.binding(),
+                out.binding(),
+            ],
+            grid(x.len(), 256),
+        );
+    }
+
+    fn argmax(&self, x: &WgpuTensor) -> Vec<u32> {
+        if x.rows == 0 {
+            return Vec::new();
+        }
+        let ids = self.ids_buffer(x.rows);
+        self.dev.dispatch(
+            kernel("argmax.wgsl", "argmax"),
+            &[u(x.rows), u(x.cols), 0, 0],
+            &[x.binding(), Binding::whole(&ids)],
+            grid(x.rows, 1),
+        );
+        let bytes = self.dev.read_bytes(&ids, 0, x.rows as u64 * 4);
+        bytemuck::pod_collect_to_vec(&bytes)
+    }
+}

@@ -1,0 +1,294 @@
+//! Command recording: ops append dispatches to one pending command encoder;
+//! nothing reaches the GPU until a readback (or an explicit flush) submits
+//! it. Kernel parameters and small host data (token ids, tensor writes) go
+//! through an upload arena that is copied to the GPU once per submit.
+
+use crate::shaders::{Kernel, Pipelines};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bytes per arena chunk; a dispatch's parameters take one 256-byte slot.
+const CHUNK_BYTES: u64 = 1 << 20;
+/// Uniform and storage offsets must be multiples of this (WebGPU's default
+/// and the most any adapter asks for).
+pub const ALIGN: u64 = 256;
+
+/// What crossed the host/device boundary; tests assert on it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Compute dispatches recorded.
+    pub dispatches: u64,
+    /// Command buffers submitted.
+    pub submits: u64,
+    /// Buffers mapped and read back to the host.
+    pub readbacks: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct AtomicCounters {
+    dispatches: AtomicU64,
+    submits: AtomicU64,
+    readbacks: AtomicU64,
+}
+
+impl AtomicCounters {
+    pub fn snapshot(&self) -> Counters {
+        Counters {
+            dispatches: self.dispatches.load(Ordering::Relaxed),
+            submits: self.submits.load(Ordering::Relaxed),
+            readbacks: self.readbacks.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A buffer range bound to a kernel.
+#[derive(Clone, Copy)]
+pub struct Binding<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub offset: u64,
+    /// `None`: to the end of the buffer.
+    pub size: Option<u64>,
+}
+
+impl<'a> Binding<'a> {
+    pub fn whole(buffer: &'a wgpu::Buffer) -> Self {
+        Binding {
+            buffer,
+            offset: 0,
+            size: None,
+        }
+    }
+}
+
+struct Chunk {
+    buffer: wgpu::Buffer,
+    /// Bytes staged for the next submit.
+    host: Vec<u8>,
+}
+
+pub(crate) struct Recorder {
+    encoder: Option<wgpu::CommandEncoder>,
+    chunks: Vec<Chunk>,
+    current: usize,
+}
+
+/// The device side shared by every op.
+pub(crate) struct Device {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub pipelines: Pipelines,
+    pub counters: AtomicCounters,
+    pub recorder: std::sync::Mutex<Recorder>,
+}
+
+impl Device {
+    pub fn new(device: wgpu::Device, queue: wgpu::Queue) -> Self {
+        Device {
+            device,
+            queue,
+            pipelines: Pipelines::default(),
+            counters: AtomicCounters::default(),
+            recorder: std::sync::Mutex::new(Recorder {
+                encoder: None,
+                chunks: Vec::new(),
+                current: 0,
+            }),
+        }
+    }
+
+    /// A storage buffer of `size` bytes (rounded up to 4), zeroed.
+    pub fn storage(&self, label: &str, size: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.max(4).next_multiple_of(4),
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// A storage buffer holding `bytes` (padded to 4).
+    pub fn storage_init(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+        let size = (bytes.len() as u64).max(4).next_multiple_of(4);
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: true,
+        });
+        buffer
+            .slice(..)
+            .get_mapped_range_mut()
+            .expect("mapped at creation")
+            .slice(..bytes.len())
+            .copy_from_slice(bytes);
+        buffer.unmap();
+        buffer
+    }
+
+    /// Records one dispatch of `kernel` with `params` (its uniform block,
+    /// binding 0) and `buffers` (bindings 1..).
+    pub fn dispatch(&self, kernel: Kernel, params: &[u32], buffers: &[Binding], groups: [u32; 3]) {
+        let pipeline = self.pipelines.get(&self.device, kernel);
+        let mut rec = self.recorder.lock().unwrap();
+        let (pbuf, poff) = rec.stage(&self.device, bytemuck::cast_slice(params));
+        let mut entries = Vec::with_capacity(buffers.len() + 1);
+        entries.push(wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &pbuf,
+                offset: poff,
+                size: wgpu::BufferSize::new(ALIGN),
+            }),
+        });
+        for (i, b) in buffers.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: b.buffer,
+                    offset: b.offset,
+                    size: b.size.and_then(wgpu::BufferSize::new),
+                }),
+            });
+        }
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(kernel.entry),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let enc = rec.encoder(&self.device);
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(kernel.entry),
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        drop(pass);
+        self.counters.dispatches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records a copy of `bytes` into `dst` at `offset`, ordered with the
+    /// dispatches around it.
+    pub fn upload(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        let mut rec = self.recorder.lock().unwrap();
+        let (src, soff) = rec.stage(&self.device, bytes);
+        let len = (bytes.len() as u64).next_multiple_of(4);
+        rec.encoder(&self.device)
+            .copy_buffer_to_buffer(&src, soff, dst, offset, len);
+    }
+
+    /// Submits everything recorded so far.
+    pub fn flush(&self) {
+        let mut rec = self.recorder.lock().unwrap();
+        self.submit(&mut rec);
+    }
+
+    fn submit(&self, rec: &mut Recorder) {
+        for c in &mut rec.chunks[..] {
+            if !c.host.is_empty() {
+                self.queue.write_buffer(&c.buffer, 0, &c.host);
+                c.host.clear();
+            }
+        }
+        rec.current = 0;
+        if let Some(enc) = rec.encoder.take() {
+            self.queue.submit([enc.finish()]);
+            self.counters.submits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Submits the pending work plus a copy of `len` bytes of `src` from
+    /// `offset`, waits, and returns them.
+    pub fn read_bytes(&self, src: &wgpu::Buffer, offset: u64, len: u64) -> Vec<u8> {
+        let padded = len.max(4).next_multiple_of(4);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: padded,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        {
+            let mut rec = self.recorder.lock().unwrap();
+            rec.encoder(&self.device)
+                .copy_buffer_to_buffer(src, offset, &staging, 0, padded);
+            self.submit(&mut rec);
+        }
+        let slice = staging.slice(..);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .expect("device lost while waiting for a readback");
+        rx.recv()
+            .expect("map callback ran")
+            .expect("mapping the readback buffer");
+        let bytes = slice.get_mapped_range().expect("mapped")[..len as usize].to_vec();
+        staging.unmap();
+        self.counters.readbacks.fetch_add(1, Ordering::Relaxed);
+        bytes
+    }
+}
+
+impl Recorder {
+    fn encoder(&mut self, device: &wgpu::Device) -> &mut wgpu::CommandEncoder {
+        self.encoder.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("blockdraft"),
+            })
+        })
+    }
+
+    /// Reserves an aligned slot for `bytes` in the arena; returns the
+    /// buffer and offset it will have on the GPU once submitted. Data too
+    /// large for a chunk gets a buffer of its own.
+    fn stage(&mut self, device: &wgpu::Device, bytes: &[u8]) -> (wgpu::Buffer, u64) {
+        let len = (bytes.len() as u64).max(ALIGN).next_multiple_of(ALIGN);
+        if len > CHUNK_BYTES {
+            let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("upload"),
+                size: len,
+                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::UNIFORM,
+                mapped_at_creation: true,
+            });
+            buffer
+                .slice(..)
+                .get_mapped_range_mut()
+                .expect("mapped at creation")
+                .slice(..bytes.len())
+                .copy_from_slice(bytes);
+            buffer.unmap();
+            return (buffer, 0);
+        }
+        if let Some(c) = self.chunks.get(self.current) {
+            if c.host.len() as u64 + len > CHUNK_BYTES {
+                self.current += 1;
+            }
+        }
+        if self.current == self.chunks.len() {
+            self.chunks.push(Chunk {
+                buffer: device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("arena"),
+                    size: CHUNK_BYTES,
+                    usage: wgpu::BufferUsages::UNIFORM
+                        | wgpu::BufferUsages::COPY_SRC
+                        | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }),
+                host: Vec::new(),
+            });
+        }
+        let c = &mut self.chunks[self.current];
+        let off = c.host.len() as u64;
+        c.host.extend_from_slice(bytes);
+        c.host.resize((off + len) as usize, 0);
+        (c.buffer.clone(), off)
+    }
+}
