@@ -5,7 +5,7 @@ use anyhow::{Context, Result};
 use blockdraft_core::model::{Decoder, ModelConfig};
 use blockdraft_core::speculative::{DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter};
 use blockdraft_core::testing::{synthetic_dflash, SyntheticDFlash, SyntheticDims};
-use blockdraft_cpu::CpuBackend;
+use blockdraft_core::Backend;
 use blockdraft_gguf::{GgmlType, GgufFile};
 use std::sync::Arc;
 
@@ -42,13 +42,13 @@ impl DraftArgs {
 }
 
 /// The drafter named by `spec`, for `target` with caches of `n_ctx` positions.
-pub fn build(
+pub fn build<B: Backend>(
     spec: &str,
     args: &DraftArgs,
-    target: &Loaded,
+    target: &Loaded<B>,
     n_ctx: usize,
     max_batch: usize,
-) -> Result<Box<dyn Drafter<CpuBackend>>> {
+) -> Result<Box<dyn Drafter<B>>> {
     if spec == "ngram" {
         return Ok(Box::new(NgramDrafter::default()));
     }

@@ -1,10 +1,12 @@
-//! Opening a model file: GGUF, decoder on the CPU backend, tokenizer.
+//! Opening a model file: GGUF, decoder on the chosen backend, tokenizer.
 
 use anyhow::{Context, Result};
 use blockdraft_core::model::Decoder;
 use blockdraft_core::tokenizer::Tokenizer;
+use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::GgufFile;
+use blockdraft_wgpu::WgpuBackend;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::Path;
@@ -19,6 +21,15 @@ pub struct ModelArgs {
     /// Worker threads (default: all cores).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
+    /// Where the model runs: `cpu`, or `wgpu` (Vulkan, Metal or DX12).
+    #[arg(long = "backend", value_enum, default_value_t = BackendKind::Cpu)]
+    pub backend: BackendKind,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    Cpu,
+    Wgpu,
 }
 
 impl ModelArgs {
@@ -28,10 +39,26 @@ impl ModelArgs {
     }
 }
 
-pub struct Loaded {
+pub struct Loaded<B: Backend> {
     pub file: GgufFile,
-    pub decoder: Decoder<CpuBackend>,
+    pub decoder: Decoder<B>,
     pub tokenizer: Tokenizer,
+}
+
+/// A command's work once the model is loaded, generic over the backend.
+pub trait Job {
+    fn run<B: Backend>(self, loaded: Loaded<B>) -> Result<()>;
+}
+
+/// Loads the model on the backend `args` names and runs `job` on it.
+pub fn with_backend(args: &ModelArgs, job: impl Job) -> Result<()> {
+    match args.backend {
+        BackendKind::Cpu => job.run(load(args, Arc::new(CpuBackend::new(args.threads())))?),
+        BackendKind::Wgpu => {
+            let backend = WgpuBackend::new().context("cannot start the wgpu backend")?;
+            job.run(load(args, Arc::new(backend))?)
+        }
+    }
 }
 
 pub fn open_gguf(path: &Path) -> Result<GgufFile> {
@@ -43,7 +70,7 @@ pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
 }
 
 /// Loads model and tokenizer, with a progress bar on a terminal.
-pub fn load(args: &ModelArgs) -> Result<Loaded> {
+fn load<B: Backend>(args: &ModelArgs, backend: Arc<B>) -> Result<Loaded<B>> {
     let file = open_gguf(&args.model)?;
     let tokenizer = tokenizer(&file)?;
     let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
@@ -57,7 +84,6 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     } else {
         ProgressBar::hidden()
     };
-    let backend = Arc::new(CpuBackend::new(args.threads()));
     let decoder = Decoder::load(&file, backend, &mut |done| bar.set_position(done))
         .with_context(|| format!("cannot load model {}", args.model.display()))?;
     bar.finish_and_clear();

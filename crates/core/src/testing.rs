@@ -396,3 +396,55 @@ fn dflash2_builder(spec: &SyntheticDFlash, v2: &SyntheticDFlash2, seed: u64) -> 
     );
     b
 }
+
+/// Plain greedy decoding of `n` tokens after `prompt` (the reference every
+/// speculative and cross-backend test compares with).
+pub fn greedy_plain<B: crate::Backend>(
+    dec: &crate::model::Decoder<B>,
+    prompt: &[u32],
+    n: usize,
+) -> Vec<u32> {
+    let mut state = dec.new_state(prompt.len() + n + 1, 32);
+    let mut sampler = crate::sampling::Sampler::new(crate::sampling::SamplingParams::greedy());
+    crate::generate::generate(
+        dec,
+        &mut state,
+        prompt,
+        n,
+        &mut sampler,
+        &|_| false,
+        &mut |_| true,
+    )
+    .expect("plain greedy decoding")
+    .0
+}
+
+/// Greedy speculative decoding of `n` tokens with `drafter` under `policy`.
+pub fn greedy_speculative<B: crate::Backend>(
+    dec: &crate::model::Decoder<B>,
+    drafter: &mut dyn crate::speculative::Drafter<B>,
+    prompt: &[u32],
+    n: usize,
+    policy: crate::speculative::PolicyConfig,
+) -> (Vec<u32>, crate::speculative::SpecStats) {
+    use crate::sampling::{Sampler, SamplingParams};
+    let mut state = dec.new_state(prompt.len() + n + 32, 32);
+    let mut sampler = Sampler::new(SamplingParams::greedy());
+    let mut draft_sampler = Sampler::new(SamplingParams::greedy());
+    let mut policy = crate::speculative::DraftPolicy::new(policy);
+    let (tokens, _, stats) = crate::speculative::generate_speculative(
+        dec,
+        &mut state,
+        drafter,
+        &mut policy,
+        prompt,
+        n,
+        &mut sampler,
+        &mut draft_sampler,
+        &|_| false,
+        &mut |_| true,
+        &mut |_| {},
+    )
+    .expect("speculative greedy decoding");
+    (tokens, stats)
+}

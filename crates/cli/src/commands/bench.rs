@@ -3,12 +3,11 @@
 //! achieved and peak RSS.
 
 use crate::drafter::DraftArgs;
-use crate::load::{load, Loaded, ModelArgs};
+use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use anyhow::{bail, Result};
 use blockdraft_core::model::{Decoder, DecoderState, LogitRows};
 use blockdraft_core::sampling::Rng;
 use blockdraft_core::Backend;
-use blockdraft_cpu::CpuBackend;
 use serde_json::json;
 use std::time::Instant;
 
@@ -86,9 +85,9 @@ fn weight_bytes_per_token(file: &blockdraft_gguf::GgufFile) -> u64 {
         .sum()
 }
 
-fn time_forward(
-    dec: &Decoder<CpuBackend>,
-    state: &mut DecoderState<CpuBackend>,
+fn time_forward<B: Backend>(
+    dec: &Decoder<B>,
+    state: &mut DecoderState<B>,
     tokens: &[u32],
     logits: LogitRows,
 ) -> Result<f64> {
@@ -104,9 +103,19 @@ pub fn run(args: Args) -> Result<()> {
     if args.reps == 0 {
         bail!("--repetitions must be at least 1");
     }
-    let loaded = load(&args.model)?;
+    let model = args.model.clone();
+    with_backend(&model, args)
+}
+
+impl Job for Args {
+    fn run<B: Backend>(self, loaded: Loaded<B>) -> Result<()> {
+        bench(&self, &loaded)
+    }
+}
+
+fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<()> {
     if let Some(spec) = &args.draft.draft {
-        return speculative_bench(&args, &loaded, spec);
+        return speculative_bench(args, loaded, spec);
     }
     let dec = &loaded.decoder;
     let cfg = &dec.config;
@@ -236,7 +245,7 @@ pub fn run(args: Args) -> Result<()> {
 /// Plain and speculative greedy decoding of the same prompt, repeated,
 /// medians side by side; plus the speedup the engine's own measured draft
 /// and verify costs predict, to expose overhead outside them.
-fn speculative_bench(args: &Args, loaded: &Loaded, spec: &str) -> Result<()> {
+fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) -> Result<()> {
     use blockdraft_core::generate::generate;
     use blockdraft_core::sampling::{Sampler, SamplingParams};
     use blockdraft_core::speculative::{

@@ -1,13 +1,14 @@
 //! `blockdraft run`: streamed generation.
 
 use crate::drafter::DraftArgs;
-use crate::load::{load, Loaded, ModelArgs};
+use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use anyhow::{bail, Context, Result};
 use blockdraft_core::chat_template::{ChatMessage, ChatTemplate};
 use blockdraft_core::generate::{generate, StopStrings};
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{generate_speculative, DraftPolicy};
 use blockdraft_core::tokenizer::StreamDecoder;
+use blockdraft_core::Backend;
 use serde_json::json;
 use std::io::Write;
 
@@ -69,7 +70,17 @@ pub fn run(args: Args) -> Result<()> {
     if !(0.0..=1.0).contains(&args.top_p) || !(0.0..=1.0).contains(&args.min_p) {
         bail!("--top-p and --min-p must be within 0..=1");
     }
-    let loaded = load(&args.model)?;
+    let model = args.model.clone();
+    with_backend(&model, args)
+}
+
+impl Job for Args {
+    fn run<B: Backend>(self, loaded: Loaded<B>) -> Result<()> {
+        generate_text(self, loaded)
+    }
+}
+
+fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
     let tok = &loaded.tokenizer;
     let text = if args.chat {
         let template = ChatTemplate::from_gguf(&loaded.file)?.context(
@@ -187,8 +198,8 @@ struct Outcome {
 
 /// Generates with `draft` (speculative) or without (plain), streaming the
 /// text to stdout when `stream` is set.
-fn decode(
-    loaded: &Loaded,
+fn decode<B: Backend>(
+    loaded: &Loaded<B>,
     args: &Args,
     prompt: &[u32],
     n_ctx: usize,

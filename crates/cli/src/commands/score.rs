@@ -1,6 +1,6 @@
 //! `blockdraft score`: forced decoding of given token ids.
 
-use crate::load::{load, ModelArgs};
+use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use anyhow::{bail, Context, Result};
 use blockdraft_core::model::LogitRows;
 use blockdraft_core::Backend;
@@ -34,7 +34,18 @@ pub fn run(args: Args) -> Result<()> {
     if ids.len() < 2 {
         bail!("at least two tokens are needed to score, got {}", ids.len());
     }
-    let loaded = load(&args.model)?;
+    with_backend(&args.model, Score(ids))
+}
+
+struct Score(Vec<u32>);
+
+impl Job for Score {
+    fn run<B: Backend>(self, loaded: Loaded<B>) -> Result<()> {
+        score(&self.0, loaded)
+    }
+}
+
+fn score<B: Backend>(ids: &[u32], loaded: Loaded<B>) -> Result<()> {
     let dec = &loaded.decoder;
     let n_vocab = dec.config.n_vocab;
     if let Some(bad) = ids.iter().find(|&&t| t as usize >= n_vocab) {

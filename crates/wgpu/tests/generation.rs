@@ -1,0 +1,258 @@
+//! Whole models on the wgpu backend: decoders of every architecture and
+//! real models generate exactly what the CPU backend generates; greedy
+//! speculative decoding with every drafter kind is identical to plain
+//! decoding; and the counters show what crosses the host/device boundary.
+
+use blockdraft_core::model::{Decoder, LogitRows};
+use blockdraft_core::speculative::{
+    DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter, OracleDrafter, PolicyConfig,
+};
+use blockdraft_core::testing::{
+    greedy_plain, greedy_speculative, synthetic_decoder, synthetic_dflash, synthetic_dflash2,
+    synthetic_dfly, synthetic_dspark, SyntheticDFlash, SyntheticDFlash2, SyntheticDSpark,
+    SyntheticDims,
+};
+use blockdraft_core::Backend;
+use blockdraft_cpu::CpuBackend;
+use blockdraft_gguf::{GgmlType, GgufFile};
+use blockdraft_wgpu::WgpuBackend;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn gpu() -> Arc<WgpuBackend> {
+    Arc::new(WgpuBackend::new().expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)"))
+}
+
+/// A real model from `tests/fetch_models.sh` (see crates/cpu/tests/common).
+fn model(file: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("BLOCKDRAFT_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/blockdraft/models")
+        });
+    let path = dir.join(file);
+    if path.exists() {
+        return Some(path);
+    }
+    if std::env::var("BLOCKDRAFT_SKIP_MODEL_TESTS").as_deref() == Ok("1") {
+        return None;
+    }
+    panic!("{} is missing: run tests/fetch_models.sh", path.display());
+}
+
+fn load<B: Backend>(file: &GgufFile, be: Arc<B>) -> Arc<Decoder<B>> {
+    Arc::new(Decoder::load(file, be, &mut |_| {}).expect("load"))
+}
+
+fn fixed(n_max: usize) -> PolicyConfig {
+    PolicyConfig {
+        n_max,
+        n_min: 1,
+        adaptive: false,
+    }
+}
+
+fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+        / scale
+}
+
+#[test]
+fn every_architecture_decodes_like_the_cpu_backend() {
+    let prompt = [3u32, 14, 15, 9, 26, 5, 35, 8, 9, 7];
+    for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
+        let m = synthetic_decoder(arch, SyntheticDims::default(), 21);
+        let file = GgufFile::from_bytes(m.bytes).unwrap();
+        let (g, c) = (
+            load(&file, gpu()),
+            load(&file, Arc::new(CpuBackend::new(2))),
+        );
+        // Prefill logits of every row.
+        let mut sg = g.new_state(64, 16);
+        let mut sc = c.new_state(64, 16);
+        g.forward(&mut sg, &prompt, LogitRows::All, true, None)
+            .unwrap();
+        c.forward(&mut sc, &prompt, LogitRows::All, true, None)
+            .unwrap();
+        let err = rel_err(&g.backend.read(sg.logits()), &c.backend.read(sc.logits()));
+        assert!(err < 1e-4, "{arch}: prefill logits differ by {err}");
+        assert_eq!(
+            greedy_plain(&g, &prompt, 40),
+            greedy_plain(&c, &prompt, 40),
+            "{arch}: greedy continuation"
+        );
+    }
+}
+
+#[test]
+fn plain_decoding_submits_once_and_reads_back_once_per_token() {
+    let m = synthetic_decoder("qwen2", SyntheticDims::default(), 22);
+    let file = GgufFile::from_bytes(m.bytes).unwrap();
+    let be = gpu();
+    let dec = load(&file, be.clone());
+    let before = be.counters();
+    let n = 20;
+    let out = greedy_plain(&dec, &[1, 2, 3, 4], n);
+    assert_eq!(out.len(), n);
+    let c = be.counters();
+    // One forward pass (prefill or decode step) per token, each ending in
+    // one argmax readback, which is also the only submit.
+    assert_eq!(c.readbacks - before.readbacks, n as u64, "{c:?}");
+    assert_eq!(c.submits - before.submits, n as u64, "{c:?}");
+    let per_token = (c.dispatches - before.dispatches) as f64 / n as f64;
+    eprintln!("dispatches per decoded token (7 layers): {per_token:.1}");
+}
+
+fn drafter_spec(n_embd: usize, target_layers: Vec<i32>, ty: GgmlType) -> SyntheticDFlash {
+    SyntheticDFlash {
+        dims: SyntheticDims {
+            n_layer: 2,
+            n_embd,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 16,
+            n_ff: 64,
+            n_vocab: 0,
+            window: 0,
+        },
+        target_layers,
+        block_size: 8,
+        mask_token: 0,
+        matrix_type: ty,
+    }
+}
+
+/// Every block-drafter variant on a synthetic target, and the drafters
+/// that need no DFlash weights: greedy speculative output equals plain.
+#[test]
+fn every_drafter_kind_is_identical_to_plain_on_a_synthetic_target() {
+    let m = synthetic_decoder("qwen3", SyntheticDims::default(), 11);
+    let file = GgufFile::from_bytes(m.bytes).unwrap();
+    let dec = load(&file, gpu());
+    let n_vocab = dec.config.n_vocab;
+    let prompt = [3u32, 14, 15, 9, 26, 5, 3, 14, 15, 9];
+    let n = 24;
+    let want = greedy_plain(&dec, &prompt, n);
+    let cpu_dec = load(&file, Arc::new(CpuBackend::new(2)));
+    assert_eq!(
+        want,
+        greedy_plain(&cpu_dec, &prompt, n),
+        "wgpu and cpu agree"
+    );
+
+    let spec = drafter_spec(48, vec![1, 4, 7], GgmlType::F32);
+    let mut spec_v = spec.clone();
+    spec_v.dims.n_vocab = n_vocab;
+    let v2 = SyntheticDFlash2 {
+        conv_kernel_size: 2,
+        conv_group_size: 16,
+        selector_rank: 8,
+        selector_top_k: 4,
+    };
+    let ds = SyntheticDSpark {
+        rank: 8,
+        sample_from_anchor: Some(true),
+        has_confidence_head: Some(true),
+        confidence_tensors: true,
+        markov_scale: Some(0.7),
+        d2t: None,
+    };
+    let block_files = [
+        ("dflash", synthetic_dflash(&spec, 5).bytes),
+        ("dflash2", synthetic_dflash2(&spec_v, &v2, 6).bytes),
+        ("dfly", synthetic_dfly(&spec, true, 7).bytes),
+        ("dspark", synthetic_dspark(&spec_v, &ds, 8).bytes),
+    ];
+    let ctx = prompt.len() + n + 32;
+    for (kind, bytes) in block_files {
+        let f = GgufFile::from_bytes(bytes).unwrap();
+        let mut d = DFlashDrafter::load(&f, &dec, &file, ctx, 32).unwrap();
+        let (got, stats) = greedy_speculative(&dec, &mut d, &prompt, n, fixed(7));
+        assert_eq!(got, want, "{kind}");
+        assert!(stats.rounds > 0, "{kind} drafted");
+    }
+
+    let sequence: Vec<u32> = prompt.iter().chain(&want).copied().collect();
+    let mut others: Vec<(&str, Box<dyn Drafter<WgpuBackend>>)> = vec![
+        ("ngram", Box::new(NgramDrafter::default())),
+        (
+            "draft model",
+            Box::new(DraftModelDrafter::new(dec.clone(), n_vocab, ctx).unwrap()),
+        ),
+        (
+            "oracle, all accepted",
+            Box::new(OracleDrafter::new(sequence.clone(), 0.0, n_vocab, 1)),
+        ),
+        (
+            "oracle, none accepted",
+            Box::new(OracleDrafter::new(sequence, 1.0, n_vocab, 1)),
+        ),
+    ];
+    for (kind, d) in others.iter_mut() {
+        let (got, stats) = greedy_speculative(&dec, d.as_mut(), &prompt, n, fixed(5));
+        assert_eq!(got, want, "{kind}");
+        match *kind {
+            "oracle, all accepted" | "draft model" => {
+                assert_eq!(stats.accepted, stats.drafted, "{kind}: {stats:?}")
+            }
+            "oracle, none accepted" => assert_eq!(stats.accepted, 0, "{kind}"),
+            _ => {}
+        }
+    }
+}
+
+const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
+const QWEN05: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+
+/// Prompts as token ids (valid in both vocabularies).
+const PROMPTS: [&[u32]; 3] = [
+    &[1, 504, 3458, 282, 4649, 314],
+    &[578, 1215, 902, 281, 1115, 284, 578, 1215],
+    &[750, 15801, 2075, 1445, 982, 262, 470],
+];
+
+#[test]
+fn real_models_generate_what_the_cpu_backend_generates() {
+    for name in [SMOLLM2, QWEN05] {
+        let Some(path) = model(name) else {
+            return;
+        };
+        let file = GgufFile::open(&path).unwrap();
+        let (g, c) = (
+            load(&file, gpu()),
+            load(&file, Arc::new(CpuBackend::new(2))),
+        );
+        for prompt in PROMPTS {
+            assert_eq!(
+                greedy_plain(&g, prompt, 64),
+                greedy_plain(&c, prompt, 64),
+                "{name}, prompt {prompt:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn speculative_decoding_of_a_real_model_is_identical_to_plain() {
+    let Some(path) = model(SMOLLM2) else {
+        return;
+    };
+    let file = GgufFile::open(&path).unwrap();
+    let dec = load(&file, gpu());
+    let prompt = PROMPTS[1];
+    let n = 32;
+    let want = greedy_plain(&dec, prompt, n);
+    let spec = drafter_spec(dec.config.n_embd, vec![1, 15, 30], GgmlType::Q8_0);
+    let drafter = GgufFile::from_bytes(synthetic_dflash(&spec, 9).bytes).unwrap();
+    let mut d = DFlashDrafter::load(&drafter, &dec, &file, prompt.len() + n + 32, 32).unwrap();
+    let (got, stats) = greedy_speculative(&dec, &mut d, prompt, n, fixed(7));
+    assert_eq!(got, want, "dflash");
+    assert!(stats.rounds > 0);
+    let (got, _) = greedy_speculative(&dec, &mut NgramDrafter::default(), prompt, n, fixed(5));
+    assert_eq!(got, want, "ngram");
+}
