@@ -1,11 +1,17 @@
 // Index of the largest value of each row (the first on ties, as the CPU
-// backend). One workgroup per row.
+// backend), written as u32 to an ids buffer, or as f32 down a column of a
+// tensor (drafts and verify choices that stay on the GPU). One workgroup
+// per row.
 
 #include "common.wgsl"
 
 struct Params {
     n_rows: u32,
     cols: u32,
+    as_f32: u32,     // 1: write f32 values
+    out_row: u32,    // first output row
+    out_col: u32,    // output column
+    out_cols: u32,   // output row length
     _pad0: u32,
     _pad1: u32,
 }
@@ -51,6 +57,7 @@ fn argmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         workgroupBarrier();
     }
     if lid == 0u {
-        ids[row] = select(best_i[0], 0u, best_i[0] == 0xffffffffu);
+        let id = select(best_i[0], 0u, best_i[0] == 0xffffffffu);
+        ids[(p.out_row + row) * p.out_cols + p.out_col] = select(id, bitcast<u32>(f32(id)), p.as_f32 == 1u);
     }
 }

@@ -1,14 +1,19 @@
 // Embedding gather: out[r] = table[ids[r]], dequantized. A table larger than
 // one storage binding is split into parts of whole rows; each dispatch
-// covers one part and skips ids outside it.
+// covers one part and skips ids outside it. The ids are u32 from the host,
+// or f32 values in a column of a tensor (drafts that never left the GPU).
 
 #include "common.wgsl"
 
 struct Params {
     n_ids: u32,
     cols: u32,
-    row0: u32,   // first table row in this part
-    rows: u32,   // rows in this part
+    row0: u32,        // first table row in this part
+    rows: u32,        // rows in this part
+    ids_f32: u32,     // 1: ids are f32 values
+    ids_stride: u32,  // words between consecutive ids
+    ids_row0: u32,    // first id's row in `ids`
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -21,7 +26,10 @@ fn part_row(e: u32) -> i32 {
     if e >= p.n_ids * p.cols {
         return -1;
     }
-    let id = ids[e / p.cols];
+    var id = ids[(p.ids_row0 + e / p.cols) * p.ids_stride];
+    if p.ids_f32 == 1u {
+        id = u32(bitcast<f32>(id));
+    }
     if id < p.row0 || id >= p.row0 + p.rows {
         return -1;
     }

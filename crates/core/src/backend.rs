@@ -181,4 +181,31 @@ pub trait Backend: Send + Sync + 'static {
     );
     /// Index of the largest value of each row (first on ties).
     fn argmax(&self, x: &Self::Tensor) -> Vec<u32>;
+
+    /// [`Self::argmax`] of each row of `x`, written as f32 down column
+    /// `col` of `out` from row `row`, without leaving the device: drafts and
+    /// verify choices stay there until one readback per round. (Token ids
+    /// are exact in f32 below 2^24.) The default goes through the host.
+    fn argmax_to(&self, x: &Self::Tensor, out: &mut Self::Tensor, row: usize, col: usize) {
+        let ids: Vec<f32> = self.argmax(x).into_iter().map(|i| i as f32).collect();
+        let mut t = self.tensor(ids.len(), 1);
+        self.write(&mut t, &ids);
+        self.copy_rows(&t, 0, out, row, col, ids.len());
+    }
+
+    /// [`Self::embed`] of the ids in column 0 of rows `row0 .. row0 + n` of
+    /// `ids` (as [`Self::argmax_to`] writes them), `n` being `out`'s rows.
+    /// The default goes through the host.
+    fn embed_from(
+        &self,
+        table: &Self::Weight,
+        ids: &Self::Tensor,
+        row0: usize,
+        out: &mut Self::Tensor,
+    ) {
+        let (n, cols) = (self.shape(out).0, self.shape(ids).1);
+        let all = self.read(ids);
+        let ids: Vec<u32> = (row0..row0 + n).map(|r| all[r * cols] as u32).collect();
+        self.embed(table, &ids, out);
+    }
 }

@@ -400,13 +400,49 @@ pub fn argmax<B: Backend, R: Backend>(be: &B, reference: &R) {
     assert_eq!(&got[..3], &[5, cols as u32 - 1, 0]);
 }
 
+/// Token ids that stay on the device: argmax written into a column of a
+/// tensor, and embedding rows gathered by ids read from such a column.
+pub fn device_ids<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(14);
+    let (rows, cols) = (4, 1000);
+    let x = uniform(&mut rng, rows * cols, 5.0);
+    let mut out = be.tensor(6, 3);
+    be.argmax_to(&tensor(be, rows, cols, &x), &mut out, 1, 2);
+    let mut want = reference.tensor(6, 3);
+    reference.argmax_to(&tensor(reference, rows, cols, &x), &mut want, 1, 2);
+    let (got, want) = (be.read(&out), reference.read(&want));
+    assert_eq!(got, want, "argmax_to");
+    let ids = reference.argmax(&tensor(reference, rows, cols, &x));
+    for (r, &id) in ids.iter().enumerate() {
+        assert_eq!(got[(1 + r) * 3 + 2], id as f32, "argmax_to row {r}");
+    }
+
+    for (i, &ty) in [GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4_K]
+        .iter()
+        .enumerate()
+    {
+        let width = 512;
+        let file = weight_file(ty, 19, width, 500 + i as u64);
+        let table = load(be, &file);
+        let column = [3.0, 0.0, 18.0, 3.0, 7.0];
+        let id_rows: Vec<f32> = column.iter().flat_map(|&id| [id, -1.0]).collect();
+        let ids = tensor(be, column.len(), 2, &id_rows);
+        let mut out = be.tensor(3, width);
+        be.embed_from(&table, &ids, 1, &mut out);
+        let mut direct = be.tensor(3, width);
+        be.embed(&table, &[0, 18, 3], &mut direct);
+        assert_eq!(be.read(&out), be.read(&direct), "embed_from {ty}");
+    }
+}
+
 /// One `#[test]` per op family for a backend, each against the reference.
 /// `$backend` and `$reference` are expressions building fresh backends.
 #[macro_export]
 macro_rules! backend_conformance_tests {
     ($backend:expr, $reference:expr) => {
         $crate::backend_conformance_tests!(@each $backend, $reference;
-            matmul, embed, rms_norm, rope, elementwise, copy_rows, attention, grouped_conv, argmax);
+            matmul, embed, rms_norm, rope, elementwise, copy_rows, attention, grouped_conv, argmax,
+            device_ids);
     };
     (@each $backend:expr, $reference:expr; $($op:ident),*) => {
         $(

@@ -19,6 +19,7 @@ mod weights;
 
 pub use device::Gpu;
 pub use recorder::Counters;
+use weights::IdsLayout;
 pub use weights::WgpuWeight;
 
 use blockdraft_core::backend::{
@@ -229,7 +230,25 @@ impl Backend for WgpuBackend {
         assert_eq!(out.len(), ids.len() * table.cols(), "embed: output shape");
         let ids_buf = self.ids_buffer(ids.len());
         self.dev.upload(&ids_buf, 0, bytemuck::cast_slice(ids));
-        table.embed(&self.dev, &ids_buf, ids.len(), &out.buffer);
+        let layout = IdsLayout {
+            f32_values: false,
+            stride: 1,
+            row0: 0,
+        };
+        table.embed(&self.dev, &ids_buf, layout, ids.len(), &out.buffer);
+    }
+
+    fn embed_from(&self, table: &WgpuWeight, ids: &WgpuTensor, row0: usize, out: &mut WgpuTensor) {
+        assert!(
+            row0 + out.rows <= ids.rows && out.cols == table.cols(),
+            "embed_from shapes"
+        );
+        let layout = IdsLayout {
+            f32_values: true,
+            stride: ids.cols,
+            row0,
+        };
+        table.embed(&self.dev, &ids.buffer, layout, out.rows, &out.buffer);
     }
 
     fn matmul(&self, w: &WgpuWeight, x: &WgpuTensor, out: &mut WgpuTensor) {
@@ -453,11 +472,27 @@ impl Backend for WgpuBackend {
         let ids = self.ids_buffer(x.rows);
         self.dev.dispatch(
             kernel("argmax.wgsl", "argmax"),
-            &[u(x.rows), u(x.cols), 0, 0],
+            &[u(x.rows), u(x.cols), 0, 0, 0, 1, 0, 0],
             &[x.binding(), Binding::whole(&ids)],
             grid(x.rows, 1),
         );
         let bytes = self.dev.read_bytes(&ids, 0, x.rows as u64 * 4);
         bytemuck::pod_collect_to_vec(&bytes)
+    }
+
+    fn argmax_to(&self, x: &WgpuTensor, out: &mut WgpuTensor, row: usize, col: usize) {
+        assert!(
+            row + x.rows <= out.rows && col < out.cols,
+            "argmax_to out of bounds"
+        );
+        if x.rows == 0 {
+            return;
+        }
+        self.dev.dispatch(
+            kernel("argmax.wgsl", "argmax"),
+            &[u(x.rows), u(x.cols), 1, u(row), u(col), u(out.cols), 0, 0],
+            &[x.binding(), out.binding()],
+            grid(x.rows, 1),
+        );
     }
 }

@@ -9,6 +9,15 @@ use crate::{grid, u};
 use blockdraft_core::backend::{BackendError, WeightSource};
 use blockdraft_gguf::GgmlType;
 
+/// Where `embed` finds its ids: u32 from the host (`stride` 1), or f32
+/// values down column 0 of a tensor of `stride` columns from row `row0`.
+#[derive(Clone, Copy)]
+pub(crate) struct IdsLayout {
+    pub f32_values: bool,
+    pub stride: usize,
+    pub row0: usize,
+}
+
 /// Whole rows `row0 .. row0 + rows` of a matrix, in a buffer of their own.
 struct Part {
     buffer: wgpu::Buffer,
@@ -151,13 +160,30 @@ impl WgpuWeight {
         Binding::whole(&self.parts[0].buffer)
     }
 
-    /// `out[r] = self[ids[r]]` for the `n` ids in `ids`.
-    pub(crate) fn embed(&self, dev: &Device, ids: &wgpu::Buffer, n: usize, out: &wgpu::Buffer) {
+    /// `out[r] = self[id r]` for `n` ids laid out in `ids` as `layout` says.
+    pub(crate) fn embed(
+        &self,
+        dev: &Device,
+        ids: &wgpu::Buffer,
+        layout: IdsLayout,
+        n: usize,
+        out: &wgpu::Buffer,
+    ) {
         let (_, k) = kernels(self.ty).expect("checked at load");
         for part in &self.parts {
+            let params = [
+                u(n),
+                u(self.cols),
+                u(part.row0),
+                u(part.rows),
+                u32::from(layout.f32_values),
+                u(layout.stride),
+                u(layout.row0),
+                0,
+            ];
             dev.dispatch(
                 k,
-                &[u(n), u(self.cols), u(part.row0), u(part.rows)],
+                &params,
                 &[
                     Binding::whole(ids),
                     Binding::whole(&part.buffer),

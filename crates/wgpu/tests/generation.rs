@@ -169,12 +169,30 @@ fn every_drafter_kind_is_identical_to_plain_on_a_synthetic_target() {
         ("dspark", synthetic_dspark(&spec_v, &ds, 8).bytes),
     ];
     let ctx = prompt.len() + n + 32;
+    let be = dec.backend.clone();
     for (kind, bytes) in block_files {
         let f = GgufFile::from_bytes(bytes).unwrap();
         let mut d = DFlashDrafter::load(&f, &dec, &file, ctx, 32).unwrap();
+        let before = be.counters();
         let (got, stats) = greedy_speculative(&dec, &mut d, &prompt, n, fixed(7));
+        let c = be.counters();
         assert_eq!(got, want, "{kind}");
         assert!(stats.rounds > 0, "{kind} drafted");
+        let passes = (1 + stats.rounds + stats.plain_steps) as u64;
+        eprintln!(
+            "{kind}: {} rounds, {} plain steps, {} readbacks, {} submits, {:.0} dispatches per round",
+            stats.rounds,
+            stats.plain_steps,
+            c.readbacks - before.readbacks,
+            c.submits - before.submits,
+            (c.dispatches - before.dispatches) as f64 / passes as f64
+        );
+        if kind == "dflash" {
+            // Draft, verify and accept of a round in one submit with one
+            // readback (plus the prefill's).
+            assert_eq!(c.readbacks - before.readbacks, passes, "{kind}: {c:?}");
+            assert_eq!(c.submits - before.submits, passes, "{kind}: {c:?}");
+        }
     }
 
     let sequence: Vec<u32> = prompt.iter().chain(&want).copied().collect();
@@ -194,8 +212,16 @@ fn every_drafter_kind_is_identical_to_plain_on_a_synthetic_target() {
         ),
     ];
     for (kind, d) in others.iter_mut() {
+        let before = be.counters();
         let (got, stats) = greedy_speculative(&dec, d.as_mut(), &prompt, n, fixed(5));
+        let c = be.counters();
         assert_eq!(got, want, "{kind}");
+        if *kind == "draft model" || *kind == "ngram" {
+            // The draft model drafts on the device too; n-gram drafts on
+            // the host, which costs nothing to read back.
+            let passes = (1 + stats.rounds + stats.plain_steps) as u64;
+            assert_eq!(c.readbacks - before.readbacks, passes, "{kind}: {c:?}");
+        }
         match *kind {
             "oracle, all accepted" | "draft model" => {
                 assert_eq!(stats.accepted, stats.drafted, "{kind}: {stats:?}")

@@ -88,6 +88,16 @@ impl<B: Backend> Taps<B> {
     }
 }
 
+/// The token ids of a forward pass: from the host, or in a device tensor.
+enum TokenInput<'a, B: Backend> {
+    Host(&'a [u32]),
+    Device {
+        ids: &'a B::Tensor,
+        row0: usize,
+        n: usize,
+    },
+}
+
 /// Where a [`LayerHook`] sees a layer's activations (`n x n_embd`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HookPoint {
@@ -181,23 +191,57 @@ impl<B: Backend> Decoder<B> {
         tokens: &[u32],
         logits: LogitRows,
         causal: bool,
+        taps: Option<&mut Taps<B>>,
+        hook: Option<&mut dyn LayerHook<B>>,
+    ) -> Result<(), ModelError> {
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.config.n_vocab) {
+            return Err(ModelError::TokenOutOfRange {
+                id,
+                n_vocab: self.config.n_vocab,
+            });
+        }
+        self.forward_input(state, TokenInput::Host(tokens), logits, causal, taps, hook)
+    }
+
+    /// [`Self::forward`] of `n` tokens whose ids are on the device, in
+    /// column 0 of rows `row0..row0 + n` of `ids` (as
+    /// [`Backend::argmax_to`] writes them): drafted tokens are verified
+    /// without a readback.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_device(
+        &self,
+        state: &mut DecoderState<B>,
+        ids: &B::Tensor,
+        row0: usize,
+        n: usize,
+        logits: LogitRows,
+        causal: bool,
+        taps: Option<&mut Taps<B>>,
+    ) -> Result<(), ModelError> {
+        let input = TokenInput::Device { ids, row0, n };
+        self.forward_input(state, input, logits, causal, taps, None)
+    }
+
+    fn forward_input(
+        &self,
+        state: &mut DecoderState<B>,
+        tokens: TokenInput<'_, B>,
+        logits: LogitRows,
+        causal: bool,
         mut taps: Option<&mut Taps<B>>,
         mut hook: Option<&mut dyn LayerHook<B>>,
     ) -> Result<(), ModelError> {
         let cfg = &self.config;
         let be = &*self.backend;
-        let n = tokens.len();
+        let n = match tokens {
+            TokenInput::Host(t) => t.len(),
+            TokenInput::Device { n, .. } => n,
+        };
         if n == 0 || n > state.max_batch {
             return Err(ModelError::Usage(format!(
                 "a forward pass takes 1..={} tokens, got {n}",
                 state.max_batch
             )));
-        }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= cfg.n_vocab) {
-            return Err(ModelError::TokenOutOfRange {
-                id,
-                n_vocab: cfg.n_vocab,
-            });
         }
         if let Some(t) = taps.as_deref_mut() {
             t.prepare(be, n)?;
@@ -208,7 +252,10 @@ impl<B: Backend> Decoder<B> {
         let s = &mut state.scratch;
         s.shape(be, n, cfg);
 
-        be.embed(&w.tok_embd, tokens, &mut s.x);
+        match tokens {
+            TokenInput::Host(t) => be.embed(&w.tok_embd, t, &mut s.x),
+            TokenInput::Device { ids, row0, .. } => be.embed_from(&w.tok_embd, ids, row0, &mut s.x),
+        }
         if let Some(scale) = cfg.embedding_scale {
             be.scale(&mut s.x, scale);
         }

@@ -182,6 +182,13 @@ pub fn generate_speculative<B: Backend>(
     let first = sampler.sample(&be.read(state.logits()), &history);
     stats.prefill_seconds = t0.elapsed().as_secs_f64();
 
+    // Greedy rounds of drafters that can draft on the device keep every id
+    // there: column 0 of `round` holds the verify batch [anchor, drafts],
+    // column 1 the target's choices, and it is the round's one readback.
+    let on_device = sampler.params.is_greedy() && sampler.params.repeat_penalty == 1.0;
+    let mut round = be.tensor(state.max_batch(), 2);
+    let mut anchor = be.tensor(1, 1);
+
     let t_decode = Instant::now();
     let mut pending = vec![first];
     let reason = 'outer: loop {
@@ -206,28 +213,57 @@ pub fn generate_speculative<B: Backend>(
             .min(room)
             .min(state.max_batch() - 1);
 
+        let last = *history.last().expect("history holds the prompt");
         let td = Instant::now();
-        let mut draft = if want > 0 {
-            let s = (!sampler.params.is_greedy()).then_some(&mut *draft_sampler);
-            drafter.propose(&history, want, s)?
+        let device_draft = if on_device && want >= policy.config.n_min.max(1) {
+            be.reshape(&mut round, want + 1, 2);
+            drafter
+                .propose_on_device(&history, want, &mut round)?
+                .filter(|&n| n >= policy.config.n_min && n <= want)
         } else {
-            Default::default()
+            None
         };
-        draft.tokens.truncate(want);
-        if let Some(p) = draft.probs.as_mut() {
-            p.truncate(want);
-        }
-        if draft.tokens.len() < policy.config.n_min {
-            draft = Default::default();
-        }
-        let draft_seconds = td.elapsed().as_secs_f64();
+        let (batch, draft, verdict, draft_seconds, tv) = if let Some(n) = device_draft {
+            let draft_seconds = td.elapsed().as_secs_f64();
+            let tv = Instant::now();
+            be.write(&mut anchor, &[last as f32]);
+            be.copy_rows(&anchor, 0, &mut round, 0, 0, 1);
+            target.forward_device(state, &round, 0, n + 1, LogitRows::All, true, taps.as_mut())?;
+            be.argmax_to(state.logits(), &mut round, 0, 1);
+            be.reshape(&mut round, n + 1, 2);
+            let ids: Vec<u32> = be.read(&round).iter().map(|&v| v as u32).collect();
+            let batch: Vec<u32> = ids.iter().step_by(2).copied().collect();
+            let choices: Vec<u32> = ids.iter().skip(1).step_by(2).copied().collect();
+            let draft = super::Draft {
+                tokens: batch[1..].to_vec(),
+                probs: None,
+            };
+            let verdict = verify_greedy(&choices, &draft.tokens);
+            (batch, draft, verdict, draft_seconds, tv)
+        } else {
+            let mut draft = if want > 0 {
+                let s = (!sampler.params.is_greedy()).then_some(&mut *draft_sampler);
+                drafter.propose(&history, want, s)?
+            } else {
+                Default::default()
+            };
+            draft.tokens.truncate(want);
+            if let Some(p) = draft.probs.as_mut() {
+                p.truncate(want);
+            }
+            if draft.tokens.len() < policy.config.n_min {
+                draft = Default::default();
+            }
+            let draft_seconds = td.elapsed().as_secs_f64();
 
-        let tv = Instant::now();
-        let mut batch = Vec::with_capacity(draft.tokens.len() + 1);
-        batch.push(*history.last().expect("history holds the prompt"));
-        batch.extend_from_slice(&draft.tokens);
-        target.forward(state, &batch, LogitRows::All, true, taps.as_mut())?;
-        let verdict = accept(be, state.logits(), &history, &draft, sampler, cfg.n_vocab);
+            let tv = Instant::now();
+            let mut batch = Vec::with_capacity(draft.tokens.len() + 1);
+            batch.push(last);
+            batch.extend_from_slice(&draft.tokens);
+            target.forward(state, &batch, LogitRows::All, true, taps.as_mut())?;
+            let verdict = accept(be, state.logits(), &history, &draft, sampler, cfg.n_vocab);
+            (batch, draft, verdict, draft_seconds, tv)
+        };
         state.truncate(pos + 1 + verdict.accepted);
         drafter.observe(
             &batch[..1 + verdict.accepted],

@@ -431,6 +431,30 @@ impl<B: Backend> DFlashDrafter<B> {
     /// predictions. DFlash2 logits carry the target's output transforms.
     /// With `d2t` the draft rows are scattered into a −inf row.
     pub fn block_logits(&mut self, anchor: u32, n: usize) -> Result<Vec<f32>, ModelError> {
+        let rows = self.block_forward(anchor, n)?;
+        let mut logits = self.model.backend.read(self.state.logits());
+        if let Some(v2) = &self.config.v2 {
+            v2.transform_logits(&mut logits);
+        }
+        if let Some(d2t) = &self.config.d2t {
+            let n_vocab = self.model.config.n_vocab;
+            let mut wide = vec![f32::NEG_INFINITY; rows * n_vocab];
+            for (src, dst) in logits
+                .chunks_exact(d2t.len())
+                .zip(wide.chunks_exact_mut(n_vocab))
+            {
+                for (&l, &t) in src.iter().zip(d2t) {
+                    dst[t as usize] = l;
+                }
+            }
+            logits = wide;
+        }
+        Ok(logits)
+    }
+
+    /// Runs the block drafting `n` tokens (see [`Self::block_logits`]),
+    /// leaving its raw logits on the device; returns its row count.
+    fn block_forward(&mut self, anchor: u32, n: usize) -> Result<usize, ModelError> {
         let rows = (n.min(self.max_draft()) + self.config.first_row()).max(1);
         let mut block = vec![self.config.mask_token; rows];
         block[0] = anchor;
@@ -450,24 +474,18 @@ impl<B: Backend> DFlashDrafter<B> {
         // The block's own K/V never outlive the round.
         self.state.truncate(pos);
         result?;
-        let mut logits = self.model.backend.read(self.state.logits());
-        if let Some(v2) = &self.config.v2 {
-            v2.transform_logits(&mut logits);
-        }
-        if let Some(d2t) = &self.config.d2t {
-            let n_vocab = self.model.config.n_vocab;
-            let mut wide = vec![f32::NEG_INFINITY; block.len() * n_vocab];
-            for (src, dst) in logits
-                .chunks_exact(d2t.len())
-                .zip(wide.chunks_exact_mut(n_vocab))
-            {
-                for (&l, &t) in src.iter().zip(d2t) {
-                    dst[t as usize] = l;
-                }
-            }
-            logits = wide;
-        }
-        Ok(logits)
+        Ok(rows)
+    }
+
+    /// Whether each draft is simply the argmax of its block row, so the
+    /// whole draft can stay on the device (v1 and DFly without correction;
+    /// not the selector, Markov chain, reduced heads or confidence stops).
+    fn drafts_by_argmax(&self) -> bool {
+        self.v2.is_none()
+            && self.markov.is_none()
+            && self.correction.is_none()
+            && self.config.d2t.is_none()
+            && self.p_min <= 0.0
     }
 
     /// Runs the block and drafts its prediction rows in order, `pick`
@@ -655,6 +673,36 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
         })?;
         let probs = (!probs.is_empty()).then_some(probs);
         Ok(Draft { tokens, probs })
+    }
+
+    fn propose_on_device(
+        &mut self,
+        history: &[u32],
+        n_max: usize,
+        round: &mut B::Tensor,
+    ) -> Result<Option<usize>, ModelError> {
+        let Some(&anchor) = history.last() else {
+            return Ok(None);
+        };
+        if !self.drafts_by_argmax() {
+            return Ok(None);
+        }
+        let n = n_max.min(self.max_draft()).min(
+            self.state
+                .kv
+                .capacity()
+                .saturating_sub(self.state.len() + 1),
+        );
+        if n == 0 {
+            return Ok(None);
+        }
+        // Rows 1..=n of the block predict the drafts; row 0 (the anchor's
+        // own prediction) is overwritten with the anchor by the engine.
+        self.block_forward(anchor, n)?;
+        self.model
+            .backend
+            .argmax_to(self.state.logits(), round, 0, 0);
+        Ok(Some(n))
     }
 
     fn rollback(&mut self, len: usize) {

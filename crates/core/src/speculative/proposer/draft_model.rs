@@ -29,6 +29,23 @@ impl<B: Backend> DraftModelDrafter<B> {
         let state = model.new_state(n_ctx, 256);
         Ok(DraftModelDrafter { model, state })
     }
+
+    /// Feeds the committed tokens this model has not seen, leaving the
+    /// logits of the last one; returns how many tokens may be drafted.
+    fn catch_up(&mut self, history: &[u32], n_max: usize) -> Result<usize, ModelError> {
+        let seen = self.state.len().min(history.len().saturating_sub(1));
+        self.state.truncate(seen);
+        let n_ctx = self.state.kv.capacity();
+        let n_max = n_max.min(n_ctx.saturating_sub(history.len()));
+        if n_max == 0 {
+            return Ok(0);
+        }
+        for chunk in history[seen..].chunks(self.state.max_batch()) {
+            self.model
+                .forward(&mut self.state, chunk, LogitRows::Last, true, None)?;
+        }
+        Ok(n_max)
+    }
 }
 
 impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
@@ -42,19 +59,11 @@ impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
         n_max: usize,
         mut sampler: Option<&mut Sampler>,
     ) -> Result<Draft, ModelError> {
-        let be = &*self.model.backend;
-        // Catch up on the committed tokens this model has not seen.
-        let seen = self.state.len().min(history.len().saturating_sub(1));
-        self.state.truncate(seen);
-        let n_ctx = self.state.kv.capacity();
-        let n_max = n_max.min(n_ctx.saturating_sub(history.len()));
+        let n_max = self.catch_up(history, n_max)?;
         if n_max == 0 {
             return Ok(Draft::default());
         }
-        for chunk in history[seen..].chunks(self.state.max_batch()) {
-            self.model
-                .forward(&mut self.state, chunk, LogitRows::Last, true, None)?;
-        }
+        let be = &*self.model.backend;
         let mut tokens = Vec::with_capacity(n_max);
         let mut probs = Vec::new();
         loop {
@@ -76,6 +85,36 @@ impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
         }
         let probs = (probs.len() == tokens.len()).then_some(probs);
         Ok(Draft { tokens, probs })
+    }
+
+    fn propose_on_device(
+        &mut self,
+        history: &[u32],
+        n_max: usize,
+        round: &mut B::Tensor,
+    ) -> Result<Option<usize>, ModelError> {
+        let n = self.catch_up(history, n_max)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        // Each draft is embedded straight from the row its argmax went to.
+        for i in 1..=n {
+            self.model
+                .backend
+                .argmax_to(self.state.logits(), round, i, 0);
+            if i < n {
+                self.model.forward_device(
+                    &mut self.state,
+                    round,
+                    i,
+                    1,
+                    LogitRows::Last,
+                    true,
+                    None,
+                )?;
+            }
+        }
+        Ok(Some(n))
     }
 
     fn rollback(&mut self, len: usize) {

@@ -72,6 +72,21 @@ pub trait Drafter<B: Backend>: Send {
         sampler: Option<&mut Sampler>,
     ) -> Result<Draft, ModelError>;
 
+    /// Greedy drafting that never leaves the device: drafts up to `n_max`
+    /// tokens after `history` as f32 ids down column 0 of `round` from row
+    /// 1 (the engine then writes the anchor, the last token of `history`,
+    /// to row 0) and returns how many. `None` when this drafter needs the
+    /// host (the engine then calls [`Self::propose`]).
+    fn propose_on_device(
+        &mut self,
+        history: &[u32],
+        n_max: usize,
+        round: &mut B::Tensor,
+    ) -> Result<Option<usize>, ModelError> {
+        let _ = (history, n_max, round);
+        Ok(None)
+    }
+
     /// Forgets everything about positions from `len` on.
     fn rollback(&mut self, len: usize) {
         let _ = len;
