@@ -54,6 +54,9 @@ pub struct WgpuBackend {
     max_binding: u64,
     /// Token ids of `embed` calls, and argmax results.
     ids: Mutex<Option<wgpu::Buffer>>,
+    /// Quantized activations of the current matmul (quantize.wgsl), grown
+    /// to the largest call so far.
+    act: Mutex<Option<wgpu::Buffer>>,
     /// cos/sin tables by (pos0, rows, base bits, n_rot): shared by the q and
     /// k rotations of every layer of a forward pass.
     rope_tables: Mutex<HashMap<(usize, usize, u32, usize), wgpu::Buffer>>,
@@ -93,6 +96,7 @@ impl WgpuBackend {
             gpu_info,
             max_binding,
             ids: Mutex::new(None),
+            act: Mutex::new(None),
             rope_tables: Mutex::new(HashMap::new()),
         }
     }
@@ -120,6 +124,20 @@ impl WgpuBackend {
             _ => {
                 let b = self.dev.storage("ids", (n.max(256) * 4) as u64);
                 *ids = Some(b.clone());
+                b
+            }
+        }
+    }
+
+    /// The activation scratch, grown to hold `words` u32. Reusing it across
+    /// matmuls is safe: each dispatch is its own pass, ordered by wgpu.
+    fn act_buffer(&self, words: usize) -> wgpu::Buffer {
+        let mut act = self.act.lock().unwrap();
+        match &*act {
+            Some(b) if b.size() >= (words * 4) as u64 => b.clone(),
+            _ => {
+                let b = self.dev.storage("activations", (words * 4) as u64);
+                *act = Some(b.clone());
                 b
             }
         }
@@ -239,7 +257,24 @@ impl Backend for WgpuBackend {
             (x.rows, w.rows()),
             "matmul: output shape"
         );
-        w.matmul(&self.dev, &x.buffer, x.rows, &out.buffer);
+        if x.rows == 0 || w.rows() == 0 {
+            return;
+        }
+        match w.act_quant() {
+            None => w.matmul(&self.dev, &x.buffer, x.rows, &out.buffer, None),
+            Some(kind) => {
+                let act = self.act_buffer(weights::ActLayout::new(x.rows, x.cols).words);
+                let layout =
+                    weights::quantize_activations(&self.dev, kind, &x.buffer, x.rows, x.cols, &act);
+                w.matmul(
+                    &self.dev,
+                    &x.buffer,
+                    x.rows,
+                    &out.buffer,
+                    Some((&act, layout)),
+                );
+            }
+        }
     }
 
     fn add_bias(&self, x: &mut WgpuTensor, bias: &WgpuWeight) {

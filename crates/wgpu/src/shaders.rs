@@ -33,10 +33,22 @@ pub const SOURCES: &[(&str, &str)] = &[
         "matmul_float.wgsl",
         include_str!("../../../shaders/matmul_float.wgsl"),
     ),
+    (
+        "quant_blocks.wgsl",
+        include_str!("../../../shaders/quant_blocks.wgsl"),
+    ),
+    (
+        "quantize.wgsl",
+        include_str!("../../../shaders/quantize.wgsl"),
+    ),
+    (
+        "matmul_quant.wgsl",
+        include_str!("../../../shaders/matmul_quant.wgsl"),
+    ),
 ];
 
 /// Files that are only included by others, never compiled alone.
-const LIBRARIES: &[&str] = &["common.wgsl"];
+const LIBRARIES: &[&str] = &["common.wgsl", "quant_blocks.wgsl"];
 
 /// The source of `file` with its includes expanded, ready for naga or a
 /// browser's compiler. `None` for an unknown file.
