@@ -8,6 +8,11 @@
 //! Plain decoding therefore costs one submit and one small readback per
 //! token. [`WgpuBackend::counters`] exposes what crossed the boundary.
 //!
+//! Weights stay in their GGUF type. A quantized matmul first quantizes the
+//! activations on the GPU exactly as the CPU backend does (`quantize.wgsl`,
+//! into a scratch buffer the backend owns), then takes integer dots per
+//! block (`matmul_quant.wgsl`): one dispatch plus one per weight part.
+//!
 //! Portable by construction: no kernel needs `shader-f16` or subgroups,
 //! workgroups have at most 256 invocations, and weights larger than the
 //! adapter's largest storage binding are split into parts of whole rows.
@@ -15,6 +20,8 @@
 mod device;
 mod recorder;
 pub mod shaders;
+#[cfg(test)]
+mod tests;
 mod weights;
 
 pub use device::Gpu;
