@@ -8,6 +8,11 @@
 //! Plain decoding therefore costs one submit and one small readback per
 //! token. [`WgpuBackend::counters`] exposes what crossed the boundary.
 //!
+//! Weights stay in their GGUF type. A quantized matmul first quantizes the
+//! activations on the GPU exactly as the CPU backend does (`quantize.wgsl`,
+//! into a scratch buffer the backend owns), then takes integer dots per
+//! block (`matmul_quant.wgsl`): one dispatch plus one per weight part.
+//!
 //! Portable by construction: no kernel needs `shader-f16` or subgroups,
 //! workgroups have at most 256 invocations, and weights larger than the
 //! adapter's largest storage binding are split into parts of whole rows.
@@ -15,6 +20,8 @@
 mod device;
 mod recorder;
 pub mod shaders;
+#[cfg(test)]
+mod tests;
 mod weights;
 
 pub use device::Gpu;
@@ -30,6 +37,14 @@ use recorder::{Binding, Device};
 use shaders::Kernel;
 use std::collections::HashMap;
 use std::sync::Mutex;
+
+/// Kernel shapes: what suits a GPU and what suits an adapter that emulates
+/// one on the CPU (lavapipe, SwiftShader) differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tuning {
+    Gpu,
+    CpuAdapter,
+}
 
 /// A row-major f32 matrix in a GPU buffer.
 pub struct WgpuTensor {
@@ -55,6 +70,9 @@ pub struct WgpuBackend {
     max_binding: u64,
     /// Token ids of `embed` calls, and argmax results.
     ids: Mutex<Option<wgpu::Buffer>>,
+    /// Quantized activations of the current matmul (quantize.wgsl), grown
+    /// to the largest call so far.
+    act: Mutex<Option<wgpu::Buffer>>,
     /// cos/sin tables by (pos0, rows, base bits, n_rot): shared by the q and
     /// k rotations of every layer of a forward pass.
     rope_tables: Mutex<HashMap<(usize, usize, u32, usize), wgpu::Buffer>>,
@@ -84,16 +102,28 @@ impl WgpuBackend {
     }
 
     pub fn with_gpu(gpu: Gpu) -> Self {
+        let tuning = if gpu.info.device_type == wgpu::DeviceType::Cpu {
+            Tuning::CpuAdapter
+        } else {
+            Tuning::Gpu
+        };
+        Self::with_tuning(gpu, tuning)
+    }
+
+    /// [`Self::with_gpu`] with the kernel shapes of `tuning` whatever the
+    /// adapter (tests run both shapes on one adapter).
+    pub fn with_tuning(gpu: Gpu, tuning: Tuning) -> Self {
         let gpu_info = gpu.describe();
         let max_binding = gpu
             .limits
             .max_storage_buffer_binding_size
             .min(gpu.limits.max_buffer_size);
         WgpuBackend {
-            dev: Device::new(gpu.device, gpu.queue),
+            dev: Device::new(gpu.device, gpu.queue, tuning == Tuning::CpuAdapter),
             gpu_info,
             max_binding,
             ids: Mutex::new(None),
+            act: Mutex::new(None),
             rope_tables: Mutex::new(HashMap::new()),
         }
     }
@@ -121,6 +151,20 @@ impl WgpuBackend {
             _ => {
                 let b = self.dev.storage("ids", (n.max(256) * 4) as u64);
                 *ids = Some(b.clone());
+                b
+            }
+        }
+    }
+
+    /// The activation scratch, grown to hold `words` u32. Reusing it across
+    /// matmuls is safe: each dispatch is its own pass, ordered by wgpu.
+    fn act_buffer(&self, words: usize) -> wgpu::Buffer {
+        let mut act = self.act.lock().unwrap();
+        match &*act {
+            Some(b) if b.size() >= (words * 4) as u64 => b.clone(),
+            _ => {
+                let b = self.dev.storage("activations", (words * 4) as u64);
+                *act = Some(b.clone());
                 b
             }
         }
@@ -258,7 +302,24 @@ impl Backend for WgpuBackend {
             (x.rows, w.rows()),
             "matmul: output shape"
         );
-        w.matmul(&self.dev, &x.buffer, x.rows, &out.buffer);
+        if x.rows == 0 || w.rows() == 0 {
+            return;
+        }
+        match w.act_quant() {
+            None => w.matmul(&self.dev, &x.buffer, x.rows, &out.buffer, None),
+            Some(kind) => {
+                let act = self.act_buffer(weights::ActLayout::new(x.rows, x.cols).words);
+                let layout =
+                    weights::quantize_activations(&self.dev, kind, &x.buffer, x.rows, x.cols, &act);
+                w.matmul(
+                    &self.dev,
+                    &x.buffer,
+                    x.rows,
+                    &out.buffer,
+                    Some((&act, layout)),
+                );
+            }
+        }
     }
 
     fn add_bias(&self, x: &mut WgpuTensor, bias: &WgpuWeight) {

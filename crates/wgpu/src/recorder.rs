@@ -78,14 +78,22 @@ pub(crate) struct Device {
     pub pipelines: Pipelines,
     pub counters: AtomicCounters,
     pub recorder: std::sync::Mutex<Recorder>,
+    /// Output features per workgroup of the quantized matmul (64 / LANES of
+    /// matmul_quant.wgsl).
+    pub quant_features_per_group: usize,
 }
 
 impl Device {
-    pub fn new(device: wgpu::Device, queue: wgpu::Queue) -> Self {
+    /// `cpu_adapter`: the adapter emulates a GPU on the CPU (lavapipe,
+    /// SwiftShader), which favours other kernel shapes.
+    pub fn new(device: wgpu::Device, queue: wgpu::Queue, cpu_adapter: bool) -> Self {
+        let lanes = if cpu_adapter { 1 } else { 16 };
+        let constants = [("matmul_quant.wgsl", vec![("LANES", lanes as f64)])];
         Device {
             device,
             queue,
-            pipelines: Pipelines::default(),
+            pipelines: Pipelines::with_constants(constants.into_iter().collect()),
+            quant_features_per_group: 64 / lanes,
             counters: AtomicCounters::default(),
             recorder: std::sync::Mutex::new(Recorder {
                 encoder: None,

@@ -33,10 +33,22 @@ pub const SOURCES: &[(&str, &str)] = &[
         "matmul_float.wgsl",
         include_str!("../../../shaders/matmul_float.wgsl"),
     ),
+    (
+        "quant_blocks.wgsl",
+        include_str!("../../../shaders/quant_blocks.wgsl"),
+    ),
+    (
+        "quantize.wgsl",
+        include_str!("../../../shaders/quantize.wgsl"),
+    ),
+    (
+        "matmul_quant.wgsl",
+        include_str!("../../../shaders/matmul_quant.wgsl"),
+    ),
 ];
 
 /// Files that are only included by others, never compiled alone.
-const LIBRARIES: &[&str] = &["common.wgsl"];
+const LIBRARIES: &[&str] = &["common.wgsl", "quant_blocks.wgsl"];
 
 /// The source of `file` with its includes expanded, ready for naga or a
 /// browser's compiler. `None` for an unknown file.
@@ -74,14 +86,24 @@ pub struct Kernel {
 }
 
 /// Pipelines compiled on first use (startup stays fast and only the kernels
-/// a model needs are built).
+/// a model needs are built), with per-adapter values of the shaders'
+/// `override` constants.
 #[derive(Default)]
 pub struct Pipelines {
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<Kernel, wgpu::ComputePipeline>>,
+    constants: HashMap<&'static str, Vec<(&'static str, f64)>>,
 }
 
 impl Pipelines {
+    /// Pipelines whose shader `file` gets the override `constants`.
+    pub fn with_constants(constants: HashMap<&'static str, Vec<(&'static str, f64)>>) -> Self {
+        Pipelines {
+            constants,
+            ..Default::default()
+        }
+    }
+
     pub fn get(&self, device: &wgpu::Device, k: Kernel) -> wgpu::ComputePipeline {
         if let Some(p) = self.pipelines.lock().unwrap().get(&k) {
             return p.clone();
@@ -105,7 +127,10 @@ impl Pipelines {
             layout: None,
             module: &module,
             entry_point: Some(k.entry),
-            compilation_options: Default::default(),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: self.constants.get(k.file).map_or(&[], |c| c.as_slice()),
+                ..Default::default()
+            },
             cache: None,
         });
         self.pipelines.lock().unwrap().insert(k, pipeline.clone());

@@ -32,24 +32,131 @@ pub struct WgpuWeight {
     parts: Vec<Part>,
 }
 
-/// The matmul and embedding kernels of a weight type, if it has them.
-fn kernels(ty: GgmlType) -> Option<(Kernel, Kernel)> {
-    let (mm, emb) = match ty {
-        GgmlType::F32 => ("matmul_f32", "embed_f32"),
-        GgmlType::F16 => ("matmul_f16", "embed_f16"),
-        GgmlType::BF16 => ("matmul_bf16", "embed_bf16"),
-        _ => return None,
-    };
-    Some((
-        Kernel {
+/// How the activations of a quantized matmul are prepared (as the CPU
+/// backend does, so the two agree up to float summation order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ActQuant {
+    /// Q8_0-style 32-blocks, for Q4_0..Q8_1. `q8_1_sums`: the block sum
+    /// rounded as llama.cpp's block_q8_1 stores it (the Q4_1/Q5_1 partner).
+    Q8_0 { q8_1_sums: bool },
+    /// Q8_K 256-super-blocks with per-16 sums, for the K-quants.
+    Q8K,
+}
+
+/// The kernels of a weight type: float types dot the f32 activations
+/// directly; quantized ones first quantize them (`act`).
+#[derive(Clone, Copy)]
+struct TypeKernels {
+    matmul: Kernel,
+    embed: Kernel,
+    act: Option<ActQuant>,
+}
+
+/// The kernels of a weight type, if it has them.
+fn kernels(ty: GgmlType) -> Option<TypeKernels> {
+    use GgmlType::*;
+    let float = |mm, emb| TypeKernels {
+        matmul: Kernel {
             file: "matmul_float.wgsl",
             entry: mm,
         },
-        Kernel {
+        embed: Kernel {
             file: "embed.wgsl",
             entry: emb,
         },
-    ))
+        act: None,
+    };
+    let quant = |mm, emb, act| TypeKernels {
+        matmul: Kernel {
+            file: "matmul_quant.wgsl",
+            entry: mm,
+        },
+        embed: Kernel {
+            file: "embed.wgsl",
+            entry: emb,
+        },
+        act: Some(act),
+    };
+    let q8_0 = ActQuant::Q8_0 { q8_1_sums: false };
+    let q8_1 = ActQuant::Q8_0 { q8_1_sums: true };
+    let q8_k = ActQuant::Q8K;
+    Some(match ty {
+        F32 => float("matmul_f32", "embed_f32"),
+        F16 => float("matmul_f16", "embed_f16"),
+        BF16 => float("matmul_bf16", "embed_bf16"),
+        Q4_0 => quant("matmul_q4_0", "embed_q4_0", q8_0),
+        Q4_1 => quant("matmul_q4_1", "embed_q4_1", q8_1),
+        Q5_0 => quant("matmul_q5_0", "embed_q5_0", q8_0),
+        Q5_1 => quant("matmul_q5_1", "embed_q5_1", q8_1),
+        Q8_0 => quant("matmul_q8_0", "embed_q8_0", q8_0),
+        Q8_1 => quant("matmul_q8_1", "embed_q8_1", q8_0),
+        Q2_K => quant("matmul_q2_k", "embed_q2_k", q8_k),
+        Q3_K => quant("matmul_q3_k", "embed_q3_k", q8_k),
+        Q4_K => quant("matmul_q4_k", "embed_q4_k", q8_k),
+        Q5_K => quant("matmul_q5_k", "embed_q5_k", q8_k),
+        Q6_K => quant("matmul_q6_k", "embed_q6_k", q8_k),
+        Q8_K => quant("matmul_q8_k", "embed_q8_k", q8_k),
+        _ => return None,
+    })
+}
+
+/// Where `quantize.wgsl` puts `n` quantized rows of `cols` values, in u32
+/// words of one scratch buffer: quants (4 per word), then scales, then sums.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ActLayout {
+    pub d_off: usize,
+    pub s_off: usize,
+    pub words: usize,
+}
+
+impl ActLayout {
+    pub fn new(n: usize, cols: usize) -> Self {
+        let d_off = n * cols / 4;
+        // Scales: at most one per 32 values; sums: at most one per 16.
+        let s_off = d_off + n * cols / 32;
+        ActLayout {
+            d_off,
+            s_off,
+            words: s_off + n * cols / 16,
+        }
+    }
+}
+
+/// Quantizes the `n` rows of `x` (`cols` each) into `act` for `kind`.
+pub(crate) fn quantize_activations(
+    dev: &Device,
+    kind: ActQuant,
+    x: &wgpu::Buffer,
+    n: usize,
+    cols: usize,
+    act: &wgpu::Buffer,
+) -> ActLayout {
+    let layout = ActLayout::new(n, cols);
+    let (entry, q8_1_sums) = match kind {
+        ActQuant::Q8_0 { q8_1_sums } => ("quantize_q8_0", q8_1_sums),
+        ActQuant::Q8K => ("quantize_q8_k", false),
+    };
+    let chunks = cols.div_ceil(256);
+    let params = [
+        u(n),
+        u(cols),
+        u(chunks),
+        u(layout.d_off),
+        u(layout.s_off),
+        u32::from(q8_1_sums),
+        0,
+        0,
+    ];
+    dev.dispatch(
+        Kernel {
+            file: "quantize.wgsl",
+            entry,
+        },
+        &params,
+        &[Binding::whole(x), Binding::whole(act)],
+        grid(n * chunks, 1),
+    );
+    layout
 }
 
 impl WgpuWeight {
@@ -160,6 +267,17 @@ impl WgpuWeight {
         Binding::whole(&self.parts[0].buffer)
     }
 
+    /// How the activations must be quantized for [`Self::matmul`], if at all.
+    pub(crate) fn act_quant(&self) -> Option<ActQuant> {
+        kernels(self.ty).expect("checked at load").act
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.ty
+            .bytes_for(self.cols as u64)
+            .expect("checked at load") as usize
+    }
+
     /// `out[r] = self[id r]` for `n` ids laid out in `ids` as `layout` says.
     pub(crate) fn embed(
         &self,
@@ -169,54 +287,93 @@ impl WgpuWeight {
         n: usize,
         out: &wgpu::Buffer,
     ) {
-        let (_, k) = kernels(self.ty).expect("checked at load");
+        let k = kernels(self.ty).expect("checked at load");
+        // Float kernels: one invocation per value; quantized: per 32-value
+        // unit (256 and 64 per workgroup).
+        let groups = match k.act {
+            None => grid(n * self.cols, 256),
+            Some(_) => grid(n * self.cols / 32, 64),
+        };
         for part in &self.parts {
             let params = [
                 u(n),
                 u(self.cols),
                 u(part.row0),
                 u(part.rows),
+                u(self.row_bytes()),
+                0, // `zero`
                 u32::from(layout.f32_values),
                 u(layout.stride),
                 u(layout.row0),
                 0,
+                0,
+                0,
             ];
             dev.dispatch(
-                k,
+                k.embed,
                 &params,
                 &[
                     Binding::whole(ids),
                     Binding::whole(&part.buffer),
                     Binding::whole(out),
                 ],
-                grid(n * self.cols, 256),
+                groups,
             );
         }
     }
 
-    /// `y = x · selfᵀ` for `n` rows of `x`.
-    pub(crate) fn matmul(&self, dev: &Device, x: &wgpu::Buffer, n: usize, y: &wgpu::Buffer) {
-        let (k, _) = kernels(self.ty).expect("checked at load");
+    /// `y = x · selfᵀ` for `n` rows of `x`. Quantized types read the rows
+    /// from `act`, quantized by [`quantize_activations`] with the layout
+    /// given; float types read `x`.
+    pub(crate) fn matmul(
+        &self,
+        dev: &Device,
+        x: &wgpu::Buffer,
+        n: usize,
+        y: &wgpu::Buffer,
+        act: Option<(&wgpu::Buffer, ActLayout)>,
+    ) {
+        let k = kernels(self.ty).expect("checked at load");
         for part in &self.parts {
-            let params = [
-                u(part.rows),
-                u(self.cols),
-                u(n),
-                u(part.row0),
-                u(self.rows),
-                0,
-                0,
-                0,
-            ];
+            let (params, input, groups) = match act {
+                None => (
+                    [
+                        u(part.rows),
+                        u(self.cols),
+                        u(n),
+                        u(part.row0),
+                        u(self.rows),
+                        0,
+                        0,
+                        0,
+                    ],
+                    x,
+                    grid(part.rows, 1),
+                ),
+                Some((buf, layout)) => (
+                    [
+                        u(part.rows),
+                        u(self.cols),
+                        u(n),
+                        u(part.row0),
+                        u(self.rows),
+                        u(self.row_bytes()),
+                        u(layout.d_off),
+                        u(layout.s_off),
+                    ],
+                    buf,
+                    grid(part.rows, dev.quant_features_per_group),
+                ),
+            };
             dev.dispatch(
-                k,
+                k.matmul,
                 &params,
                 &[
                     Binding::whole(&part.buffer),
-                    Binding::whole(x),
+                    Binding::whole(input),
                     Binding::whole(y),
                 ],
-                grid(part.rows, 1),
+                groups,
             );
         }
     }

@@ -242,6 +242,41 @@ const PROMPTS: [&[u32]; 3] = [
     &[750, 15801, 2075, 1445, 982, 262, 470],
 ];
 
+/// Positions of `generated` (greedy after `prompt`) where `dec` would have
+/// chosen differently by more than `margin` in logits: teacher-forced, so
+/// one near-tie does not derail the rest of the comparison.
+fn decisive_disagreements<B: Backend>(
+    dec: &Decoder<B>,
+    prompt: &[u32],
+    generated: &[u32],
+    margin: f32,
+) -> Vec<(usize, f32)> {
+    let seq: Vec<u32> = prompt.iter().chain(generated).copied().collect();
+    let mut state = dec.new_state(seq.len(), seq.len());
+    dec.forward(&mut state, &seq, LogitRows::All, true, None)
+        .unwrap();
+    let logits = dec.backend.read(state.logits());
+    let n_vocab = dec.config.n_vocab;
+    let mut bad = Vec::new();
+    for (i, &t) in generated.iter().enumerate() {
+        let row = &logits[(prompt.len() - 1 + i) * n_vocab..][..n_vocab];
+        let best = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let gap = best - row[t as usize];
+        if gap > margin {
+            bad.push((i, gap));
+        }
+    }
+    bad
+}
+
+/// Greedy generation on wgpu against the CPU backend. Exact identity is
+/// not a sound bar across summation orders: the CPU's own SIMD and scalar
+/// kernels part ways at near-ties on these very prompts (SmolLM2 prompt 0
+/// at token 34, Qwen prompt 2 at token 1), because activations are
+/// quantized to 8 bits before every matmul and a last-bit difference can
+/// flip a rounding. So: the CPU teacher-forces the wgpu continuation, and
+/// every wgpu token must be the CPU's argmax or within 0.05 logits of it
+/// (the tie rule of the llama.cpp agreement tests).
 #[test]
 fn real_models_generate_what_the_cpu_backend_generates() {
     for name in [SMOLLM2, QWEN05] {
@@ -254,10 +289,14 @@ fn real_models_generate_what_the_cpu_backend_generates() {
             load(&file, Arc::new(CpuBackend::new(2))),
         );
         for prompt in PROMPTS {
-            assert_eq!(
-                greedy_plain(&g, prompt, 64),
-                greedy_plain(&c, prompt, 64),
-                "{name}, prompt {prompt:?}"
+            let got = greedy_plain(&g, prompt, 64);
+            let want = greedy_plain(&c, prompt, 64);
+            let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+            eprintln!("{name} {prompt:?}: identical for {same} of 64 tokens");
+            let bad = decisive_disagreements(&c, prompt, &got, 0.05);
+            assert!(
+                bad.is_empty(),
+                "{name} {prompt:?}: (position, logit gap) {bad:?}"
             );
         }
     }

@@ -1,0 +1,222 @@
+// Quantizes activation rows to 8 bits for the quantized matmuls, exactly as
+// the CPU backend does (crates/cpu/src/kernels/scalar.rs): the matmuls then
+// take integer dots per block, and GPU and CPU differ only in the order
+// their float sums are taken.
+//
+// Output, one buffer of u32 words (offsets in the params):
+//   qs   [0, n·cols/4)        the quants, four i8 per word, row-major
+//   d    [d_off, ..)          f32 scale per 32 (quantize_q8_0) or per 256
+//                             (quantize_q8_k) values
+//   s    [s_off, ..)          q8_0: f32 `d · sum(qs)` per 32 values;
+//                             q8_k: i32 sum of each 16 quants
+//
+// One workgroup quantizes 256 consecutive values of one row, one value per
+// invocation; per-block maxima and sums are workgroup tree reductions.
+
+#include "common.wgsl"
+
+struct Params {
+    n: u32,          // rows
+    cols: u32,       // row length (a multiple of 32, or of 256 for q8_k)
+    chunks: u32,     // workgroups per row: ceil(cols / 256)
+    d_off: u32,
+    s_off: u32,
+    q8_1_sums: u32,  // q8_0: the sum as llama.cpp's block_q8_1 has it
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> act: array<u32>;
+
+const WG: u32 = 256u;
+var<workgroup> red_f: array<f32, WG>;
+var<workgroup> red_i: array<i32, WG>;
+var<workgroup> quants: array<i32, WG>;
+
+// a / b correctly rounded (positive and negative normal operands). WGSL
+// lets division be off by 2.5 ulp and the CPU's is exact; a quant that
+// sits at a rounding midpoint would then differ, so the mantissas are
+// divided in integers (25 quotient bits, then round half to even).
+fn div_rn(a: f32, b: f32) -> f32 {
+    let ua = bitcast<u32>(a);
+    let ub = bitcast<u32>(b);
+    let ea = (ua >> 23u) & 0xffu;
+    let eb = (ub >> 23u) & 0xffu;
+    if ea == 0u || eb == 0u || ea == 255u || eb == 255u {
+        return a / b; // zero, subnormal, inf, nan: never a quant scale here
+    }
+    var ma = (ua & 0x7fffffu) | 0x800000u;
+    let mb = (ub & 0x7fffffu) | 0x800000u;
+    var e = i32(ea) - i32(eb) + 127;
+    if ma < mb {
+        ma <<= 1u;
+        e -= 1;
+    }
+    var q = 0u;
+    var r = ma;
+    for (var i = 0u; i < 25u; i++) {
+        q <<= 1u;
+        if r >= mb {
+            r -= mb;
+            q |= 1u;
+        }
+        r <<= 1u;
+    }
+    let guard = q & 1u;
+    q >>= 1u;
+    if guard == 1u && (r != 0u || (q & 1u) == 1u) {
+        q += 1u;
+        if q == 0x1000000u {
+            q >>= 1u;
+            e += 1;
+        }
+    }
+    if e <= 0 || e >= 255 {
+        return a / b;
+    }
+    return bitcast<f32>(((ua ^ ub) & 0x80000000u) | (u32(e) << 23u) | (q & 0x7fffffu));
+}
+
+// `v` rounded to the nearest f16 (ties to even), as f32: `half`'s
+// conversion, without needing f16 support.
+fn round_f16(v: f32) -> f32 {
+    let b = bitcast<u32>(v);
+    let sign = b & 0x80000000u;
+    let a = b & 0x7fffffffu;
+    if a >= 0x7f800000u {
+        return v;
+    }
+    if a >= 0x477ff000u {
+        // 65520 and up round to infinity.
+        return bitcast<f32>(sign | 0x7f800000u);
+    }
+    if a >= 0x38800000u {
+        // f16 normal range: drop 13 mantissa bits, half to even.
+        let r = (a + 0xfffu + ((a >> 13u) & 1u)) & ~0x1fffu;
+        return bitcast<f32>(sign | r);
+    }
+    // f16 subnormals are multiples of 2^-24; scaling by 2^24 is exact and
+    // `round` is half to even.
+    return bitcast<f32>(sign | bitcast<u32>(round(bitcast<f32>(a) * 16777216.0) * 5.9604645e-8));
+}
+
+// Packs the quants of this workgroup, four per word.
+fn store_quants(lid: u32, row: u32, c: u32) {
+    if lid % 4u == 0u && c < p.cols {
+        let word = (quants[lid] & 0xff) | ((quants[lid + 1u] & 0xff) << 8u)
+            | ((quants[lid + 2u] & 0xff) << 16u) | ((quants[lid + 3u] & 0xff) << 24u);
+        act[(row * p.cols + c) / 4u] = bitcast<u32>(word);
+    }
+}
+
+@compute @workgroup_size(256)
+fn quantize_q8_0(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let g = group_index(wid, nwg);
+    let row = g / p.chunks;
+    let c = (g % p.chunks) * WG + lid;
+    let live = row < p.n && c < p.cols;
+    var v = 0.0;
+    if live {
+        v = x[row * p.cols + c];
+    }
+    // amax per 32 values.
+    red_f[lid] = abs(v);
+    workgroupBarrier();
+    for (var s = 16u; s > 0u; s /= 2u) {
+        if lid % 32u < s {
+            red_f[lid] = max(red_f[lid], red_f[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let amax = red_f[lid & ~31u];
+    var id = 0.0;
+    if amax > 0.0 {
+        id = div_rn(127.0, amax);
+    }
+    let q = clamp(i32(round(v * id)), -128, 127);
+    quants[lid] = q;
+    red_i[lid] = q;
+    workgroupBarrier();
+    for (var s = 16u; s > 0u; s /= 2u) {
+        if lid % 32u < s {
+            red_i[lid] += red_i[lid + s];
+        }
+        workgroupBarrier();
+    }
+    if row >= p.n {
+        return;
+    }
+    store_quants(lid, row, c);
+    if lid % 32u == 0u && c < p.cols {
+        let blk = (row * p.cols + c) / 32u;
+        let sum = red_i[lid];
+        let d = round_f16(div_rn(amax, 127.0));
+        var s = d * f32(sum);
+        if p.q8_1_sums != 0u {
+            s = round_f16(div_rn(amax, 127.0) * f32(sum));
+        }
+        act[p.d_off + blk] = bitcast<u32>(d);
+        act[p.s_off + blk] = bitcast<u32>(s);
+    }
+}
+
+@compute @workgroup_size(256)
+fn quantize_q8_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let g = group_index(wid, nwg);
+    let row = g / p.chunks;
+    let c = (g % p.chunks) * WG + lid;
+    var v = 0.0;
+    if row < p.n {
+        v = x[row * p.cols + c];
+    }
+    // The value of largest magnitude, the first one on ties (the CPU's fold).
+    red_f[lid] = v;
+    red_i[lid] = i32(lid);
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s /= 2u) {
+        if lid < s {
+            let a = abs(red_f[lid]);
+            let b = abs(red_f[lid + s]);
+            if b > a || (b == a && red_i[lid + s] < red_i[lid]) {
+                red_f[lid] = red_f[lid + s];
+                red_i[lid] = red_i[lid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    let mx = red_f[0];
+    workgroupBarrier();
+    var q = 0;
+    var iscale = 0.0;
+    if mx != 0.0 {
+        iscale = div_rn(-127.0, mx);
+        q = i32(min(round(iscale * v), 127.0));
+    }
+    quants[lid] = q;
+    red_i[lid] = q;
+    workgroupBarrier();
+    for (var s = 8u; s > 0u; s /= 2u) {
+        if lid % 16u < s {
+            red_i[lid] += red_i[lid + s];
+        }
+        workgroupBarrier();
+    }
+    if row >= p.n {
+        return;
+    }
+    store_quants(lid, row, c);
+    if lid % 16u == 0u {
+        act[p.s_off + (row * p.cols + c) / 16u] = bitcast<u32>(red_i[lid]);
+    }
+    if lid == 0u {
+        var d = 0.0;
+        if mx != 0.0 {
+            d = div_rn(1.0, iscale);
+        }
+        act[p.d_off + (row * p.cols + c) / 256u] = bitcast<u32>(d);
+    }
+}
