@@ -219,7 +219,13 @@ impl Backend for CpuBackend {
     }
 
     fn gated(&self, act: GatedActivation, gate: &CpuTensor, up: &CpuTensor, out: &mut CpuTensor) {
-        ops::gated(act, gate.as_slice(), up.as_slice(), out.as_mut_slice());
+        ops::gated(
+            act,
+            gate.cols,
+            gate.as_slice(),
+            up.as_slice(),
+            out.as_mut_slice(),
+        );
     }
 
     fn add(&self, x: &mut CpuTensor, y: &CpuTensor) {

@@ -27,6 +27,7 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// See `super::dot_f32`: ggml's `ggml_vec_dot_f32` sequence on AVX2.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len();
@@ -41,16 +42,10 @@ pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         }
         i += 32;
     }
-    while i + 8 <= n {
-        acc[0] = _mm256_fmadd_ps(
-            _mm256_loadu_ps(pa.add(i)),
-            _mm256_loadu_ps(pb.add(i)),
-            acc[0],
-        );
-        i += 8;
-    }
-    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let mut s = hsum(v);
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    let t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let t = _mm_hadd_ps(t, t);
+    let mut s = _mm_cvtss_f32(_mm_hadd_ps(t, t));
     while i < n {
         s += a[i] * b[i];
         i += 1;
@@ -58,6 +53,7 @@ pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// `y = fma(a, x, y)` elementwise (see `super::axpy_f32`).
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn axpy_f32(y: &mut [f32], a: f32, x: &[f32]) {
     let n = y.len();
@@ -70,7 +66,7 @@ pub(crate) unsafe fn axpy_f32(y: &mut [f32], a: f32, x: &[f32]) {
         i += 8;
     }
     while i < n {
-        *py.add(i) += a * *px.add(i);
+        *py.add(i) = a.mul_add(*px.add(i), *py.add(i));
         i += 1;
     }
 }
