@@ -57,13 +57,32 @@ impl CpuWeight {
 
 pub struct CpuBackend {
     pool: ThreadPool,
+    llamacpp_batches: bool,
 }
 
 impl CpuBackend {
     /// A backend running on `n_threads` threads (the caller's included).
+    ///
+    /// Its float sequences are llama.cpp's (AVX2 build) for one token, for
+    /// every row of a forward pass: a row's logits do not depend on how the
+    /// sequence was split into passes (speculative decoding relies on this).
     pub fn new(n_threads: usize) -> Self {
         CpuBackend {
             pool: ThreadPool::new(n_threads.max(1)),
+            llamacpp_batches: false,
+        }
+    }
+
+    /// Like `new`, but passes of several rows use the float sequences
+    /// llama.cpp uses for batches where they differ (attention's value
+    /// product, repacked Q4_K), so logits are bit-equal to llama.cpp's for
+    /// the same batching, e.g. a prompt in one batch then one token at a
+    /// time. Results then depend on the batching, so speculative decoding
+    /// is no longer exactly identical to plain greedy decoding.
+    pub fn matching_llamacpp_batches(n_threads: usize) -> Self {
+        CpuBackend {
+            llamacpp_batches: true,
+            ..Self::new(n_threads)
         }
     }
 
@@ -192,7 +211,12 @@ impl Backend for CpuBackend {
     fn matmul(&self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) {
         debug_assert_eq!(x.cols, w.cols);
         debug_assert_eq!((out.rows, out.cols), (x.rows, w.rows));
-        kernels::matmul(&self.pool, &w.matrix(), x.as_slice(), out.as_mut_slice());
+        let matmul = if self.llamacpp_batches {
+            kernels::matmul_llamacpp_batch
+        } else {
+            kernels::matmul
+        };
+        matmul(&self.pool, &w.matrix(), x.as_slice(), out.as_mut_slice());
     }
 
     fn add_bias(&self, x: &mut CpuTensor, bias: &CpuWeight) {
@@ -284,6 +308,7 @@ impl Backend for CpuBackend {
             &v.data,
             mask,
             p,
+            self.llamacpp_batches,
             &mut out.data[..q.rows * out_cols],
         );
     }

@@ -190,8 +190,9 @@ impl SharedOut {
 /// multiplying with `(1 / sum) as f32`; the weighted sum of values
 /// accumulates key `j` by FMA into lane `j % 32` then reduces as `dot_f32`
 /// does (one query row: ggml's `ggml_vec_dot_f32`), or into lane `j % 8`
-/// reduced like the softmax groups (several rows: llamafile's sgemm, not
-/// followed here: every row is computed like one, independent of the others).
+/// reduced like the softmax groups (several rows: llamafile's sgemm; only
+/// with `llamacpp_batch`, otherwise every row is computed like one).
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     pool: &ThreadPool,
     q: &[f32],
@@ -199,6 +200,7 @@ pub fn attention(
     v: &[f32],
     mask: AttentionMask,
     p: AttentionParams,
+    llamacpp_batch: bool,
     out: &mut [f32],
 ) {
     let q_cols = p.n_head * p.head_dim;
@@ -210,6 +212,10 @@ pub fn attention(
             && k.len() >= mask.kv_len * kv_cols
             && v.len() >= mask.kv_len * kv_cols
     );
+    // ggml multiplies V by the probabilities with its `ggml_vec_dot_f32`
+    // for one query row (32 lanes) and with llamafile's sgemm for several
+    // (one 8-wide accumulator per output, summed like the softmax groups).
+    let n_lanes = if llamacpp_batch && n_rows > 1 { 8 } else { 32 };
     let shared = SharedOut(out.as_mut_ptr());
     let task = |t: usize| {
         let (r, h) = (t / p.n_head, t % p.n_head);
@@ -258,16 +264,22 @@ pub fn attention(
             sum += ((t[0] + t[2]) + (t[1] + t[3])) as f64;
         }
         let inv = (1.0 / sum) as f32;
-        // 32 lane sums of head_dim each: key j goes to lane j % 32.
-        let mut acc = vec![0f32; 32 * p.head_dim];
+        // Lane sums of head_dim each: key j goes to lane j % n_lanes.
+        let mut acc = vec![0f32; n_lanes * p.head_dim];
         for (j, &e) in (lo0..hi0).zip(&w) {
             if e != 0.0 {
-                let lane = &mut acc[(j % 32) * p.head_dim..][..p.head_dim];
+                let lane = &mut acc[(j % n_lanes) * p.head_dim..][..p.head_dim];
                 axpy_f32(lane, e * inv, &v[j * kv_cols + kv_off..][..p.head_dim]);
             }
         }
+        let lane = |l: usize, d: usize| acc[l * p.head_dim + d];
         for (d, o) in oh.iter_mut().enumerate() {
-            *o = reduce32(&std::array::from_fn(|l| acc[l * p.head_dim + d]));
+            *o = if n_lanes == 32 {
+                reduce32(&std::array::from_fn(|l| lane(l, d)))
+            } else {
+                let t: [f32; 4] = std::array::from_fn(|i| lane(i, d) + lane(4 + i, d));
+                (t[0] + t[2]) + (t[1] + t[3])
+            };
         }
     };
     pool.run(n_rows * p.n_head, &task);
@@ -335,7 +347,7 @@ mod tests {
             causal: true,
             window: None,
         };
-        attention(&pool, &q, &k, &v, mask, p, &mut out);
+        attention(&pool, &q, &k, &v, mask, p, false, &mut out);
         assert_eq!(&out[0..2], &[1.0, 10.0]); // row 0 sees key 0 only
         assert!((out[4] - 1.5).abs() < 1e-6); // row 1 sees keys 0,1
         assert!((out[8] - 2.0).abs() < 1e-6); // row 2 sees keys 0..=2
@@ -343,14 +355,14 @@ mod tests {
             window: Some(2),
             ..mask
         };
-        attention(&pool, &q, &k, &v, mask, p, &mut out);
+        attention(&pool, &q, &k, &v, mask, p, false, &mut out);
         assert!((out[8] - 2.5).abs() < 1e-6); // row 2 sees keys 1,2
         let mask = AttentionMask {
             causal: false,
             window: None,
             ..mask
         };
-        attention(&pool, &q, &k, &v, mask, p, &mut out);
+        attention(&pool, &q, &k, &v, mask, p, false, &mut out);
         assert!((out[0] - 2.0).abs() < 1e-6); // non-causal: row 0 sees all
     }
 }

@@ -53,6 +53,10 @@ pub(crate) struct Act {
     pub bs: *const i16,
     /// The f32 row itself (float weights).
     pub f: *const f32,
+    /// The row is in one of the whole groups of 4 rows at the start of the
+    /// batch, which llama.cpp's repacked Q4_K kernel (its gemm) accumulates
+    /// per 64 values instead of per 256 (its gemv, for the other rows).
+    pub in_group4: bool,
 }
 
 impl Act {
@@ -64,6 +68,7 @@ impl Act {
             s: self.s.wrapping_add(s),
             bs: self.bs.wrapping_add(b),
             f: self.f.wrapping_add(f),
+            in_group4: self.in_group4,
         }
     }
 }
@@ -163,8 +168,18 @@ impl<T> SendPtr<T> {
 
 /// `out[r * w.rows + o] = sum_k W[o, k] * x[r * w.cols + k]` for every
 /// activation row `r` in `0..x.len() / w.cols`.
+///
+/// Every row gets the float sequence llama.cpp uses for a one-token batch,
+/// so a row's result does not depend on the rows beside it.
 pub fn matmul(pool: &ThreadPool, w: &WeightRef, x: &[f32], out: &mut [f32]) {
-    matmul_with(pool, w, x, out, best_kernel(w.ty));
+    matmul_with(pool, w, x, out, best_kernel(w.ty), false);
+}
+
+/// Like `matmul`, but the rows in the batch's whole groups of 4 get the
+/// float sequence of llama.cpp's batch (gemm) kernel where it differs
+/// (repacked Q4_K), so results equal llama.cpp's for the same batch.
+pub fn matmul_llamacpp_batch(pool: &ThreadPool, w: &WeightRef, x: &[f32], out: &mut [f32]) {
+    matmul_with(pool, w, x, out, best_kernel(w.ty), true);
 }
 
 pub(crate) fn matmul_with(
@@ -173,6 +188,7 @@ pub(crate) fn matmul_with(
     x: &[f32],
     out: &mut [f32],
     kernel: Kernel,
+    gemm_groups: bool,
 ) {
     let (rows, cols) = (w.rows, w.cols);
     let bl = w.ty.block_len();
@@ -221,6 +237,7 @@ pub(crate) fn matmul_with(
             s: sc.s.as_ptr(),
             bs: sc.bs.as_ptr(),
             f: x.as_ptr(),
+            in_group4: false,
         };
         let act = move |r: usize| -> Act {
             // Offsets only matter for the buffers this kind uses (the others
@@ -229,7 +246,10 @@ pub(crate) fn matmul_with(
                 ActKind::F32 => (0, 0, 0, 0),
                 _ => (r * cols, r * nblk, r * cols / 32, r * cols / 16),
             };
-            base.offset(q_off, d_off, s_off, b_off, r * cols)
+            Act {
+                in_group4: gemm_groups && r < n - n % 4,
+                ..base.offset(q_off, d_off, s_off, b_off, r * cols)
+            }
         };
         let nb = cols / bl;
         let wdata = w.data;

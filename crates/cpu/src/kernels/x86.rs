@@ -473,7 +473,9 @@ fn k4_scales(p: *const u8) -> ([u8; 8], [u8; 8]) {
 /// one-ulp difference can flip a rounding): per super-block, the exact
 /// integer sums `sum_j sc_j (q . x)_j` and `sum_j m_j bsum_j` accumulate by
 /// `fma(sum, d_w * d_x, acc)` and `fma(sum_m, dmin_w * d_x, acc_min)`; the
-/// result is `acc - acc_min` (llama.cpp's gemv, for one row).
+/// result is `acc - acc_min`. llama.cpp's gemm, which takes the batch's
+/// whole groups of 4 rows, accumulates the same way per 64 values (pair of
+/// sub-blocks) instead of per super-block.
 macro_rules! k4_kernel {
     ($name:ident, $bytes:expr, $qs_off:expr, $five:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -528,7 +530,18 @@ macro_rules! k4_kernel {
                             _mm256_madd_epi16(p_lo, s_lo),
                             _mm256_madd_epi16(p_hi, s_hi),
                         );
-                        sum[i] = _mm256_add_epi32(sum[i], s);
+                        if !$five && x[i].in_group4 {
+                            // ggml's gemm: accumulate per pair of sub-blocks.
+                            let bs = x[i].bs.add(16 * b + 4 * jj);
+                            let bsum = |k: usize| *bs.add(2 * k) as i32 + *bs.add(2 * k + 1) as i32;
+                            let summ =
+                                mn[2 * jj] as i32 * bsum(0) + mn[2 * jj + 1] as i32 * bsum(1);
+                            let dx = *x[i].d.add(b);
+                            acc1[i] = (hsum_i32(s) as f32).mul_add(d * dx, acc1[i]);
+                            acc_min[i] = (summ as f32).mul_add(dmin * dx, acc_min[i]);
+                        } else {
+                            sum[i] = _mm256_add_epi32(sum[i], s);
+                        }
                     }
                 }
                 for i in 0..NR {
@@ -537,7 +550,7 @@ macro_rules! k4_kernel {
                         let t = _mm256_mul_ps(mv, _mm256_loadu_ps(x[i].s.add(8 * b)));
                         let t = _mm256_fmadd_ps(s, _mm256_set1_ps(d * *x[i].d.add(b)), t);
                         acc[i] = _mm256_add_ps(acc[i], t);
-                    } else {
+                    } else if !x[i].in_group4 {
                         let bs = x[i].bs.add(16 * b);
                         let summ: i32 = (0..8)
                             .map(|j| {
