@@ -60,14 +60,20 @@ pub struct CpuBackend {
     /// SIMD matmul kernels where the CPU has them; off for the scalar
     /// reference.
     simd: bool,
+    llamacpp_batches: bool,
 }
 
 impl CpuBackend {
     /// A backend running on `n_threads` threads (the caller's included).
+    ///
+    /// Its float sequences are llama.cpp's (AVX2 build) for one token, for
+    /// every row of a forward pass: a row's logits do not depend on how the
+    /// sequence was split into passes (speculative decoding relies on this).
     pub fn new(n_threads: usize) -> Self {
         CpuBackend {
             pool: ThreadPool::new(n_threads.max(1)),
             simd: true,
+            llamacpp_batches: false,
         }
     }
 
@@ -76,6 +82,19 @@ impl CpuBackend {
     pub fn scalar(n_threads: usize) -> Self {
         CpuBackend {
             simd: false,
+            ..Self::new(n_threads)
+        }
+    }
+
+    /// Like `new`, but passes of several rows use the float sequences
+    /// llama.cpp uses for batches where they differ (attention's value
+    /// product, repacked Q4_K), so logits are bit-equal to llama.cpp's for
+    /// the same batching, e.g. a prompt in one batch then one token at a
+    /// time. Results then depend on the batching, so speculative decoding
+    /// is no longer exactly identical to plain greedy decoding.
+    pub fn matching_llamacpp_batches(n_threads: usize) -> Self {
+        CpuBackend {
+            llamacpp_batches: true,
             ..Self::new(n_threads)
         }
     }
@@ -220,6 +239,7 @@ impl Backend for CpuBackend {
             x.as_slice(),
             out.as_mut_slice(),
             kernel,
+            self.llamacpp_batches,
         );
     }
 
@@ -247,7 +267,13 @@ impl Backend for CpuBackend {
     }
 
     fn gated(&self, act: GatedActivation, gate: &CpuTensor, up: &CpuTensor, out: &mut CpuTensor) {
-        ops::gated(act, gate.as_slice(), up.as_slice(), out.as_mut_slice());
+        ops::gated(
+            act,
+            gate.cols,
+            gate.as_slice(),
+            up.as_slice(),
+            out.as_mut_slice(),
+        );
     }
 
     fn add(&self, x: &mut CpuTensor, y: &CpuTensor) {
@@ -306,6 +332,7 @@ impl Backend for CpuBackend {
             &v.data,
             mask,
             p,
+            self.llamacpp_batches,
             &mut out.data[..q.rows * out_cols],
         );
     }

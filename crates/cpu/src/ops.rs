@@ -1,7 +1,7 @@
 //! The CPU backend's non-matmul ops. Written for clarity: they are the
 //! reference for every other backend and cost little next to the matmuls.
 
-use crate::kernels::{axpy_f32, dot_f32};
+use crate::kernels::{axpy_f32, dot_f32, reduce32};
 use crate::pool::ThreadPool;
 use blockdraft_core::backend::{
     AttentionMask, AttentionParams, ConvParams, GatedActivation, RopeParams, RopeStyle,
@@ -21,9 +21,11 @@ pub fn rms_norm(x: &[f32], weight: &[f32], group: usize, eps: f32, out: &mut [f3
     }
 }
 
-/// Rotary embedding, with angles computed as ggml does (`theta_i =
-/// pos · base^(-2i/n_rot)` by repeated multiplication) so logits match
-/// llama.cpp's closely.
+/// Rotary embedding with ggml's float sequence, so outputs are bit-equal
+/// to llama.cpp's: angles `theta_i = pos · base^(-2i/n_rot)` by repeated
+/// multiplication in f32, and the rotation contracted into FMAs as GCC
+/// compiles ggml's `x0*cos - x1*sin`, `x0*sin + x1*cos` (checked against
+/// ggml's output: `fma(x0, cos, -(x1*sin))`, `fma(x0, sin, x1*cos)`).
 pub fn rope(x: &mut [f32], cols: usize, pos0: usize, p: RopeParams) {
     let theta_scale = p.base.powf(-2.0 / p.n_rot as f32);
     let half = p.n_rot / 2;
@@ -41,24 +43,93 @@ pub fn rope(x: &mut [f32], cols: usize, pos0: usize, p: RopeParams) {
                     RopeStyle::Neox => (i, i + half),
                 };
                 let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * c - x1 * s;
-                head[b] = x0 * s + x1 * c;
+                head[a] = x0.mul_add(c, -(x1 * s));
+                head[b] = x0.mul_add(s, x1 * c);
             }
         }
     }
 }
 
-pub fn gated(act: GatedActivation, gate: &[f32], up: &[f32], out: &mut [f32]) {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-        let a = match act {
-            GatedActivation::SwiGlu => g / (1.0 + (-g).exp()),
-            GatedActivation::GeGlu => {
-                0.5 * g * (1.0 + (SQRT_2_OVER_PI * g * (1.0 + 0.044_715 * g * g)).tanh())
-            }
-        };
-        *o = a * u;
+/// `exp(x)` exactly as ggml's vectorised `ggml_v_expf` computes it (an
+/// approximation within ~1.5 ulp, used by llama.cpp for softmax and SiLU):
+/// softmax weights and SiLU outputs feed quantized matmuls, where a
+/// one-ulp difference can flip a rounding, so we follow its float sequence
+/// operation for operation (every lane is independent).
+pub fn expf_ggml(x: f32) -> f32 {
+    let f = f32::from_bits;
+    let r = f(0x4b40_0000); // 1.5 * 2^23
+    let z = x.mul_add(f(0x3fb8_aa3b), r); // x / ln 2, rounded to an integer
+    let n = z - r;
+    let b = (-n).mul_add(f(0x35bf_be8e), (-n).mul_add(f(0x3f31_7200), x)); // x - n ln 2
+    let e = z.to_bits() << 23;
+    let k = f(e.wrapping_add(1f32.to_bits())); // 2^n
+    let u = b * b;
+    let j = f(0x3c07_2010)
+        .mul_add(b, f(0x3d2b_9f17))
+        .mul_add(u, f(0x3e2a_af33).mul_add(b, f(0x3eff_fedb)));
+    let j = j.mul_add(u, f(0x3f7f_fff6) * b); // exp(b) - 1
+    if n.abs() <= 126.0 || n.is_nan() {
+        return k.mul_add(j, k);
     }
+    // |n| > 126: 2^n is split in two factors to reach the subnormals and inf.
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f(g.wrapping_add(0x7f00_0000));
+    let s2 = f(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
+}
+
+/// `act(gate) * up` over rows of `cols`, with llama.cpp's CPU float
+/// sequences (the products feed a quantized matmul; see `expf_ggml`):
+/// - SwiGLU: `x / (1 + exp(-x))` with `expf_ggml` over each row's whole
+///   groups of 8 (ggml's vector loop) and libm's `expf` on the rest;
+/// - GeGLU: ggml's tanh-GELU lookup table (`GGML_GELU_FP16`): the input
+///   rounded to f16, GELU of that rounded to f16; 0 below -10, identity
+///   above 10.
+pub fn gated(act: GatedActivation, cols: usize, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, g), u) in out
+        .chunks_exact_mut(cols)
+        .zip(gate.chunks_exact(cols))
+        .zip(up.chunks_exact(cols))
+    {
+        let vec_end = cols - cols % 8;
+        for (i, ((o, &g), &u)) in o.iter_mut().zip(g).zip(u).enumerate() {
+            *o = match act {
+                GatedActivation::SwiGlu => {
+                    let e = if i < vec_end {
+                        expf_ggml(-g)
+                    } else {
+                        (-g).exp()
+                    };
+                    g / (1.0 + e) * u
+                }
+                GatedActivation::GeGlu => {
+                    if g <= -10.0 {
+                        0.0
+                    } else if g >= 10.0 {
+                        g * u
+                    } else {
+                        gelu_f16_table(g) * u
+                    }
+                }
+            };
+        }
+    }
+}
+
+/// An entry of ggml's `ggml_table_gelu_f16`: tanh-GELU of `x` rounded to
+/// f16, computed in f32 and rounded to f16.
+fn gelu_f16_table(x: f32) -> f32 {
+    use half::f16;
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const GELU_COEF_A: f32 = 0.044_715;
+    let x = f16::from_f32(x).to_f32();
+    // `1 + A*x*x` is contracted to an FMA, as GCC compiles ggml's table.
+    let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (GELU_COEF_A * x).mul_add(x, 1.0)).tanh());
+    f16::from_f32(y).to_f32()
 }
 
 /// Grouped dynamic depthwise convolution (see `Backend::grouped_conv`);
@@ -108,8 +179,20 @@ impl SharedOut {
     }
 }
 
-/// Attention of every (query row, head) pair, one pool task each, with a
-/// numerically stable two-pass softmax over the visible keys.
+/// Attention of every (query row, head) pair, one pool task each, with
+/// the float sequence of llama.cpp's CPU attention for an f32 KV cache
+/// without flash attention (`mul_mat(K, Q)`, `soft_max_ext`,
+/// `mul_mat(V^T, KQ)` over `n_kv` = the cache length padded to 256, masked
+/// keys giving exact zeros): bit-equal outputs matter because the next
+/// matmul quantizes them. Scores are `dot_f32(q, k) * scale`; the softmax
+/// exponentials are `expf_ggml(s - max)`, summed in f64 per group of 8 keys
+/// (each group first summed in f32 as ggml's AVX2 loop does), normalised by
+/// multiplying with `(1 / sum) as f32`; the weighted sum of values
+/// accumulates key `j` by FMA into lane `j % 32` then reduces as `dot_f32`
+/// does (one query row: ggml's `ggml_vec_dot_f32`), or into lane `j % 8`
+/// reduced like the softmax groups (several rows: llamafile's sgemm; only
+/// with `llamacpp_batch`, otherwise every row is computed like one).
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     pool: &ThreadPool,
     q: &[f32],
@@ -117,6 +200,7 @@ pub fn attention(
     v: &[f32],
     mask: AttentionMask,
     p: AttentionParams,
+    llamacpp_batch: bool,
     out: &mut [f32],
 ) {
     let q_cols = p.n_head * p.head_dim;
@@ -128,6 +212,10 @@ pub fn attention(
             && k.len() >= mask.kv_len * kv_cols
             && v.len() >= mask.kv_len * kv_cols
     );
+    // ggml multiplies V by the probabilities with its `ggml_vec_dot_f32`
+    // for one query row (32 lanes) and with llamafile's sgemm for several
+    // (one 8-wide accumulator per output, summed like the softmax groups).
+    let n_lanes = if llamacpp_batch && n_rows > 1 { 8 } else { 32 };
     let shared = SharedOut(out.as_mut_ptr());
     let task = |t: usize| {
         let (r, h) = (t / p.n_head, t % p.n_head);
@@ -143,25 +231,55 @@ pub fn attention(
             .min(hi);
         let qh = &q[r * q_cols + h * p.head_dim..][..p.head_dim];
         let kv_off = (h / group) * p.head_dim;
-        let mut scores: Vec<f32> = (lo..hi)
-            .map(|j| dot_f32(qh, &k[j * kv_cols + kv_off..][..p.head_dim]) * p.scale)
-            .collect();
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
         // SAFETY: this task alone writes out[r, h*head_dim .. (h+1)*head_dim].
         let oh = unsafe {
             std::slice::from_raw_parts_mut(shared.at(r * q_cols + h * p.head_dim), p.head_dim)
         };
         oh.fill(0.0);
-        if sum == 0.0 {
+        if lo == hi {
             return;
         }
-        for (j, s) in (lo..hi).zip(&scores) {
-            axpy_f32(oh, s / sum, &v[j * kv_cols + kv_off..][..p.head_dim]);
+        // Keys lo0..hi0 (whole groups of 8; keys outside lo..hi weigh 0).
+        let (lo0, hi0) = (lo / 8 * 8, hi.div_ceil(8) * 8);
+        let mut w: Vec<f32> = (lo0..hi0)
+            .map(|j| {
+                if (lo..hi).contains(&j) {
+                    dot_f32(qh, &k[j * kv_cols + kv_off..][..p.head_dim]) * p.scale
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+            .collect();
+        let max = w.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f64;
+        for g in w.chunks_exact_mut(8) {
+            for s in g.iter_mut() {
+                *s = if *s == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    expf_ggml(*s - max)
+                };
+            }
+            let t: [f32; 4] = std::array::from_fn(|i| g[i] + g[4 + i]);
+            sum += ((t[0] + t[2]) + (t[1] + t[3])) as f64;
+        }
+        let inv = (1.0 / sum) as f32;
+        // Lane sums of head_dim each: key j goes to lane j % n_lanes.
+        let mut acc = vec![0f32; n_lanes * p.head_dim];
+        for (j, &e) in (lo0..hi0).zip(&w) {
+            if e != 0.0 {
+                let lane = &mut acc[(j % n_lanes) * p.head_dim..][..p.head_dim];
+                axpy_f32(lane, e * inv, &v[j * kv_cols + kv_off..][..p.head_dim]);
+            }
+        }
+        let lane = |l: usize, d: usize| acc[l * p.head_dim + d];
+        for (d, o) in oh.iter_mut().enumerate() {
+            *o = if n_lanes == 32 {
+                reduce32(&std::array::from_fn(|l| lane(l, d)))
+            } else {
+                let t: [f32; 4] = std::array::from_fn(|i| lane(i, d) + lane(4 + i, d));
+                (t[0] + t[2]) + (t[1] + t[3])
+            };
         }
     };
     pool.run(n_rows * p.n_head, &task);
@@ -229,7 +347,7 @@ mod tests {
             causal: true,
             window: None,
         };
-        attention(&pool, &q, &k, &v, mask, p, &mut out);
+        attention(&pool, &q, &k, &v, mask, p, false, &mut out);
         assert_eq!(&out[0..2], &[1.0, 10.0]); // row 0 sees key 0 only
         assert!((out[4] - 1.5).abs() < 1e-6); // row 1 sees keys 0,1
         assert!((out[8] - 2.0).abs() < 1e-6); // row 2 sees keys 0..=2
@@ -237,14 +355,14 @@ mod tests {
             window: Some(2),
             ..mask
         };
-        attention(&pool, &q, &k, &v, mask, p, &mut out);
+        attention(&pool, &q, &k, &v, mask, p, false, &mut out);
         assert!((out[8] - 2.5).abs() < 1e-6); // row 2 sees keys 1,2
         let mask = AttentionMask {
             causal: false,
             window: None,
             ..mask
         };
-        attention(&pool, &q, &k, &v, mask, p, &mut out);
+        attention(&pool, &q, &k, &v, mask, p, false, &mut out);
         assert!((out[0] - 2.0).abs() < 1e-6); // non-causal: row 0 sees all
     }
 }

@@ -167,11 +167,16 @@ fn reference(
                 .zip(&up)
                 .map(|(&gv, &u)| {
                     let a = if gemma {
-                        0.5 * gv
+                        // The CPU backend follows llama.cpp's tanh-GELU
+                        // lookup table: f16 input, f16 output.
+                        let f16 = |v: f64| half::f16::from_f64(v).to_f64();
+                        let gv = f16(gv);
+                        f16(0.5
+                            * gv
                             * (1.0
                                 + ((2.0 / std::f64::consts::PI).sqrt()
                                     * (gv + 0.044715 * gv.powi(3)))
-                                .tanh())
+                                .tanh()))
                     } else {
                         gv / (1.0 + (-gv).exp())
                     };

@@ -53,6 +53,10 @@ pub(crate) struct Act {
     pub bs: *const i16,
     /// The f32 row itself (float weights).
     pub f: *const f32,
+    /// The row is in one of the whole groups of 4 rows at the start of the
+    /// batch, which llama.cpp's repacked Q4_K kernel (its gemm) accumulates
+    /// per 64 values instead of per 256 (its gemv, for the other rows).
+    pub in_group4: bool,
 }
 
 impl Act {
@@ -64,6 +68,7 @@ impl Act {
             s: self.s.wrapping_add(s),
             bs: self.bs.wrapping_add(b),
             f: self.f.wrapping_add(f),
+            in_group4: self.in_group4,
         }
     }
 }
@@ -163,8 +168,18 @@ impl<T> SendPtr<T> {
 
 /// `out[r * w.rows + o] = sum_k W[o, k] * x[r * w.cols + k]` for every
 /// activation row `r` in `0..x.len() / w.cols`.
+///
+/// Every row gets the float sequence llama.cpp uses for a one-token batch,
+/// so a row's result does not depend on the rows beside it.
 pub fn matmul(pool: &ThreadPool, w: &WeightRef, x: &[f32], out: &mut [f32]) {
-    matmul_with(pool, w, x, out, best_kernel(w.ty));
+    matmul_with(pool, w, x, out, best_kernel(w.ty), false);
+}
+
+/// Like `matmul`, but the rows in the batch's whole groups of 4 get the
+/// float sequence of llama.cpp's batch (gemm) kernel where it differs
+/// (repacked Q4_K), so results equal llama.cpp's for the same batch.
+pub fn matmul_llamacpp_batch(pool: &ThreadPool, w: &WeightRef, x: &[f32], out: &mut [f32]) {
+    matmul_with(pool, w, x, out, best_kernel(w.ty), true);
 }
 
 pub(crate) fn matmul_with(
@@ -173,6 +188,7 @@ pub(crate) fn matmul_with(
     x: &[f32],
     out: &mut [f32],
     kernel: Kernel,
+    gemm_groups: bool,
 ) {
     let (rows, cols) = (w.rows, w.cols);
     let bl = w.ty.block_len();
@@ -221,6 +237,7 @@ pub(crate) fn matmul_with(
             s: sc.s.as_ptr(),
             bs: sc.bs.as_ptr(),
             f: x.as_ptr(),
+            in_group4: false,
         };
         let act = move |r: usize| -> Act {
             // Offsets only matter for the buffers this kind uses (the others
@@ -229,7 +246,10 @@ pub(crate) fn matmul_with(
                 ActKind::F32 => (0, 0, 0, 0),
                 _ => (r * cols, r * nblk, r * cols / 32, r * cols / 16),
             };
-            base.offset(q_off, d_off, s_off, b_off, r * cols)
+            Act {
+                in_group4: gemm_groups && r < n - n % 4,
+                ..base.offset(q_off, d_off, s_off, b_off, r * cols)
+            }
         };
         let nb = cols / bl;
         let wdata = w.data;
@@ -352,7 +372,13 @@ fn quantize_q8_k(x: &[f32], qs: &mut [i8], d: &mut [f32], bs: &mut [i16]) {
     scalar::quantize_q8_k(x, qs, d, bs)
 }
 
-/// Dot product of two equal-length f32 slices.
+/// Dot product of two equal-length f32 slices, with the float sequence of
+/// ggml's `ggml_vec_dot_f32` on AVX2 (which llama.cpp uses for attention
+/// with an f32 KV cache), so scores are bit-equal to llama.cpp's: element
+/// `i < n - n % 32` goes by fused multiply-add into lane `i % 32` of 32
+/// partial sums (four 8-wide accumulators), which are reduced as
+/// `(acc0 + acc2) + (acc1 + acc3)` lane-wise, then `lo4 + hi4`, then
+/// `(t0 + t1) + (t2 + t3)`; the remaining elements are added one by one.
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot_f32: length mismatch");
     #[cfg(target_arch = "x86_64")]
@@ -364,23 +390,31 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 }
 
 pub(crate) fn dot_f32_scalar(a: &[f32], b: &[f32]) -> f32 {
-    // Eight partial sums: vectorisable without fast-math, and more accurate.
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let mut acc = [0f32; 32];
+    let (ca, cb) = (a.chunks_exact(32), b.chunks_exact(32));
     let (ra, rb) = (ca.remainder(), cb.remainder());
     for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
+        for l in 0..32 {
+            acc[l] = x[l].mul_add(y[l], acc[l]);
         }
     }
-    let mut s: f32 = acc.iter().sum();
+    let mut s = reduce32(&acc);
     for (x, y) in ra.iter().zip(rb) {
         s += x * y;
     }
     s
 }
 
-/// `y += a * x`.
+/// The reduction of `dot_f32`'s 32 lane sums (lane `l` is element `l % 8`
+/// of accumulator `l / 8`).
+pub(crate) fn reduce32(acc: &[f32; 32]) -> f32 {
+    let v: [f32; 8] = std::array::from_fn(|i| (acc[i] + acc[16 + i]) + (acc[8 + i] + acc[24 + i]));
+    let t: [f32; 4] = std::array::from_fn(|i| v[i] + v[4 + i]);
+    (t[0] + t[1]) + (t[2] + t[3])
+}
+
+/// `y = fma(a, x, y)` elementwise (one rounding per element, as ggml's
+/// vectorised FMA loops do).
 pub fn axpy_f32(y: &mut [f32], a: f32, x: &[f32]) {
     assert_eq!(y.len(), x.len(), "axpy_f32: length mismatch");
     #[cfg(target_arch = "x86_64")]
@@ -389,7 +423,7 @@ pub fn axpy_f32(y: &mut [f32], a: f32, x: &[f32]) {
         return unsafe { x86::axpy_f32(y, a, x) };
     }
     for (yv, &xv) in y.iter_mut().zip(x) {
-        *yv += a * xv;
+        *yv = a.mul_add(xv, *yv);
     }
 }
 

@@ -329,8 +329,8 @@ fn simd_kernels_match_scalar() {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
                 let mut a = vec![0f32; n * rows];
                 let mut b = vec![0f32; n * rows];
-                matmul_with(&pool, &w, &x, &mut a, best);
-                matmul_with(&pool, &w, &x, &mut b, scalar_kernel(ty));
+                matmul_with(&pool, &w, &x, &mut a, best, false);
+                matmul_with(&pool, &w, &x, &mut b, scalar_kernel(ty), false);
                 for (i, (p, q)) in a.iter().zip(&b).enumerate() {
                     let tol = 1e-4 * (p.abs() + q.abs()) + 2e-3;
                     assert!(
@@ -522,6 +522,38 @@ fn float_weights_with_odd_row_lengths() {
                             "{ty} cols={cols} n={n}"
                         );
                     }
+                }
+            }
+        }
+    }
+}
+
+/// `matmul_llamacpp_batch` differs from `matmul` only in float order: rows
+/// outside the batch's whole groups of 4 are bit-equal, the others close.
+#[test]
+fn llamacpp_batch_matmul_only_reorders() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(3);
+    for ty in ALL_TYPES {
+        for (rows, cols) in shapes(ty) {
+            let data = random_weights(ty, rows, cols, &mut rng);
+            let w = WeightRef {
+                ty,
+                data: &data,
+                rows,
+                cols,
+            };
+            let n = 6;
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+            let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+            matmul(&pool, &w, &x, &mut a);
+            matmul_llamacpp_batch(&pool, &w, &x, &mut b);
+            for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+                if i >= 4 * rows {
+                    assert_eq!(p.to_bits(), q.to_bits(), "{ty} [{i}]");
+                } else {
+                    let tol = 1e-5 * (p.abs() + q.abs()) + 1e-5;
+                    assert!((p - q).abs() <= tol, "{ty} [{i}]: {p} vs {q}");
                 }
             }
         }

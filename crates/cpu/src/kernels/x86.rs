@@ -27,6 +27,7 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// See `super::dot_f32`: ggml's `ggml_vec_dot_f32` sequence on AVX2.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len();
@@ -41,16 +42,10 @@ pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         }
         i += 32;
     }
-    while i + 8 <= n {
-        acc[0] = _mm256_fmadd_ps(
-            _mm256_loadu_ps(pa.add(i)),
-            _mm256_loadu_ps(pb.add(i)),
-            acc[0],
-        );
-        i += 8;
-    }
-    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let mut s = hsum(v);
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    let t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let t = _mm_hadd_ps(t, t);
+    let mut s = _mm_cvtss_f32(_mm_hadd_ps(t, t));
     while i < n {
         s += a[i] * b[i];
         i += 1;
@@ -58,6 +53,7 @@ pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// `y = fma(a, x, y)` elementwise (see `super::axpy_f32`).
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn axpy_f32(y: &mut [f32], a: f32, x: &[f32]) {
     let n = y.len();
@@ -70,7 +66,7 @@ pub(crate) unsafe fn axpy_f32(y: &mut [f32], a: f32, x: &[f32]) {
         i += 8;
     }
     while i < n {
-        *py.add(i) += a * *px.add(i);
+        *py.add(i) = a.mul_add(*px.add(i), *py.add(i));
         i += 1;
     }
 }
@@ -366,152 +362,59 @@ unsafe fn unpack_q5_1(blk: *const u8) -> __m256i {
     )
 }
 
-/// The f16 at `p`, `p + stride`, ..., `p + 7 stride` (block scales).
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn gather_f16(p: *const u8, stride: usize) -> __m128i {
-    let h = |k: usize| (p.add(k * stride) as *const i16).read_unaligned();
-    _mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7))
-}
-
-/// Horizontal sums of eight i32x8 vectors: lane k of the result = sum of `v[k]`.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
-    let h01 = _mm256_hadd_epi32(v[0], v[1]);
-    let h23 = _mm256_hadd_epi32(v[2], v[3]);
-    let h45 = _mm256_hadd_epi32(v[4], v[5]);
-    let h67 = _mm256_hadd_epi32(v[6], v[7]);
-    // Per 128-bit half: [v0 v1 v2 v3] partial sums, low and high halves.
-    let a = _mm256_hadd_epi32(h01, h23);
-    let b = _mm256_hadd_epi32(h45, h67);
-    let lo = _mm256_permute2x128_si256(a, b, 0x20);
-    let hi = _mm256_permute2x128_si256(a, b, 0x31);
-    _mm256_add_epi32(lo, hi)
-}
-
-/// Shared body of the 32-block types. Signed quants use the sign trick;
-/// unsigned ones (value = d q + m, m stored or `-$offset d`) use maddubs
-/// directly plus m * (dx sum xq) from the activation's block sum. Eight blocks at a time,
-/// then the remainder in pairs (so the accumulator chain has one dependent
-/// add per two blocks).
+/// Shared body of the 32-block types, with the float sequence of ggml's
+/// AVX2 `ggml_vec_dot_*_q8_0/_q8_1` (and llamafile's sgemm, which matches
+/// it), so results are bit-equal to llama.cpp's: per block, the 8 lane sums
+/// of 4 integer products each go into an 8-wide accumulator by
+/// `fma(d_w * d_x, lanes, acc)`; a stored min adds `fma(m, s_x, summs)`
+/// (s_x: the activation block's f16 sum); the result is `hsum(acc) +
+/// summs`. Bit-equal matters because the next matmul quantizes our outputs
+/// (a one-ulp difference can flip a rounding). Quants with a fixed offset
+/// (Q4_0: 8, Q5_0: 16) are made signed first, as ggml does.
 macro_rules! kernel_32 {
-    ($name:ident, $bytes:expr, $unpack:ident, $signed:expr, $offset:expr) => {
+    ($name:ident, $bytes:expr, $unpack:ident, $offset:expr, $has_min:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
             let mut acc = [_mm256_setzero_ps(); NR];
-            let mut mins = [0f32; NR];
+            let mut summs = [0f32; NR];
             let x: &[Act; NR] = x.try_into().unwrap_unchecked();
-            #[inline(always)]
-            fn dot(q: __m256i, qa: __m256i, xq: __m256i) -> __m256 {
-                // SAFETY: only called from the AVX2 kernel below.
-                unsafe {
-                    _mm256_cvtepi32_ps(if $signed {
-                        dot_i8(qa, q, xq)
-                    } else {
-                        dot_u8(q, xq)
-                    })
-                }
-            }
-            // The block's additive term per unit of activation sum.
-            #[inline(always)]
-            fn min(blk: *const u8, d: f32) -> f32 {
-                if $offset != 0.0 {
-                    -$offset * d
+            for b in 0..nb {
+                let blk = w.add(b * $bytes);
+                let dw = h2f(blk);
+                let q = $unpack(blk);
+                let q = if $offset != 0 {
+                    _mm256_sub_epi8(q, _mm256_set1_epi8($offset))
                 } else {
-                    // SAFETY: blocks with a stored min have it at byte 2.
-                    let bits = unsafe { (blk.add(2) as *const u16).read_unaligned() };
-                    half::f16::from_bits(bits).to_f32()
-                }
-            }
-            let mut b = 0;
-            // Eight blocks at a time: the eight integer sums are reduced to
-            // one vector of block sums and scaled by one FMA (and the mins of
-            // Q4_1/Q5_1 by another), instead of float work per block.
-            while b + 8 <= nb {
-                let blk0 = w.add(b * $bytes);
-                let dw = _mm256_cvtph_ps(gather_f16(blk0, $bytes));
-                let mw = if $signed {
-                    _mm256_setzero_ps()
-                } else if $offset != 0.0 {
-                    _mm256_mul_ps(dw, _mm256_set1_ps(-$offset))
-                } else {
-                    _mm256_cvtph_ps(gather_f16(blk0.add(2), $bytes))
+                    q
                 };
-                let mut q = [_mm256_setzero_si256(); 8];
-                let mut qa = [_mm256_setzero_si256(); 8];
-                for k in 0..8 {
-                    q[k] = $unpack(blk0.add(k * $bytes));
-                    qa[k] = if $signed {
-                        _mm256_sign_epi8(q[k], q[k])
-                    } else {
-                        q[k]
-                    };
-                }
+                let qa = _mm256_sign_epi8(q, q);
+                let m = if $has_min { h2f(blk.add(2)) } else { 0.0 };
                 for i in 0..NR {
-                    let xq = x[i].qs.add(32 * b) as *const u8;
-                    let mut s = [_mm256_setzero_si256(); 8];
-                    for k in 0..8 {
-                        let xv = load(xq.add(32 * k));
-                        s[k] = if $signed {
-                            dot_i8(qa[k], q[k], xv)
-                        } else {
-                            dot_u8(q[k], xv)
-                        };
-                    }
-                    let sums = _mm256_cvtepi32_ps(reduce8(&s));
-                    let dd = _mm256_mul_ps(dw, _mm256_loadu_ps(x[i].d.add(b)));
-                    acc[i] = _mm256_fmadd_ps(sums, dd, acc[i]);
-                    if !$signed {
-                        acc[i] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(x[i].s.add(b)), acc[i]);
-                    }
-                }
-                b += 8;
-            }
-            while b < nb {
-                let pair = b + 1 < nb;
-                let (b0, b1) = (w.add(b * $bytes), w.add((b + pair as usize) * $bytes));
-                let (d0, d1) = (h2f(b0), h2f(b1));
-                let (q0, q1) = ($unpack(b0), $unpack(b1));
-                let (qa0, qa1) = if $signed {
-                    (_mm256_sign_epi8(q0, q0), _mm256_sign_epi8(q1, q1))
-                } else {
-                    (q0, q1)
-                };
-                for i in 0..NR {
-                    let xq = x[i].qs.add(32 * b) as *const u8;
-                    let t =
-                        _mm256_mul_ps(dot(q0, qa0, load(xq)), _mm256_set1_ps(d0 * *x[i].d.add(b)));
-                    if !$signed {
-                        mins[i] += min(b0, d0) * *x[i].s.add(b);
-                    }
-                    let t = if pair {
-                        if !$signed {
-                            mins[i] += min(b1, d1) * *x[i].s.add(b + 1);
-                        }
-                        let s1 = dot(q1, qa1, load(xq.add(32)));
-                        _mm256_fmadd_ps(s1, _mm256_set1_ps(d1 * *x[i].d.add(b + 1)), t)
+                    let xv = load(x[i].qs.add(32 * b) as *const u8);
+                    let lanes = if $has_min {
+                        dot_u8(q, xv)
                     } else {
-                        t
+                        dot_i8(qa, q, xv)
                     };
-                    acc[i] = _mm256_add_ps(acc[i], t);
+                    let d = _mm256_set1_ps(dw * *x[i].d.add(b));
+                    acc[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[i]);
+                    if $has_min {
+                        summs[i] = m.mul_add(*x[i].s.add(b), summs[i]);
+                    }
                 }
-                b += 2;
             }
-            finish(&acc, &mins, out);
+            finish(&acc, &summs, out);
         }
     };
 }
 
-// Q8_0/Q8_1 use the sign trick. Q4_0/Q5_0 are dotted unsigned (no sign
-// operation per activation row) with their fixed offset -8 d / -16 d
-// treated like Q4_1/Q5_1's stored min.
-kernel_32!(q8_0, 34, unpack_q8_0, true, 0.0);
-kernel_32!(q8_1, 36, unpack_q8_1, true, 0.0);
-kernel_32!(q4_0, 18, unpack_q4_0, false, 8.0);
-kernel_32!(q5_0, 22, unpack_q5_0, false, 16.0);
-kernel_32!(q4_1, 20, unpack_q4_1, false, 0.0);
-kernel_32!(q5_1, 24, unpack_q5_1, false, 0.0);
+// Q8_0/Q8_1/Q4_0/Q5_0 are signed; Q4_1/Q5_1 unsigned with a stored min.
+kernel_32!(q8_0, 34, unpack_q8_0, 0, false);
+kernel_32!(q8_1, 36, unpack_q8_1, 0, false);
+kernel_32!(q4_0, 18, unpack_q4_0, 8, false);
+kernel_32!(q5_0, 22, unpack_q5_0, 16, false);
+kernel_32!(q4_1, 20, unpack_q4_1, 0, true);
+kernel_32!(q5_1, 24, unpack_q5_1, 0, true);
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q8_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
@@ -563,11 +466,22 @@ fn k4_scales(p: *const u8) -> ([u8; 8], [u8; 8]) {
 
 /// Shared body of Q4_K / Q5_K (`$five`: OR in the fifth bit of each quant
 /// from the 32 `qh` bytes, bit j for sub-block j).
+///
+/// Q4_K's float sequence is that of ggml's AVX2 kernels for Q4_K repacked
+/// 8x8 (what llama.cpp runs on AVX2 CPUs), so results are bit-equal to
+/// its (the next matmul quantizes them, and a
+/// one-ulp difference can flip a rounding): per super-block, the exact
+/// integer sums `sum_j sc_j (q . x)_j` and `sum_j m_j bsum_j` accumulate by
+/// `fma(sum, d_w * d_x, acc)` and `fma(sum_m, dmin_w * d_x, acc_min)`; the
+/// result is `acc - acc_min`. llama.cpp's gemm, which takes the batch's
+/// whole groups of 4 rows, accumulates the same way per 64 values (pair of
+/// sub-blocks) instead of per super-block.
 macro_rules! k4_kernel {
     ($name:ident, $bytes:expr, $qs_off:expr, $five:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
             let mut acc = [_mm256_setzero_ps(); NR];
+            let (mut acc1, mut acc_min) = ([0f32; NR], [0f32; NR]);
             let x: &[Act; NR] = x.try_into().unwrap_unchecked();
             let low4 = _mm256_set1_epi8(0x0F);
             for b in 0..nb {
@@ -616,17 +530,46 @@ macro_rules! k4_kernel {
                             _mm256_madd_epi16(p_lo, s_lo),
                             _mm256_madd_epi16(p_hi, s_hi),
                         );
-                        sum[i] = _mm256_add_epi32(sum[i], s);
+                        if !$five && x[i].in_group4 {
+                            // ggml's gemm: accumulate per pair of sub-blocks.
+                            let bs = x[i].bs.add(16 * b + 4 * jj);
+                            let bsum = |k: usize| *bs.add(2 * k) as i32 + *bs.add(2 * k + 1) as i32;
+                            let summ =
+                                mn[2 * jj] as i32 * bsum(0) + mn[2 * jj + 1] as i32 * bsum(1);
+                            let dx = *x[i].d.add(b);
+                            acc1[i] = (hsum_i32(s) as f32).mul_add(d * dx, acc1[i]);
+                            acc_min[i] = (summ as f32).mul_add(dmin * dx, acc_min[i]);
+                        } else {
+                            sum[i] = _mm256_add_epi32(sum[i], s);
+                        }
                     }
                 }
                 for i in 0..NR {
-                    let s = _mm256_cvtepi32_ps(sum[i]);
-                    let t = _mm256_mul_ps(mv, _mm256_loadu_ps(x[i].s.add(8 * b)));
-                    let t = _mm256_fmadd_ps(s, _mm256_set1_ps(d * *x[i].d.add(b)), t);
-                    acc[i] = _mm256_add_ps(acc[i], t);
+                    if $five {
+                        let s = _mm256_cvtepi32_ps(sum[i]);
+                        let t = _mm256_mul_ps(mv, _mm256_loadu_ps(x[i].s.add(8 * b)));
+                        let t = _mm256_fmadd_ps(s, _mm256_set1_ps(d * *x[i].d.add(b)), t);
+                        acc[i] = _mm256_add_ps(acc[i], t);
+                    } else if !x[i].in_group4 {
+                        let bs = x[i].bs.add(16 * b);
+                        let summ: i32 = (0..8)
+                            .map(|j| {
+                                mn[j] as i32 * (*bs.add(2 * j) as i32 + *bs.add(2 * j + 1) as i32)
+                            })
+                            .sum();
+                        let dx = *x[i].d.add(b);
+                        acc1[i] = (hsum_i32(sum[i]) as f32).mul_add(d * dx, acc1[i]);
+                        acc_min[i] = (summ as f32).mul_add(dmin * dx, acc_min[i]);
+                    }
                 }
             }
-            finish(&acc, &[0.0; NR], out);
+            if $five {
+                finish(&acc, &[0.0; NR], out);
+            } else {
+                for i in 0..NR {
+                    out[i] = acc1[i] - acc_min[i];
+                }
+            }
         }
     };
 }
