@@ -24,15 +24,27 @@ fn swiglu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
 }
 
-// GELU, tanh approximation. The tanh argument is clamped: tanh(±10) is ±1
-// in f32, and some implementations return NaN for huge arguments.
+// GELU, tanh approximation, as ggml's table has it (and the CPU backend):
+// of the input rounded to f16, the result rounded to f16, identity beyond
+// ±10. The tanh argument is clamped: some implementations return NaN for
+// huge arguments.
+fn gelu(g: f32) -> f32 {
+    if g <= -10.0 {
+        return 0.0;
+    }
+    if g >= 10.0 {
+        return g;
+    }
+    let x = round_f16(g);
+    let t = tanh(clamp(0.7978846 * x * (0.044715 * x * x + 1.0), -10.0, 10.0));
+    return round_f16(0.5 * x * (1.0 + t));
+}
+
 @compute @workgroup_size(256)
 fn geglu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
     let i = group_index(wid, nwg) * 256u + lid;
     if i < p.n {
-        let g = gate[i];
-        let t = tanh(clamp(0.7978846 * g * (1.0 + 0.044715 * g * g), -10.0, 10.0));
-        out[i] = 0.5 * g * (1.0 + t) * up[i];
+        out[i] = gelu(gate[i]) * up[i];
     }
 }

@@ -26,3 +26,26 @@ fn f16_bits(h: u32) -> f32 {
 fn bf16_bits(h: u32) -> f32 {
     return bitcast<f32>(h << 16u);
 }
+
+// `v` rounded to the nearest f16 (ties to even), as f32: `half`'s
+// conversion, without needing f16 support.
+fn round_f16(v: f32) -> f32 {
+    let b = bitcast<u32>(v);
+    let sign = b & 0x80000000u;
+    let a = b & 0x7fffffffu;
+    if a >= 0x7f800000u {
+        return v;
+    }
+    if a >= 0x477ff000u {
+        // 65520 and up round to infinity.
+        return bitcast<f32>(sign | 0x7f800000u);
+    }
+    if a >= 0x38800000u {
+        // f16 normal range: drop 13 mantissa bits, half to even.
+        let r = (a + 0xfffu + ((a >> 13u) & 1u)) & ~0x1fffu;
+        return bitcast<f32>(sign | r);
+    }
+    // f16 subnormals are multiples of 2^-24; scaling by 2^24 is exact and
+    // `round` is half to even.
+    return bitcast<f32>(sign | bitcast<u32>(round(bitcast<f32>(a) * 16777216.0) * 5.9604645e-8));
+}

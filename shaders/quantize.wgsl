@@ -79,29 +79,6 @@ fn div_rn(a: f32, b: f32) -> f32 {
     return bitcast<f32>(((ua ^ ub) & 0x80000000u) | (u32(e) << 23u) | (q & 0x7fffffu));
 }
 
-// `v` rounded to the nearest f16 (ties to even), as f32: `half`'s
-// conversion, without needing f16 support.
-fn round_f16(v: f32) -> f32 {
-    let b = bitcast<u32>(v);
-    let sign = b & 0x80000000u;
-    let a = b & 0x7fffffffu;
-    if a >= 0x7f800000u {
-        return v;
-    }
-    if a >= 0x477ff000u {
-        // 65520 and up round to infinity.
-        return bitcast<f32>(sign | 0x7f800000u);
-    }
-    if a >= 0x38800000u {
-        // f16 normal range: drop 13 mantissa bits, half to even.
-        let r = (a + 0xfffu + ((a >> 13u) & 1u)) & ~0x1fffu;
-        return bitcast<f32>(sign | r);
-    }
-    // f16 subnormals are multiples of 2^-24; scaling by 2^24 is exact and
-    // `round` is half to even.
-    return bitcast<f32>(sign | bitcast<u32>(round(bitcast<f32>(a) * 16777216.0) * 5.9604645e-8));
-}
-
 // Packs the quants of this workgroup, four per word.
 fn store_quants(lid: u32, row: u32, c: u32) {
     if lid % 4u == 0u && c < p.cols {
