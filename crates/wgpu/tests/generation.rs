@@ -262,7 +262,7 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 /// Exact token identity is not a sound bar across summation orders: these
 /// quantized models amplify last-bit differences (activations are rounded
 /// to 8 bits before every matmul), so the CPU's own scalar and SIMD kernels
-/// differ by up to ~0.9 in SmolLM2's logits and part ways at near-ties
+/// differ by up to ~1.4 in SmolLM2's logits and part ways at near-ties
 /// (SmolLM2 prompt 0 at token 34, Qwen prompt 2 at token 1). The bar is
 /// therefore the CPU's own noise floor, measured in the same run: on the
 /// wgpu continuation (teacher-forced), wgpu's logits are within twice the

@@ -224,6 +224,10 @@ pub fn generate_speculative<B: Backend>(
             None
         };
         let (batch, draft, verdict, draft_seconds, tv) = if let Some(n) = device_draft {
+            // On a backend that records and submits at the readback, the
+            // draft's execution time lands in the verify time: the policy
+            // then sees drafting as nearly free and verify as dearer, which
+            // errs towards shorter drafts.
             let draft_seconds = td.elapsed().as_secs_f64();
             let tv = Instant::now();
             be.write(&mut anchor, &[last as f32]);
