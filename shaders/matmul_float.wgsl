@@ -25,100 +25,70 @@ const WG: u32 = 64u;
 const NR: u32 = 8u;
 var<workgroup> partial: array<array<f32, WG>, NR>;
 
-fn weight_f32(i: u32) -> f32 {
-    return bitcast<f32>(w[i]);
+const F32: u32 = 0u;
+const F16: u32 = 1u;
+const BF16: u32 = 2u;
+
+// Weight `i` of the row-major matrix, of type `ty` (a constant per entry).
+fn weight(ty: u32, i: u32) -> f32 {
+    if ty == F32 {
+        return bitcast<f32>(w[i]);
+    }
+    let half = w[i / 2u] >> (16u * (i % 2u));
+    if ty == F16 {
+        return f16_bits(half);
+    }
+    return bf16_bits(half);
 }
 
-fn weight_f16(i: u32) -> f32 {
-    return f16_bits(w[i / 2u] >> (16u * (i % 2u)));
-}
-
-fn weight_bf16(i: u32) -> f32 {
-    return bf16_bits(w[i / 2u] >> (16u * (i % 2u)));
-}
-
-// Sums each row's partials and writes the outputs of rows g..g+nr.
-fn finish(lid: u32, o: u32, g: u32, nr: u32) {
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s /= 2u) {
-        if lid < s {
-            for (var r = 0u; r < NR; r++) {
-                partial[r][lid] += partial[r][lid + s];
+fn matmul_float(ty: u32, wid: vec3<u32>, nwg: vec3<u32>, lid: u32) {
+    let o = group_index(wid, nwg);
+    if o >= p.rows {
+        return;
+    }
+    for (var g = 0u; g < p.n; g += NR) {
+        let nr = min(NR, p.n - g);
+        var acc: array<f32, NR>;
+        for (var c = lid; c < p.cols; c += WG) {
+            let wv = weight(ty, o * p.cols + c);
+            for (var r = 0u; r < nr; r++) {
+                acc[r] += wv * x[(g + r) * p.cols + c];
             }
+        }
+        // Sum each row's partials and write the outputs of rows g..g+nr.
+        for (var r = 0u; r < NR; r++) {
+            partial[r][lid] = acc[r];
+        }
+        workgroupBarrier();
+        for (var s = WG / 2u; s > 0u; s /= 2u) {
+            if lid < s {
+                for (var r = 0u; r < NR; r++) {
+                    partial[r][lid] += partial[r][lid + s];
+                }
+            }
+            workgroupBarrier();
+        }
+        if lid < nr {
+            y[(g + lid) * p.out_cols + p.row0 + o] = partial[lid][0];
         }
         workgroupBarrier();
     }
-    if lid < nr {
-        y[(g + lid) * p.out_cols + p.row0 + o] = partial[lid][0];
-    }
-    workgroupBarrier();
 }
 
 @compute @workgroup_size(64)
 fn matmul_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
-    let o = group_index(wid, nwg);
-    if o >= p.rows {
-        return;
-    }
-    for (var g = 0u; g < p.n; g += NR) {
-        let nr = min(NR, p.n - g);
-        var acc: array<f32, NR>;
-        for (var c = lid; c < p.cols; c += WG) {
-            let wv = weight_f32(o * p.cols + c);
-            for (var r = 0u; r < nr; r++) {
-                acc[r] += wv * x[(g + r) * p.cols + c];
-            }
-        }
-        for (var r = 0u; r < NR; r++) {
-            partial[r][lid] = acc[r];
-        }
-        finish(lid, o, g, nr);
-    }
+    matmul_float(F32, wid, nwg, lid);
 }
 
 @compute @workgroup_size(64)
 fn matmul_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
-    let o = group_index(wid, nwg);
-    if o >= p.rows {
-        return;
-    }
-    for (var g = 0u; g < p.n; g += NR) {
-        let nr = min(NR, p.n - g);
-        var acc: array<f32, NR>;
-        for (var c = lid; c < p.cols; c += WG) {
-            let wv = weight_f16(o * p.cols + c);
-            for (var r = 0u; r < nr; r++) {
-                acc[r] += wv * x[(g + r) * p.cols + c];
-            }
-        }
-        for (var r = 0u; r < NR; r++) {
-            partial[r][lid] = acc[r];
-        }
-        finish(lid, o, g, nr);
-    }
+    matmul_float(F16, wid, nwg, lid);
 }
 
 @compute @workgroup_size(64)
 fn matmul_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
-    let o = group_index(wid, nwg);
-    if o >= p.rows {
-        return;
-    }
-    for (var g = 0u; g < p.n; g += NR) {
-        let nr = min(NR, p.n - g);
-        var acc: array<f32, NR>;
-        for (var c = lid; c < p.cols; c += WG) {
-            let wv = weight_bf16(o * p.cols + c);
-            for (var r = 0u; r < nr; r++) {
-                acc[r] += wv * x[(g + r) * p.cols + c];
-            }
-        }
-        for (var r = 0u; r < NR; r++) {
-            partial[r][lid] = acc[r];
-        }
-        finish(lid, o, g, nr);
-    }
+    matmul_float(BF16, wid, nwg, lid);
 }
