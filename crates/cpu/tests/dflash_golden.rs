@@ -56,11 +56,7 @@ fn dflash_v1_matches_the_pytorch_reference() {
     let n_new = e2e["max_new_tokens"].as_u64().unwrap() as usize;
     let mut drafter = DFlashDrafter::load(&dfile, &target, &tfile, 64, 16).unwrap();
     let mut state = target.new_state(64, 16);
-    let mut policy = DraftPolicy::new(PolicyConfig {
-        n_max: 7,
-        n_min: 1,
-        adaptive: false,
-    });
+    let mut policy = DraftPolicy::new(PolicyConfig::fixed(7));
     let mut rounds = Vec::new();
     let (tokens, _, _) = generate_speculative(
         &target,

@@ -6,14 +6,12 @@
 
 mod common;
 
-use blockdraft_core::generate::generate;
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
-use blockdraft_core::sampling::{argmax, Sampler, SamplingParams};
-use blockdraft_core::speculative::{
-    generate_speculative, DFlashDrafter, DraftPolicy, PolicyConfig,
-};
+use blockdraft_core::sampling::argmax;
+use blockdraft_core::speculative::{DFlashDrafter, PolicyConfig};
 use blockdraft_core::testing::{
-    synthetic_decoder, synthetic_dfly, SyntheticDFlash, SyntheticDims, SyntheticModel,
+    greedy_plain, greedy_speculative, synthetic_decoder, synthetic_dfly, SyntheticDFlash,
+    SyntheticDims, SyntheticModel,
 };
 use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
@@ -279,40 +277,9 @@ fn dfly_loading_rejects_broken_exports() {
 }
 
 fn greedy_matches_plain(t: &Target, drafter: &GgufFile, prompt: &[u32], n: usize) {
-    let mut state = t.dec.new_state(prompt.len() + n + 1, 32);
-    let mut sampler = Sampler::new(SamplingParams::greedy());
-    let want = generate(
-        &t.dec,
-        &mut state,
-        prompt,
-        n,
-        &mut sampler,
-        &|_| false,
-        &mut |_| true,
-    )
-    .unwrap()
-    .0;
+    let want = greedy_plain(&t.dec, prompt, n);
     let mut d = DFlashDrafter::load(drafter, &t.dec, &t.file, prompt.len() + n + 32, 32).unwrap();
-    let mut state = t.dec.new_state(prompt.len() + n + 32, 32);
-    let mut policy = DraftPolicy::new(PolicyConfig {
-        n_max: 16,
-        n_min: 1,
-        adaptive: false,
-    });
-    let (got, _, stats) = generate_speculative(
-        &t.dec,
-        &mut state,
-        &mut d,
-        &mut policy,
-        prompt,
-        n,
-        &mut Sampler::new(SamplingParams::greedy()),
-        &mut Sampler::new(SamplingParams::greedy()),
-        &|_| false,
-        &mut |_| true,
-        &mut |_| {},
-    )
-    .unwrap();
+    let (got, stats) = greedy_speculative(&t.dec, &mut d, prompt, n, PolicyConfig::fixed(16));
     assert_eq!(got, want);
     assert!(stats.rounds > 0);
 }

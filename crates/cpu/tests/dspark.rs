@@ -6,15 +6,12 @@
 
 mod common;
 
-use blockdraft_core::generate::generate;
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
-use blockdraft_core::sampling::{argmax, Sampler, SamplingParams};
-use blockdraft_core::speculative::{
-    generate_speculative, DFlashDrafter, DraftPolicy, Drafter, PolicyConfig,
-};
+use blockdraft_core::sampling::argmax;
+use blockdraft_core::speculative::{DFlashDrafter, Drafter, PolicyConfig};
 use blockdraft_core::testing::{
-    synthetic_decoder, synthetic_dflash_d2t, synthetic_dspark, SyntheticDFlash, SyntheticDSpark,
-    SyntheticDims, SyntheticModel,
+    greedy_plain, greedy_speculative, synthetic_decoder, synthetic_dflash_d2t, synthetic_dspark,
+    SyntheticDFlash, SyntheticDSpark, SyntheticDims, SyntheticModel,
 };
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile, GgufWriter};
@@ -292,40 +289,9 @@ fn d2t_scatters_draft_rows_to_target_ids() {
 
 fn greedy_matches_plain(t: &Target, drafter: SyntheticModel, prompt: &[u32], n: usize) {
     let drafter = GgufFile::from_bytes(drafter.bytes).unwrap();
-    let mut state = t.dec.new_state(prompt.len() + n + 1, 32);
-    let mut sampler = Sampler::new(SamplingParams::greedy());
-    let want = generate(
-        &t.dec,
-        &mut state,
-        prompt,
-        n,
-        &mut sampler,
-        &|_| false,
-        &mut |_| true,
-    )
-    .unwrap()
-    .0;
+    let want = greedy_plain(&t.dec, prompt, n);
     let mut d = DFlashDrafter::load(&drafter, &t.dec, &t.file, prompt.len() + n + 32, 32).unwrap();
-    let mut state = t.dec.new_state(prompt.len() + n + 32, 32);
-    let mut policy = DraftPolicy::new(PolicyConfig {
-        n_max: 16,
-        n_min: 1,
-        adaptive: false,
-    });
-    let (got, _, stats) = generate_speculative(
-        &t.dec,
-        &mut state,
-        &mut d,
-        &mut policy,
-        prompt,
-        n,
-        &mut Sampler::new(SamplingParams::greedy()),
-        &mut Sampler::new(SamplingParams::greedy()),
-        &|_| false,
-        &mut |_| true,
-        &mut |_| {},
-    )
-    .unwrap();
+    let (got, stats) = greedy_speculative(&t.dec, &mut d, prompt, n, PolicyConfig::fixed(16));
     assert_eq!(got, want);
     assert!(stats.rounds > 0);
 }

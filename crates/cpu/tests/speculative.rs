@@ -6,16 +6,15 @@
 
 mod common;
 
-use blockdraft_core::generate::generate;
 use blockdraft_core::model::Decoder;
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{
     generate_speculative, DFlashDrafter, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter,
-    OracleDrafter, PolicyConfig, SpecStats,
+    OracleDrafter, PolicyConfig,
 };
 use blockdraft_core::testing::{
-    synthetic_decoder, synthetic_dflash, synthetic_dflash2, synthetic_dflash2_d2t, SyntheticDFlash,
-    SyntheticDFlash2, SyntheticDims,
+    greedy_plain, greedy_speculative, synthetic_decoder, synthetic_dflash, synthetic_dflash2,
+    synthetic_dflash2_d2t, SyntheticDFlash, SyntheticDFlash2, SyntheticDims,
 };
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile, GgufWriter};
@@ -48,58 +47,6 @@ fn prompts(n_vocab: usize) -> Vec<Vec<u32>> {
     ]
 }
 
-fn plain(dec: &Decoder<CpuBackend>, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut state = dec.new_state(prompt.len() + n + 1, 32);
-    let mut sampler = Sampler::new(SamplingParams::greedy());
-    generate(
-        dec,
-        &mut state,
-        prompt,
-        n,
-        &mut sampler,
-        &|_| false,
-        &mut |_| true,
-    )
-    .unwrap()
-    .0
-}
-
-fn speculative(
-    dec: &Decoder<CpuBackend>,
-    drafter: &mut dyn Drafter<CpuBackend>,
-    prompt: &[u32],
-    n: usize,
-    policy: PolicyConfig,
-) -> (Vec<u32>, SpecStats) {
-    let mut state = dec.new_state(prompt.len() + n + 32, 32);
-    let mut sampler = Sampler::new(SamplingParams::greedy());
-    let mut draft_sampler = Sampler::new(SamplingParams::greedy());
-    let mut policy = DraftPolicy::new(policy);
-    let (tokens, _, stats) = generate_speculative(
-        dec,
-        &mut state,
-        drafter,
-        &mut policy,
-        prompt,
-        n,
-        &mut sampler,
-        &mut draft_sampler,
-        &|_| false,
-        &mut |_| true,
-        &mut |_| {},
-    )
-    .unwrap();
-    (tokens, stats)
-}
-
-fn fixed(n_max: usize) -> PolicyConfig {
-    PolicyConfig {
-        n_max,
-        n_min: 1,
-        adaptive: false,
-    }
-}
-
 #[test]
 fn ngram_greedy_is_identical_to_plain() {
     let Some(path) = common::model(SMOLLM2) else {
@@ -108,14 +55,14 @@ fn ngram_greedy_is_identical_to_plain() {
     let t = load(&path);
     let mut any_accepted = false;
     for prompt in prompts(t.dec.config.n_vocab) {
-        let want = plain(&t.dec, &prompt, 40);
+        let want = greedy_plain(&t.dec, &prompt, 40);
         for n_max in [2, 5, 8] {
-            let (got, stats) = speculative(
+            let (got, stats) = greedy_speculative(
                 &t.dec,
                 &mut NgramDrafter::default(),
                 &prompt,
                 40,
-                fixed(n_max),
+                PolicyConfig::fixed(n_max),
             );
             assert_eq!(got, want, "n-gram, n_max {n_max}");
             any_accepted |= stats.accepted > 0;
@@ -135,11 +82,12 @@ fn oracle_drafts_all_accepted_or_all_rejected_stay_identical() {
     let t = load(&path);
     let n_vocab = t.dec.config.n_vocab;
     for prompt in prompts(n_vocab).iter().take(2) {
-        let want = plain(&t.dec, prompt, 32);
+        let want = greedy_plain(&t.dec, prompt, 32);
         let sequence: Vec<u32> = prompt.iter().chain(&want).copied().collect();
         for n_max in [3, 8] {
             let mut all = OracleDrafter::new(sequence.clone(), 0.0, n_vocab, 1);
-            let (got, stats) = speculative(&t.dec, &mut all, prompt, 32, fixed(n_max));
+            let (got, stats) =
+                greedy_speculative(&t.dec, &mut all, prompt, 32, PolicyConfig::fixed(n_max));
             assert_eq!(got, want);
             assert_eq!(
                 stats.accepted, stats.drafted,
@@ -147,7 +95,8 @@ fn oracle_drafts_all_accepted_or_all_rejected_stay_identical() {
             );
             assert!(stats.tau() > n_max as f64 * 0.8, "tau {}", stats.tau());
             let mut none = OracleDrafter::new(sequence.clone(), 1.0, n_vocab, 1);
-            let (got, stats) = speculative(&t.dec, &mut none, prompt, 32, fixed(n_max));
+            let (got, stats) =
+                greedy_speculative(&t.dec, &mut none, prompt, 32, PolicyConfig::fixed(n_max));
             assert_eq!(got, want);
             assert_eq!(stats.accepted, 0, "every corrupted draft is rejected");
             assert!(stats.drafted > 0);
@@ -163,9 +112,9 @@ fn draft_model_greedy_is_identical_to_plain() {
     let t = load(&path);
     // A model drafting for itself: every draft is accepted.
     for prompt in prompts(t.dec.config.n_vocab).iter().take(2) {
-        let want = plain(&t.dec, prompt, 24);
+        let want = greedy_plain(&t.dec, prompt, 24);
         let mut d = DraftModelDrafter::new(t.dec.clone(), t.dec.config.n_vocab, 128).unwrap();
-        let (got, stats) = speculative(&t.dec, &mut d, prompt, 24, fixed(4));
+        let (got, stats) = greedy_speculative(&t.dec, &mut d, prompt, 24, PolicyConfig::fixed(4));
         assert_eq!(got, want);
         assert_eq!(stats.accepted, stats.drafted);
     }
@@ -175,9 +124,9 @@ fn draft_model_greedy_is_identical_to_plain() {
     };
     let (small, big) = (load(&p05), load(&p15));
     let prompt = vec![750u32, 15801, 2075, 1445, 982, 262, 470];
-    let want = plain(&big.dec, &prompt, 20);
+    let want = greedy_plain(&big.dec, &prompt, 20);
     let mut d = DraftModelDrafter::new(small.dec.clone(), big.dec.config.n_vocab, 128).unwrap();
-    let (got, stats) = speculative(&big.dec, &mut d, &prompt, 20, fixed(5));
+    let (got, stats) = greedy_speculative(&big.dec, &mut d, &prompt, 20, PolicyConfig::fixed(5));
     assert_eq!(got, want);
     assert!(
         stats.accepted > 0,
@@ -221,11 +170,12 @@ fn dflash_greedy_is_identical_to_plain_on_llama_and_qwen2_targets() {
                 .skip(block as usize / 8)
                 .take(1)
             {
-                let want = plain(&t.dec, prompt, 16);
+                let want = greedy_plain(&t.dec, prompt, 16);
                 let mut d =
                     DFlashDrafter::load(&drafter_file, &t.dec, &t.file, prompt.len() + 64, 32)
                         .unwrap();
-                let (got, stats) = speculative(&t.dec, &mut d, prompt, 16, fixed(16));
+                let (got, stats) =
+                    greedy_speculative(&t.dec, &mut d, prompt, 16, PolicyConfig::fixed(16));
                 assert_eq!(got, want, "{model}, block {block}");
                 assert!(stats.rounds > 0);
                 assert!(
@@ -260,13 +210,13 @@ fn dflash2_greedy_is_identical_to_plain_on_smollm2_with_full_and_reduced_heads()
         GgufFile::from_bytes(synthetic_dflash2_d2t(&spec, &v2, &d2t, 6).bytes).unwrap(),
     ];
     for (drafter_file, prompt) in files.iter().zip(prompts(t.dec.config.n_vocab).iter()) {
-        let want = plain(&t.dec, prompt, 16);
+        let want = greedy_plain(&t.dec, prompt, 16);
         let mut d =
             DFlashDrafter::load(drafter_file, &t.dec, &t.file, prompt.len() + 64, 32).unwrap();
         assert!(d.config.v2.is_some());
         let reduced = std::ptr::eq(drafter_file, &files[1]);
         assert_eq!(d.config.d2t.as_ref().map(Vec::len), reduced.then_some(4096));
-        let (got, stats) = speculative(&t.dec, &mut d, prompt, 16, fixed(16));
+        let (got, stats) = greedy_speculative(&t.dec, &mut d, prompt, 16, PolicyConfig::fixed(16));
         assert_eq!(got, want);
         assert!(stats.rounds > 0);
         assert!(
@@ -476,7 +426,7 @@ fn speculative_sampling_reproduces_the_target_distribution() {
                 seed: seed + 1_000_000,
                 ..params.clone()
             });
-            let mut policy = DraftPolicy::new(fixed(3));
+            let mut policy = DraftPolicy::new(PolicyConfig::fixed(3));
             let (out, _, stats) = generate_speculative(
                 &target,
                 &mut state,

@@ -45,14 +45,6 @@ fn load<B: Backend>(file: &GgufFile, be: Arc<B>) -> Arc<Decoder<B>> {
     Arc::new(Decoder::load(file, be, &mut |_| {}).expect("load"))
 }
 
-fn fixed(n_max: usize) -> PolicyConfig {
-    PolicyConfig {
-        n_max,
-        n_min: 1,
-        adaptive: false,
-    }
-}
-
 fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     let scale = b.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
     a.iter()
@@ -174,7 +166,7 @@ fn every_drafter_kind_is_identical_to_plain_on_a_synthetic_target() {
         let f = GgufFile::from_bytes(bytes).unwrap();
         let mut d = DFlashDrafter::load(&f, &dec, &file, ctx, 32).unwrap();
         let before = be.counters();
-        let (got, stats) = greedy_speculative(&dec, &mut d, &prompt, n, fixed(7));
+        let (got, stats) = greedy_speculative(&dec, &mut d, &prompt, n, PolicyConfig::fixed(7));
         let c = be.counters();
         assert_eq!(got, want, "{kind}");
         assert!(stats.rounds > 0, "{kind} drafted");
@@ -213,7 +205,7 @@ fn every_drafter_kind_is_identical_to_plain_on_a_synthetic_target() {
     ];
     for (kind, d) in others.iter_mut() {
         let before = be.counters();
-        let (got, stats) = greedy_speculative(&dec, d.as_mut(), &prompt, n, fixed(5));
+        let (got, stats) = greedy_speculative(&dec, d.as_mut(), &prompt, n, PolicyConfig::fixed(5));
         let c = be.counters();
         assert_eq!(got, want, "{kind}");
         if *kind == "draft model" || *kind == "ngram" {
@@ -321,9 +313,15 @@ fn speculative_decoding_of_a_real_model_is_identical_to_plain() {
     let spec = drafter_spec(dec.config.n_embd, vec![1, 15, 30], GgmlType::Q8_0);
     let drafter = GgufFile::from_bytes(synthetic_dflash(&spec, 9).bytes).unwrap();
     let mut d = DFlashDrafter::load(&drafter, &dec, &file, prompt.len() + n + 32, 32).unwrap();
-    let (got, stats) = greedy_speculative(&dec, &mut d, prompt, n, fixed(7));
+    let (got, stats) = greedy_speculative(&dec, &mut d, prompt, n, PolicyConfig::fixed(7));
     assert_eq!(got, want, "dflash");
     assert!(stats.rounds > 0);
-    let (got, _) = greedy_speculative(&dec, &mut NgramDrafter::default(), prompt, n, fixed(5));
+    let (got, _) = greedy_speculative(
+        &dec,
+        &mut NgramDrafter::default(),
+        prompt,
+        n,
+        PolicyConfig::fixed(5),
+    );
     assert_eq!(got, want, "ngram");
 }

@@ -18,6 +18,18 @@ pub struct PolicyConfig {
     pub adaptive: bool,
 }
 
+impl PolicyConfig {
+    /// Always draft `n_max` tokens (no minimum, no adaptation): tests and
+    /// benchmarks that need a known draft length.
+    pub fn fixed(n_max: usize) -> Self {
+        PolicyConfig {
+            n_max,
+            n_min: 1,
+            adaptive: false,
+        }
+    }
+}
+
 impl Default for PolicyConfig {
     fn default() -> Self {
         PolicyConfig {
