@@ -448,3 +448,29 @@ pub fn greedy_speculative<B: crate::Backend>(
     .expect("speculative greedy decoding");
     (tokens, stats)
 }
+
+/// Path of a real model from `tests/fetch_models.sh` (`$BLOCKDRAFT_MODELS`,
+/// default `~/.cache/blockdraft/models`). A missing model fails the test
+/// with instructions, unless `BLOCKDRAFT_SKIP_MODEL_TESTS=1`, in which case
+/// `None` is returned and the caller skips.
+pub fn real_model(file: &str) -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let dir = std::env::var_os("BLOCKDRAFT_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/blockdraft/models")
+        });
+    let path = dir.join(file);
+    if path.exists() {
+        return Some(path);
+    }
+    if std::env::var("BLOCKDRAFT_SKIP_MODEL_TESTS").as_deref() == Ok("1") {
+        eprintln!(
+            "SKIP: {} missing and BLOCKDRAFT_SKIP_MODEL_TESTS=1",
+            path.display()
+        );
+        return None;
+    }
+    panic!("{} is missing: run tests/fetch_models.sh (or set BLOCKDRAFT_SKIP_MODEL_TESTS=1 to skip real-model tests)", path.display());
+}

@@ -8,37 +8,18 @@ use blockdraft_core::speculative::{
     DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter, OracleDrafter, PolicyConfig,
 };
 use blockdraft_core::testing::{
-    greedy_plain, greedy_speculative, synthetic_decoder, synthetic_dflash, synthetic_dflash2,
-    synthetic_dfly, synthetic_dspark, SyntheticDFlash, SyntheticDFlash2, SyntheticDSpark,
-    SyntheticDims,
+    greedy_plain, greedy_speculative, real_model, synthetic_decoder, synthetic_dflash,
+    synthetic_dflash2, synthetic_dfly, synthetic_dspark, SyntheticDFlash, SyntheticDFlash2,
+    SyntheticDSpark, SyntheticDims,
 };
 use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile};
 use blockdraft_wgpu::WgpuBackend;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 fn gpu() -> Arc<WgpuBackend> {
     Arc::new(WgpuBackend::new().expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)"))
-}
-
-/// A real model from `tests/fetch_models.sh` (see crates/cpu/tests/common).
-fn model(file: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("BLOCKDRAFT_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/blockdraft/models")
-        });
-    let path = dir.join(file);
-    if path.exists() {
-        return Some(path);
-    }
-    if std::env::var("BLOCKDRAFT_SKIP_MODEL_TESTS").as_deref() == Ok("1") {
-        return None;
-    }
-    panic!("{} is missing: run tests/fetch_models.sh", path.display());
 }
 
 fn load<B: Backend>(file: &GgufFile, be: Arc<B>) -> Arc<Decoder<B>> {
@@ -263,7 +244,7 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn real_models_generate_what_the_cpu_backend_generates() {
     for (name, prompts) in [(SMOLLM2, &PROMPTS[..1]), (QWEN05, &PROMPTS[..1])] {
-        let Some(path) = model(name) else {
+        let Some(path) = real_model(name) else {
             return;
         };
         let file = GgufFile::open(&path).unwrap();
@@ -302,7 +283,7 @@ fn real_models_generate_what_the_cpu_backend_generates() {
 
 #[test]
 fn speculative_decoding_of_a_real_model_is_identical_to_plain() {
-    let Some(path) = model(SMOLLM2) else {
+    let Some(path) = real_model(SMOLLM2) else {
         return;
     };
     let file = GgufFile::open(&path).unwrap();

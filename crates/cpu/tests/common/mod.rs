@@ -4,28 +4,9 @@
 
 use std::path::PathBuf;
 
-/// Path of a real model from `tests/fetch_models.sh`. A missing model fails
-/// the test with instructions, unless `BLOCKDRAFT_SKIP_MODEL_TESTS=1`, in
-/// which case `None` is returned and the caller skips.
+/// Path of a real model (see [`blockdraft_core::testing::real_model`]).
 pub fn model(file: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("BLOCKDRAFT_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/blockdraft/models")
-        });
-    let path = dir.join(file);
-    if path.exists() {
-        return Some(path);
-    }
-    if std::env::var("BLOCKDRAFT_SKIP_MODEL_TESTS").as_deref() == Ok("1") {
-        eprintln!(
-            "SKIP: {} missing and BLOCKDRAFT_SKIP_MODEL_TESTS=1",
-            path.display()
-        );
-        return None;
-    }
-    panic!("{} is missing: run tests/fetch_models.sh (or set BLOCKDRAFT_SKIP_MODEL_TESTS=1 to skip real-model tests)", path.display());
+    blockdraft_core::testing::real_model(file)
 }
 
 /// A committed fixture under the workspace's tests/fixtures.
