@@ -77,9 +77,51 @@ impl Act {
 unsafe impl Send for Act {}
 unsafe impl Sync for Act {}
 
-/// Dot one weight row of `nb` blocks with `x.len()` (1..=MAX_NR) activation
-/// rows; `out.len() == x.len()`.
-pub(crate) type Kernel = unsafe fn(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]);
+/// Dot `nw` weight rows (each `row_bytes` after the previous, `nb` blocks
+/// long) with `x.len()` (1..=MAX_NR) activation rows: the result for weight
+/// row `j` and activation row `i` goes to `*out.add(i * ldo + j)`. Kernels
+/// work on tiles of several weight rows so that the per-output accumulation
+/// chains (whose float order is fixed, see x86.rs) run side by side instead
+/// of one after another.
+pub(crate) type Kernel = unsafe fn(
+    w: *const u8,
+    row_bytes: usize,
+    nw: usize,
+    nb: usize,
+    x: &[Act],
+    out: *mut f32,
+    ldo: usize,
+);
+
+/// A kernel that dots one weight row with the activation rows, `out[i]`
+/// receiving row `i`'s result; `per_row!` turns it into a [`Kernel`].
+pub(crate) type RowKernel = unsafe fn(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]);
+
+/// The [`Kernel`] that runs a [`RowKernel`] on each weight row in turn.
+macro_rules! per_row {
+    ($f:path) => {{
+        unsafe fn per_row_kernel(
+            w: *const u8,
+            row_bytes: usize,
+            nw: usize,
+            nb: usize,
+            x: &[$crate::kernels::Act],
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            let mut tmp = [0f32; $crate::kernels::MAX_NR];
+            for j in 0..nw {
+                let f: $crate::kernels::RowKernel = $f;
+                f(w.add(j * row_bytes), nb, x, &mut tmp[..x.len()]);
+                for (i, &v) in tmp[..x.len()].iter().enumerate() {
+                    *out.add(i * ldo + j) = v;
+                }
+            }
+        }
+        per_row_kernel as $crate::kernels::Kernel
+    }};
+}
+pub(crate) use per_row;
 
 /// Activation rows handled per kernel call.
 pub(crate) const MAX_NR: usize = 8;
@@ -106,21 +148,21 @@ pub(crate) fn act_kind(ty: GgmlType) -> ActKind {
 pub(crate) fn scalar_kernel(ty: GgmlType) -> Kernel {
     use GgmlType::*;
     match ty {
-        F32 => scalar::f32w,
-        F16 => scalar::f16w,
-        BF16 => scalar::bf16w,
-        Q4_0 => scalar::q4_0,
-        Q4_1 => scalar::q4_1,
-        Q5_0 => scalar::q5_0,
-        Q5_1 => scalar::q5_1,
-        Q8_0 => scalar::q8_0,
-        Q8_1 => scalar::q8_1,
-        Q2_K => scalar::q2_k,
-        Q3_K => scalar::q3_k,
-        Q4_K => scalar::q4_k,
-        Q5_K => scalar::q5_k,
-        Q6_K => scalar::q6_k,
-        Q8_K => scalar::q8_k,
+        F32 => per_row!(scalar::f32w),
+        F16 => per_row!(scalar::f16w),
+        BF16 => per_row!(scalar::bf16w),
+        Q4_0 => per_row!(scalar::q4_0),
+        Q4_1 => per_row!(scalar::q4_1),
+        Q5_0 => per_row!(scalar::q5_0),
+        Q5_1 => per_row!(scalar::q5_1),
+        Q8_0 => per_row!(scalar::q8_0),
+        Q8_1 => per_row!(scalar::q8_1),
+        Q2_K => per_row!(scalar::q2_k),
+        Q3_K => per_row!(scalar::q3_k),
+        Q4_K => per_row!(scalar::q4_k),
+        Q5_K => per_row!(scalar::q5_k),
+        Q6_K => per_row!(scalar::q6_k),
+        Q8_K => per_row!(scalar::q8_k),
         t => panic!("matmul: unsupported weight type {t}"),
     }
 }
@@ -261,20 +303,20 @@ pub(crate) fn matmul_with(
         let mut chunk = if nt == 1 {
             rows
         } else {
-            rows.div_ceil(nt * 8).max(8)
+            // Whole tiles of weight rows (the kernels take up to 8 at once).
+            rows.div_ceil(nt * 8).next_multiple_of(8)
         };
         if n > MAX_NR {
             // Several passes over the chunk (one per group of MAX_NR
             // activation rows): keep it small enough to stay in L2, so only
             // the first pass reads DRAM.
             const CHUNK_BYTES: usize = 192 << 10;
-            chunk = chunk.min((CHUNK_BYTES / row_bytes).max(4));
+            chunk = chunk.min((CHUNK_BYTES / row_bytes).max(8) / 8 * 8);
         }
         let n_chunks = rows.div_ceil(chunk);
         let task = |t: usize| {
             let o0 = t * chunk;
             let o1 = (o0 + chunk).min(rows);
-            let mut tmp = [0f32; MAX_NR];
             let mut xs = [act(0); MAX_NR];
             // Group of activation rows outer (it stays in L1 across the
             // chunk's weight rows), weight rows inner.
@@ -283,19 +325,14 @@ pub(crate) fn matmul_with(
                 for (i, a) in xs[..nr].iter_mut().enumerate() {
                     *a = act(g + i);
                 }
-                for o in o0..o1 {
-                    // SAFETY: `o < rows` and the data length was checked; the
-                    // kernel reads `nb` blocks of the row and `cols`
-                    // activations of rows < n, all in bounds.
-                    unsafe {
-                        let wrow = wdata.as_ptr().add(o * row_bytes);
-                        kernel(wrow, nb, &xs[..nr], &mut tmp[..nr]);
-                    }
-                    for (i, &v) in tmp[..nr].iter().enumerate() {
-                        // SAFETY: (g + i, o) is in bounds and owned by this
-                        // task alone (o is in its chunk).
-                        unsafe { *outp.get().add((g + i) * rows + o) = v };
-                    }
+                // SAFETY: rows o0..o1 < rows and the data length was checked;
+                // the kernel reads `nb` blocks of each and `cols` activations
+                // of rows < n, all in bounds, and writes outputs (g + i, o)
+                // for o in this task's chunk alone.
+                unsafe {
+                    let w0 = wdata.as_ptr().add(o0 * row_bytes);
+                    let out0 = outp.get().add(g * rows + o0);
+                    kernel(w0, row_bytes, o1 - o0, nb, &xs[..nr], out0, rows);
                 }
             }
         };
@@ -370,6 +407,23 @@ fn quantize_q8_k(x: &[f32], qs: &mut [i8], d: &mut [f32], bs: &mut [i16]) {
         return unsafe { x86::quantize_q8_k(x, qs, d, bs) };
     }
     scalar::quantize_q8_k(x, qs, d, bs)
+}
+
+/// Runs `f` inside a function compiled for FMA when the CPU has it, so the
+/// `mul_add`s that `f` inlines (ggml's float sequences use many) are single
+/// instructions instead of calls to libm's `fmaf`. Same results either way.
+#[inline(always)]
+pub(crate) fn with_fma<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if x86::has_avx2() {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn fma_enabled<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        // SAFETY: AVX2+FMA checked at runtime.
+        return unsafe { fma_enabled(f) };
+    }
+    f()
 }
 
 /// Dot product of two equal-length f32 slices, with the float sequence of

@@ -559,3 +559,44 @@ fn llamacpp_batch_matmul_only_reorders() {
         }
     }
 }
+
+/// A result depends only on its weight row and activation row: not on the
+/// rows batched beside it, nor on where the row falls in the kernels' tiles
+/// of weight rows (speculative identity and llama.cpp agreement need this
+/// bit for bit).
+#[test]
+fn results_independent_of_batch_and_tiling() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng::new(4);
+    for ty in ALL_TYPES {
+        let (rows, cols) = (37, 2 * ty.block_len().max(256));
+        let data = random_weights(ty, rows, cols, &mut rng);
+        let row_bytes = data.len() / rows;
+        let n = 17;
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
+        let mut all = vec![0f32; n * rows];
+        let w = WeightRef {
+            ty,
+            data: &data,
+            rows,
+            cols,
+        };
+        matmul(&pool, &w, &x, &mut all);
+        // Weight rows 1.. on their own shift every tile by one row.
+        let shifted = WeightRef {
+            ty,
+            data: &data[row_bytes..],
+            rows: rows - 1,
+            cols,
+        };
+        for r in 0..n {
+            let xr = &x[r * cols..(r + 1) * cols];
+            let mut one = vec![0f32; rows - 1];
+            matmul(&pool, &shifted, xr, &mut one);
+            for (o, v) in one.iter().enumerate() {
+                let want = all[r * rows + o + 1];
+                assert_eq!(v.to_bits(), want.to_bits(), "{ty} row {r} out {}", o + 1);
+            }
+        }
+    }
+}

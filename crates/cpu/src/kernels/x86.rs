@@ -1,6 +1,6 @@
 //! x86-64 AVX2 + FMA (+ F16C) kernels, selected at runtime.
 
-use super::{Act, Kernel};
+use super::{per_row, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -180,10 +180,11 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
 // with every row. On AVX2 the integer dot is maddubs (u8 x i8 pairs -> i16)
 // then madd (-> i32, applying a sub-block scale when there is one).
 
-/// Wrap `$f::<NR>` for NR = 1..=MAX_NR as one `Kernel` that picks by `x.len()`.
+/// The [`Kernel`] running the row kernel `$f::<NR>` (NR = `x.len()`) on
+/// each weight row.
 macro_rules! by_nr {
     ($f:ident) => {{
-        unsafe fn k(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+        unsafe fn row(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
             match x.len() {
                 1 => $f::<1>(w, nb, x, out),
                 2 => $f::<2>(w, nb, x, out),
@@ -195,7 +196,7 @@ macro_rules! by_nr {
                 _ => $f::<8>(w, nb, x, out),
             }
         }
-        k as Kernel
+        per_row!(row)
     }};
 }
 
@@ -204,7 +205,7 @@ macro_rules! by_nr {
 /// row is in L1 by then).
 macro_rules! by_nr4 {
     ($f:ident) => {{
-        unsafe fn k(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+        unsafe fn row(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
             let mut i = 0;
             while i < x.len() {
                 let (xs, os) = (
@@ -220,8 +221,81 @@ macro_rules! by_nr4 {
                 i += 4;
             }
         }
-        k as Kernel
+        per_row!(row)
     }};
+}
+
+/// The [`Kernel`] running the tile kernel `$f::<NW, NR>` (NW weight rows
+/// by NR = `x.len()` activation rows) over the weight rows. With one or two
+/// activation rows (decode, small verify) a tile spans several weight rows,
+/// so that independent accumulation chains fill the pipeline; `$f` must
+/// give every output the same float sequence whatever the tile.
+macro_rules! tiled {
+    ($f:ident) => {
+        tiled!($f, 4, 2, 1, 1)
+    };
+    // The tile widths (weight rows) for 1, 2, 3 and 4 activation rows.
+    ($f:ident, $w1:literal, $w2:literal, $w3:literal, $w4:literal) => {{
+        unsafe fn tiles<const NW: usize, const NR: usize>(
+            w: *const u8,
+            rb: usize,
+            nw: usize,
+            nb: usize,
+            x: &[Act],
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            let mut j = 0;
+            while j + NW <= nw {
+                $f::<NW, NR>(w.add(j * rb), rb, nb, x, out.add(j), ldo);
+                j += NW;
+            }
+            while j < nw {
+                $f::<1, NR>(w.add(j * rb), rb, nb, x, out.add(j), ldo);
+                j += 1;
+            }
+        }
+        unsafe fn tiled_kernel(
+            w: *const u8,
+            rb: usize,
+            nw: usize,
+            nb: usize,
+            x: &[Act],
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            match x.len() {
+                1 => tiles::<$w1, 1>(w, rb, nw, nb, x, out, ldo),
+                2 => tiles::<$w2, 2>(w, rb, nw, nb, x, out, ldo),
+                3 => tiles::<$w3, 3>(w, rb, nw, nb, x, out, ldo),
+                4 => tiles::<$w4, 4>(w, rb, nw, nb, x, out, ldo),
+                5 => tiles::<1, 5>(w, rb, nw, nb, x, out, ldo),
+                6 => tiles::<1, 6>(w, rb, nw, nb, x, out, ldo),
+                7 => tiles::<1, 7>(w, rb, nw, nb, x, out, ldo),
+                _ => tiles::<1, 8>(w, rb, nw, nb, x, out, ldo),
+            }
+        }
+        tiled_kernel as Kernel
+    }};
+}
+
+/// Q4_K: the tiled kernel, except for rows that must follow llama.cpp's
+/// batch (gemm) order, which take the row kernel.
+unsafe fn q4_k_any(
+    w: *const u8,
+    rb: usize,
+    nw: usize,
+    nb: usize,
+    x: &[Act],
+    out: *mut f32,
+    ldo: usize,
+) {
+    let k = if x.iter().any(|a| a.in_group4) {
+        by_nr!(q4_k_rows)
+    } else {
+        tiled!(q4_k, 1, 1, 1, 1)
+    };
+    k(w, rb, nw, nb, x, out, ldo)
 }
 
 /// The AVX2 kernel for `ty`, if there is one and the CPU has AVX2.
@@ -234,13 +308,13 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
         F32 => by_nr4!(f32w),
         F16 => by_nr4!(f16w),
         BF16 => by_nr4!(bf16w),
-        Q4_0 => by_nr!(q4_0),
-        Q4_1 => by_nr!(q4_1),
-        Q5_0 => by_nr!(q5_0),
-        Q5_1 => by_nr!(q5_1),
-        Q8_0 => by_nr!(q8_0),
-        Q8_1 => by_nr!(q8_1),
-        Q4_K => by_nr!(q4_k),
+        Q4_0 => tiled!(q4_0),
+        Q4_1 => tiled!(q4_1),
+        Q5_0 => tiled!(q5_0),
+        Q5_1 => tiled!(q5_1),
+        Q8_0 => tiled!(q8_0),
+        Q8_1 => tiled!(q8_1),
+        Q4_K => q4_k_any,
         Q5_K => by_nr!(q5_k),
         Q6_K => by_nr!(q6_k),
         Q3_K => by_nr!(q3_k),
@@ -255,6 +329,13 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
 unsafe fn h2f(p: *const u8) -> f32 {
     let bits = (p as *const u16).read_unaligned();
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// The f16 at `p` as f32 in all 8 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn h2f8(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16((p as *const i16).read_unaligned()))
 }
 
 #[target_feature(enable = "avx2,fma")]
@@ -374,36 +455,50 @@ unsafe fn unpack_q5_1(blk: *const u8) -> __m256i {
 macro_rules! kernel_32 {
     ($name:ident, $bytes:expr, $unpack:ident, $offset:expr, $has_min:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
-            let mut acc = [_mm256_setzero_ps(); NR];
-            let mut summs = [0f32; NR];
+        unsafe fn $name<const NW: usize, const NR: usize>(
+            w: *const u8,
+            rb: usize,
+            nb: usize,
+            x: &[Act],
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            let mut acc = [[_mm256_setzero_ps(); NR]; NW];
+            let mut summs = [[0f32; NR]; NW];
             let x: &[Act; NR] = x.try_into().unwrap_unchecked();
             for b in 0..nb {
-                let blk = w.add(b * $bytes);
-                let dw = h2f(blk);
-                let q = $unpack(blk);
-                let q = if $offset != 0 {
-                    _mm256_sub_epi8(q, _mm256_set1_epi8($offset))
-                } else {
-                    q
-                };
-                let qa = _mm256_sign_epi8(q, q);
-                let m = if $has_min { h2f(blk.add(2)) } else { 0.0 };
-                for i in 0..NR {
-                    let xv = load(x[i].qs.add(32 * b) as *const u8);
-                    let lanes = if $has_min {
-                        dot_u8(q, xv)
+                for j in 0..NW {
+                    let blk = w.add(j * rb + b * $bytes);
+                    let dw = h2f8(blk);
+                    let q = $unpack(blk);
+                    let q = if $offset != 0 {
+                        _mm256_sub_epi8(q, _mm256_set1_epi8($offset))
                     } else {
-                        dot_i8(qa, q, xv)
+                        q
                     };
-                    let d = _mm256_set1_ps(dw * *x[i].d.add(b));
-                    acc[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[i]);
-                    if $has_min {
-                        summs[i] = m.mul_add(*x[i].s.add(b), summs[i]);
+                    let qa = _mm256_sign_epi8(q, q);
+                    let m = if $has_min { h2f(blk.add(2)) } else { 0.0 };
+                    for i in 0..NR {
+                        let xv = load(x[i].qs.add(32 * b) as *const u8);
+                        let lanes = if $has_min {
+                            dot_u8(q, xv)
+                        } else {
+                            dot_i8(qa, q, xv)
+                        };
+                        // Lane-wise d_w * d_x: the same product as a scalar one.
+                        let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*x[i].d.add(b)));
+                        acc[j][i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[j][i]);
+                        if $has_min {
+                            summs[j][i] = m.mul_add(*x[i].s.add(b), summs[j][i]);
+                        }
                     }
                 }
             }
-            finish(&acc, &summs, out);
+            for j in 0..NW {
+                for i in 0..NR {
+                    *out.add(i * ldo + j) = hsum(acc[j][i]) + summs[j][i];
+                }
+            }
         }
     };
 }
@@ -574,8 +669,101 @@ macro_rules! k4_kernel {
     };
 }
 
-k4_kernel!(q4_k, 144, 16, false);
+k4_kernel!(q4_k_rows, 144, 16, false);
 k4_kernel!(q5_k, 176, 48, true);
+
+/// Horizontal sums of eight i32x8 vectors: lane k of the result = sum of `v[k]`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
+    let h01 = _mm256_hadd_epi32(v[0], v[1]);
+    let h23 = _mm256_hadd_epi32(v[2], v[3]);
+    let h45 = _mm256_hadd_epi32(v[4], v[5]);
+    let h67 = _mm256_hadd_epi32(v[6], v[7]);
+    // Per 128-bit half: partial sums of [v0 v1 v2 v3] and [v4 v5 v6 v7].
+    let a = _mm256_hadd_epi32(h01, h23);
+    let b = _mm256_hadd_epi32(h45, h67);
+    let lo = _mm256_permute2x128_si256(a, b, 0x20);
+    let hi = _mm256_permute2x128_si256(a, b, 0x31);
+    _mm256_add_epi32(lo, hi)
+}
+
+/// Q4_K on a tile of NW weight rows by NR activation rows (NW * NR <= 8),
+/// with `q4_k_rows`' float sequence for each output (llama.cpp's gemv):
+/// the integer sums are exact, so they are reduced for all the tile's
+/// outputs at once, and the two per-super-block FMAs of every output run
+/// as lanes of one vector (lane `j * NR + i`: weight row j, activation row i).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k<const NW: usize, const NR: usize>(
+    w: *const u8,
+    rb: usize,
+    nb: usize,
+    x: &[Act],
+    out: *mut f32,
+    ldo: usize,
+) {
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_min = _mm256_setzero_ps();
+    let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+    let low4 = _mm256_set1_epi8(0x0F);
+    for b in 0..nb {
+        let mut sum = [_mm256_setzero_si256(); 8];
+        let mut msum = [_mm256_setzero_si256(); 8];
+        let (mut dw, mut dminw, mut dx) = ([0f32; 8], [0f32; 8], [0f32; 8]);
+        for j in 0..NW {
+            let blk = w.add(j * rb + b * 144);
+            let (sc, mn) = k4_scales(blk.add(4));
+            let scv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(
+                sc.as_ptr() as *const __m128i
+            )));
+            // Min j for each 16-sum of the activations (two per sub-block).
+            let m8 = _mm_loadl_epi64(mn.as_ptr() as *const __m128i);
+            let mn16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+            for jj in 0..4 {
+                let q = load(blk.add(16 + 32 * jj));
+                let lo = _mm256_and_si256(q, low4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                // Scale j in all 16 i16 lanes: a byte shuffle of `scv`.
+                let pick = |j: usize| {
+                    let m = (2 * j as i16) | ((2 * j as i16 + 1) << 8);
+                    _mm256_shuffle_epi8(scv, _mm256_set1_epi16(m))
+                };
+                let (s_lo, s_hi) = (pick(2 * jj), pick(2 * jj + 1));
+                for i in 0..NR {
+                    let xp = x[i].qs.add(256 * b + 64 * jj) as *const u8;
+                    let p_lo = _mm256_maddubs_epi16(lo, load(xp));
+                    let p_hi = _mm256_maddubs_epi16(hi, load(xp.add(32)));
+                    let s = _mm256_add_epi32(
+                        _mm256_madd_epi16(p_lo, s_lo),
+                        _mm256_madd_epi16(p_hi, s_hi),
+                    );
+                    sum[j * NR + i] = _mm256_add_epi32(sum[j * NR + i], s);
+                }
+            }
+            for (i, xi) in x.iter().enumerate() {
+                let l = j * NR + i;
+                msum[l] = _mm256_madd_epi16(load(xi.bs.add(16 * b) as *const u8), mn16);
+                dw[l] = h2f(blk);
+                dminw[l] = h2f(blk.add(2));
+                dx[l] = *xi.d.add(b);
+            }
+        }
+        let s = _mm256_cvtepi32_ps(reduce8(&sum));
+        let m = _mm256_cvtepi32_ps(reduce8(&msum));
+        let dxv = _mm256_loadu_ps(dx.as_ptr());
+        let dd = _mm256_mul_ps(_mm256_loadu_ps(dw.as_ptr()), dxv);
+        let dm = _mm256_mul_ps(_mm256_loadu_ps(dminw.as_ptr()), dxv);
+        acc = _mm256_fmadd_ps(s, dd, acc);
+        acc_min = _mm256_fmadd_ps(m, dm, acc_min);
+    }
+    let mut r = [0f32; 8];
+    _mm256_storeu_ps(r.as_mut_ptr(), _mm256_sub_ps(acc, acc_min));
+    for j in 0..NW {
+        for i in 0..NR {
+            *out.add(i * ldo + j) = r[j * NR + i];
+        }
+    }
+}
 
 /// i16 vector with `a` in the low 8 lanes and `b` in the high 8 (the scales
 /// of two 16-value sub-blocks covered by one 32-byte maddubs).
