@@ -91,7 +91,10 @@ pub fn expf_ggml(x: f32) -> f32 {
 ///   rounded to f16, GELU of that rounded to f16; 0 below -10, identity
 ///   above 10.
 pub fn gated(act: GatedActivation, cols: usize, gate: &[f32], up: &[f32], out: &mut [f32]) {
-    with_fma(|| gated_rows(act, cols, gate, up, out))
+    with_fma(
+        #[inline(always)]
+        || gated_rows(act, cols, gate, up, out),
+    )
 }
 
 #[inline(always)]
@@ -224,71 +227,77 @@ pub fn attention(
     let n_lanes = if llamacpp_batch && n_rows > 1 { 8 } else { 32 };
     let shared = SharedOut(out.as_mut_ptr());
     let task = |t: usize| {
-        with_fma(|| {
-            let (r, h) = (t / p.n_head, t % p.n_head);
-            let pos = mask.q_pos0 + r;
-            let hi = if mask.causal {
-                (pos + 1).min(mask.kv_len)
-            } else {
-                mask.kv_len
-            };
-            let lo = mask
-                .window
-                .map_or(0, |w| (pos + 1).saturating_sub(w))
-                .min(hi);
-            let qh = &q[r * q_cols + h * p.head_dim..][..p.head_dim];
-            let kv_off = (h / group) * p.head_dim;
-            // SAFETY: this task alone writes out[r, h*head_dim .. (h+1)*head_dim].
-            let oh = unsafe {
-                std::slice::from_raw_parts_mut(shared.at(r * q_cols + h * p.head_dim), p.head_dim)
-            };
-            oh.fill(0.0);
-            if lo == hi {
-                return;
-            }
-            // Keys lo0..hi0 (whole groups of 8; keys outside lo..hi weigh 0).
-            let (lo0, hi0) = (lo / 8 * 8, hi.div_ceil(8) * 8);
-            let mut w: Vec<f32> = (lo0..hi0)
-                .map(|j| {
-                    if (lo..hi).contains(&j) {
-                        dot_f32(qh, &k[j * kv_cols + kv_off..][..p.head_dim]) * p.scale
-                    } else {
-                        f32::NEG_INFINITY
+        with_fma(
+            #[inline(always)]
+            || {
+                let (r, h) = (t / p.n_head, t % p.n_head);
+                let pos = mask.q_pos0 + r;
+                let hi = if mask.causal {
+                    (pos + 1).min(mask.kv_len)
+                } else {
+                    mask.kv_len
+                };
+                let lo = mask
+                    .window
+                    .map_or(0, |w| (pos + 1).saturating_sub(w))
+                    .min(hi);
+                let qh = &q[r * q_cols + h * p.head_dim..][..p.head_dim];
+                let kv_off = (h / group) * p.head_dim;
+                // SAFETY: this task alone writes out[r, h*head_dim .. (h+1)*head_dim].
+                let oh = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        shared.at(r * q_cols + h * p.head_dim),
+                        p.head_dim,
+                    )
+                };
+                oh.fill(0.0);
+                if lo == hi {
+                    return;
+                }
+                // Keys lo0..hi0 (whole groups of 8; keys outside lo..hi weigh 0).
+                let (lo0, hi0) = (lo / 8 * 8, hi.div_ceil(8) * 8);
+                let mut w: Vec<f32> = (lo0..hi0)
+                    .map(|j| {
+                        if (lo..hi).contains(&j) {
+                            dot_f32(qh, &k[j * kv_cols + kv_off..][..p.head_dim]) * p.scale
+                        } else {
+                            f32::NEG_INFINITY
+                        }
+                    })
+                    .collect();
+                let max = w.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0f64;
+                for g in w.chunks_exact_mut(8) {
+                    for s in g.iter_mut() {
+                        *s = if *s == f32::NEG_INFINITY {
+                            0.0
+                        } else {
+                            expf_ggml(*s - max)
+                        };
                     }
-                })
-                .collect();
-            let max = w.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f64;
-            for g in w.chunks_exact_mut(8) {
-                for s in g.iter_mut() {
-                    *s = if *s == f32::NEG_INFINITY {
-                        0.0
+                    let t: [f32; 4] = std::array::from_fn(|i| g[i] + g[4 + i]);
+                    sum += ((t[0] + t[2]) + (t[1] + t[3])) as f64;
+                }
+                let inv = (1.0 / sum) as f32;
+                // Lane sums of head_dim each: key j goes to lane j % n_lanes.
+                let mut acc = vec![0f32; n_lanes * p.head_dim];
+                for (j, &e) in (lo0..hi0).zip(&w) {
+                    if e != 0.0 {
+                        let lane = &mut acc[(j % n_lanes) * p.head_dim..][..p.head_dim];
+                        axpy_f32(lane, e * inv, &v[j * kv_cols + kv_off..][..p.head_dim]);
+                    }
+                }
+                let lane = |l: usize, d: usize| acc[l * p.head_dim + d];
+                for (d, o) in oh.iter_mut().enumerate() {
+                    *o = if n_lanes == 32 {
+                        reduce32(&std::array::from_fn(|l| lane(l, d)))
                     } else {
-                        expf_ggml(*s - max)
+                        let t: [f32; 4] = std::array::from_fn(|i| lane(i, d) + lane(4 + i, d));
+                        (t[0] + t[2]) + (t[1] + t[3])
                     };
                 }
-                let t: [f32; 4] = std::array::from_fn(|i| g[i] + g[4 + i]);
-                sum += ((t[0] + t[2]) + (t[1] + t[3])) as f64;
-            }
-            let inv = (1.0 / sum) as f32;
-            // Lane sums of head_dim each: key j goes to lane j % n_lanes.
-            let mut acc = vec![0f32; n_lanes * p.head_dim];
-            for (j, &e) in (lo0..hi0).zip(&w) {
-                if e != 0.0 {
-                    let lane = &mut acc[(j % n_lanes) * p.head_dim..][..p.head_dim];
-                    axpy_f32(lane, e * inv, &v[j * kv_cols + kv_off..][..p.head_dim]);
-                }
-            }
-            let lane = |l: usize, d: usize| acc[l * p.head_dim + d];
-            for (d, o) in oh.iter_mut().enumerate() {
-                *o = if n_lanes == 32 {
-                    reduce32(&std::array::from_fn(|l| lane(l, d)))
-                } else {
-                    let t: [f32; 4] = std::array::from_fn(|i| lane(i, d) + lane(4 + i, d));
-                    (t[0] + t[2]) + (t[1] + t[3])
-                };
-            }
-        })
+            },
+        )
     };
     pool.run(n_rows * p.n_head, &task);
 }
