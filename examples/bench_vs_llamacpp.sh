@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# blockdraft's CPU backend and llama.cpp's llama-bench side by side, on the same
+# GGUF files and thread counts, in one run (each shape measured by both
+# runtimes back to back, so both see the same machine load):
+#   decode   tg64: tokens/s generating 64 tokens
+#   prefill  pp128: tokens/s over a 128-token prompt
+#   verify   T(k)/T(1) for k = 1, 2, 4, 8, 16 rows after a 64-token context
+#            (llama-bench -p k -n 0 -d 64). blockdraft computes logits for all
+#            k rows, as a verify needs; llama-bench only for the last one.
+# Prints one table with medians and blockdraft/llama.cpp ratios.
+#
+# Usage: examples/bench_vs_llamacpp.sh [MODEL...]   (smollm2 qwen05 qwen15 gemma;
+#        default: smollm2 qwen05 qwen15)
+# Environment: LLAMA_BENCH (default: ../llama.cpp/build/bin/llama-bench beside
+#              the project), THREADS (default: "1 2"), REPS (default: 3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+LLAMA_BENCH="${LLAMA_BENCH:-../llama.cpp/build/bin/llama-bench}"
+THREADS="${THREADS:-1 2}"
+REPS="${REPS:-3}"
+KS="1,2,4,8,16"
+[ -x "$LLAMA_BENCH" ] || {
+    echo "llama-bench not found at $LLAMA_BENCH (build llama.cpp beside the project or set LLAMA_BENCH)" >&2
+    exit 1
+}
+models=("$@")
+[ ${#models[@]} -gt 0 ] || models=(smollm2 qwen05 qwen15)
+
+cargo build --release -q -p blockdraft-cli
+bd=target/release/blockdraft
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+for key in "${models[@]}"; do
+    m=$(tests/fetch_models.sh "$key")
+    for t in $THREADS; do
+        echo "measuring $key, $t thread(s)..." >&2
+        "$bd" bench -m "$m" -t "$t" -p 128 -n 64 -r "$REPS" --verify-max 16 --verify-ctx 64 --json \
+            >"$out/$key.$t.bd.json"
+        "$LLAMA_BENCH" -m "$m" -t "$t" -p 128 -n 64 -r "$REPS" -o json \
+            >"$out/$key.$t.ll.json" 2>/dev/null
+        "$LLAMA_BENCH" -m "$m" -t "$t" -p "$KS" -n 0 -d 64 -r "$REPS" -o json \
+            >"$out/$key.$t.llv.json" 2>/dev/null
+    done
+done
+
+python3 - "$out" "$KS" "${models[@]}" <<'EOF'
+import json, statistics, sys
+out, ks, models = sys.argv[1], [int(k) for k in sys.argv[2].split(",")], sys.argv[3:]
+threads = sorted({int(f.split(".")[1]) for f in __import__("os").listdir(out)})
+
+def llama_tps(rows, n_prompt, n_gen, depth=0):
+    for r in rows:
+        if (r["n_prompt"], r["n_gen"], r.get("n_depth", 0)) == (n_prompt, n_gen, depth):
+            return statistics.median(r["samples_ts"])
+    raise SystemExit(f"llama-bench gave no row for pp{n_prompt} tg{n_gen} d{depth}")
+
+print(f"{'model':8} {'thr':>3} {'metric':10} {'blockdraft':>11} {'llama.cpp':>10} {'ratio':>6}")
+for key in models:
+    for t in threads:
+        bd = json.load(open(f"{out}/{key}.{t}.bd.json"))
+        ll = json.load(open(f"{out}/{key}.{t}.ll.json"))
+        llv = json.load(open(f"{out}/{key}.{t}.llv.json"))
+        rows = [
+            ("tg64 t/s", bd["decode_tokens_per_second"], llama_tps(ll, 0, 64)),
+            ("pp128 t/s", bd["prefill_tokens_per_second"], llama_tps(ll, 128, 0)),
+        ]
+        # T(k)/T(1): seconds per pass relative to one row.
+        bd_t = {v["k"]: v["seconds"] for v in bd["verify"]}
+        ll_t = {k: k / llama_tps(llv, k, 0, 64) for k in ks}
+        for k in ks[1:]:
+            rows.append((f"T({k})/T(1)", bd_t[k] / bd_t[1], ll_t[k] / ll_t[1]))
+        for name, a, b in rows:
+            print(f"{key:8} {t:>3} {name:10} {a:11.2f} {b:10.2f} {a / b:6.2f}")
+        gbs = bd["decode_gb_per_second"]
+        print(f"{key:8} {t:>3} {'GB/s dec':10} {gbs:11.2f} {'':>10} {'':>6}   peak RSS {bd['peak_rss_bytes'] / 1e6:.0f} MB")
+EOF
