@@ -14,7 +14,8 @@
 //! over L2-sized chunks of weight rows.
 //!
 //! SIMD: AVX2+FMA+F16C kernels for every type, chosen at runtime
-//! (`BLOCKDRAFT_NO_SIMD=1` forces the portable scalar kernels).
+//! (`BLOCKDRAFT_NO_SIMD=1` forces the portable scalar kernels); wasm32
+//! simd128 kernels for the common types when the build enables simd128.
 
 use crate::pool::ThreadPool;
 use blockdraft_gguf::GgmlType;
@@ -23,6 +24,8 @@ use std::cell::RefCell;
 pub(crate) mod scalar;
 #[cfg(test)]
 mod tests;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 
@@ -171,6 +174,10 @@ pub(crate) fn scalar_kernel(ty: GgmlType) -> Kernel {
 pub(crate) fn best_kernel(ty: GgmlType) -> Kernel {
     #[cfg(target_arch = "x86_64")]
     if let Some(k) = x86::kernel(ty) {
+        return k;
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if let Some(k) = wasm::kernel(ty) {
         return k;
     }
     scalar_kernel(ty)
@@ -508,6 +515,9 @@ pub fn simd_level() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     if x86::has_avx2() {
         return "avx2+fma";
+    }
+    if cfg!(all(target_arch = "wasm32", target_feature = "simd128")) {
+        return "simd128";
     }
     "scalar"
 }

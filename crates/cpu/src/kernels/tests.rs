@@ -313,6 +313,10 @@ fn matmul_matches_dequantized_reference() {
 /// Every kernel `best_kernel` picks agrees with the scalar one.
 #[test]
 fn simd_kernels_match_scalar() {
+    // The wasm test build enables simd128 (.cargo/config.toml): its kernels
+    // are the ones under test there.
+    #[cfg(target_arch = "wasm32")]
+    assert_eq!(super::simd_level(), "simd128");
     let pool = ThreadPool::new(1);
     let mut rng = Rng::new(2);
     for ty in ALL_TYPES {
