@@ -14,13 +14,16 @@
 //! over L2-sized chunks of weight rows.
 //!
 //! SIMD: AVX2+FMA+F16C kernels for every type, chosen at runtime
-//! (`BLOCKDRAFT_NO_SIMD=1` forces the portable scalar kernels); wasm32
-//! simd128 kernels for the common types when the build enables simd128.
+//! (`BLOCKDRAFT_NO_SIMD=1` forces the portable scalar kernels); aarch64
+//! NEON and wasm32 simd128 kernels for the common types (wasm: when the
+//! build enables simd128).
 
 use crate::pool::ThreadPool;
 use blockdraft_gguf::GgmlType;
 use std::cell::RefCell;
 
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub(crate) mod scalar;
 #[cfg(test)]
 mod tests;
@@ -175,6 +178,12 @@ pub(crate) fn best_kernel(ty: GgmlType) -> Kernel {
     #[cfg(target_arch = "x86_64")]
     if let Some(k) = x86::kernel(ty) {
         return k;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if !neon::disabled() {
+        if let Some(k) = neon::kernel(ty) {
+            return k;
+        }
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     if let Some(k) = wasm::kernel(ty) {
@@ -515,6 +524,10 @@ pub fn simd_level() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     if x86::has_avx2() {
         return "avx2+fma";
+    }
+    #[cfg(target_arch = "aarch64")]
+    if !neon::disabled() {
+        return "neon";
     }
     if cfg!(all(target_arch = "wasm32", target_feature = "simd128")) {
         return "simd128";

@@ -317,6 +317,8 @@ fn simd_kernels_match_scalar() {
     // are the ones under test there.
     #[cfg(target_arch = "wasm32")]
     assert_eq!(super::simd_level(), "simd128");
+    #[cfg(target_arch = "aarch64")]
+    assert!(std::env::var_os("BLOCKDRAFT_NO_SIMD").is_some() || super::simd_level() == "neon");
     let pool = ThreadPool::new(1);
     let mut rng = Rng::new(2);
     for ty in ALL_TYPES {

@@ -1,0 +1,247 @@
+//! aarch64 NEON kernels (NEON is part of every aarch64 CPU).
+//!
+//! Every quant of the types here fits in i8 (offsets applied first), so an
+//! 8-bit dot is `vmull_s8` (i8 x i8 -> i16) plus a pairwise widening add to
+//! i32; K-quant sub-block scales multiply the exact integer sub-block sums.
+//! Each block's float step follows the scalar kernel's formula, so results
+//! match it within float reassociation. Types without a kernel here (Q2_K,
+//! Q3_K, Q5_K, Q8_K, Q8_1, F16, BF16) use the scalar ones.
+
+use super::scalar::{f16_at, scale_min_k4};
+use super::{per_row, Act, Kernel};
+use blockdraft_gguf::GgmlType;
+use core::arch::aarch64::*;
+
+/// The [`Kernel`] running the row kernel `$f::<NR>` (NR = `x.len()`) on
+/// each weight row.
+macro_rules! by_nr {
+    ($f:ident) => {{
+        unsafe fn row(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            match x.len() {
+                1 => $f::<1>(w, nb, x, out),
+                2 => $f::<2>(w, nb, x, out),
+                3 => $f::<3>(w, nb, x, out),
+                4 => $f::<4>(w, nb, x, out),
+                5 => $f::<5>(w, nb, x, out),
+                6 => $f::<6>(w, nb, x, out),
+                7 => $f::<7>(w, nb, x, out),
+                _ => $f::<8>(w, nb, x, out),
+            }
+        }
+        per_row!(row)
+    }};
+}
+
+/// `BLOCKDRAFT_NO_SIMD` is set: the scalar kernels are wanted (read once).
+pub(crate) fn disabled() -> bool {
+    static NO_SIMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *NO_SIMD.get_or_init(|| std::env::var_os("BLOCKDRAFT_NO_SIMD").is_some())
+}
+
+/// The NEON kernel for `ty`, if there is one.
+pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => by_nr!(q4_0),
+        Q4_1 => by_nr!(q4_1),
+        Q5_0 => by_nr!(q5_0),
+        Q5_1 => by_nr!(q5_1),
+        Q8_0 => by_nr!(q8_0),
+        Q4_K => by_nr!(q4_k),
+        Q6_K => by_nr!(q6_k),
+        F32 => by_nr!(f32w),
+        _ => return None,
+    })
+}
+
+/// `sum_k w[k] * x[k]` over 16 i8 pairs, as i32x4 partial sums.
+#[inline(always)]
+unsafe fn dot16(w: int8x16_t, x: int8x16_t) -> int32x4_t {
+    let lo = vmull_s8(vget_low_s8(w), vget_low_s8(x));
+    let hi = vmull_high_s8(w, x);
+    vaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi))
+}
+
+/// 32 values: quants `q` (0..16, 16..32) against the activation quants at `xp`.
+#[inline(always)]
+unsafe fn dot32(q: (int8x16_t, int8x16_t), xp: *const i8) -> int32x4_t {
+    vaddq_s32(dot16(q.0, vld1q_s8(xp)), dot16(q.1, vld1q_s8(xp.add(16))))
+}
+
+/// The 16 bytes at `p` as low nibbles (values 0..16) and high nibbles (16..32).
+#[inline(always)]
+unsafe fn nibbles(p: *const u8) -> (int8x16_t, int8x16_t) {
+    let q = vld1q_u8(p);
+    (
+        vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F))),
+        vreinterpretq_s8_u8(vshrq_n_u8::<4>(q)),
+    )
+}
+
+/// `0x10` in byte k (of 32) where bit k of `bits` is set: the fifth bit of
+/// Q5_0/Q5_1 quants.
+#[inline(always)]
+unsafe fn fifth_bits(bits: u32) -> (int8x16_t, int8x16_t) {
+    let b = bits.to_le_bytes();
+    let mask = vld1q_u8([1u8, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128].as_ptr());
+    let pick = |b0: u8, b1: u8| {
+        let spread = vcombine_u8(vdup_n_u8(b0), vdup_n_u8(b1));
+        vreinterpretq_s8_u8(vandq_u8(vtstq_u8(spread, mask), vdupq_n_u8(0x10)))
+    };
+    (pick(b[0], b[1]), pick(b[2], b[3]))
+}
+
+/// Shared body of the 32-block types: `$quants(blk)` gives the block's 32
+/// quants as two i8x16 (offsets applied); `$min` says whether the block
+/// stores a min at byte 2 (Q4_1/Q5_1: value = d q + m).
+macro_rules! kernel_32 {
+    ($name:ident, $bytes:expr, $min:expr, |$blk:ident| $quants:expr) => {
+        unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            let mut acc = [vdupq_n_f32(0.0); NR];
+            let mut mins = [0f32; NR];
+            for b in 0..nb {
+                let $blk = w.add(b * $bytes);
+                let d = f16_at($blk);
+                let q: (int8x16_t, int8x16_t) = $quants;
+                let m = if $min { f16_at($blk.add(2)) } else { 0.0 };
+                for (i, xi) in x.iter().enumerate() {
+                    let s = vcvtq_f32_s32(dot32(q, xi.qs.add(32 * b)));
+                    acc[i] = vfmaq_n_f32(acc[i], s, d * *xi.d.add(b));
+                    if $min {
+                        mins[i] += m * *xi.s.add(b);
+                    }
+                }
+            }
+            for i in 0..NR {
+                out[i] = vaddvq_f32(acc[i]) + mins[i];
+            }
+        }
+    };
+}
+
+kernel_32!(q4_0, 18, false, |blk| {
+    let (lo, hi) = nibbles(blk.add(2));
+    let eight = vdupq_n_s8(8);
+    (vsubq_s8(lo, eight), vsubq_s8(hi, eight))
+});
+kernel_32!(q4_1, 20, true, |blk| nibbles(blk.add(4)));
+kernel_32!(q5_0, 22, false, |blk| {
+    let (lo, hi) = nibbles(blk.add(6));
+    let (h0, h1) = fifth_bits((blk.add(2) as *const u32).read_unaligned());
+    let sixteen = vdupq_n_s8(16);
+    (
+        vsubq_s8(vorrq_s8(lo, h0), sixteen),
+        vsubq_s8(vorrq_s8(hi, h1), sixteen),
+    )
+});
+kernel_32!(q5_1, 24, true, |blk| {
+    let (lo, hi) = nibbles(blk.add(8));
+    let (h0, h1) = fifth_bits((blk.add(4) as *const u32).read_unaligned());
+    (vorrq_s8(lo, h0), vorrq_s8(hi, h1))
+});
+kernel_32!(q8_0, 34, false, |blk| (
+    vld1q_s8(blk.add(2) as *const i8),
+    vld1q_s8(blk.add(18) as *const i8)
+));
+
+unsafe fn q4_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+    out.fill(0.0);
+    for b in 0..nb {
+        let blk = w.add(b * 144);
+        let d = f16_at(blk);
+        let dmin = f16_at(blk.add(2));
+        let scales = std::slice::from_raw_parts(blk.add(4), 12);
+        let mut isum = [0i32; NR];
+        let mut mins = [0u8; 8];
+        for (j, min) in mins.iter_mut().enumerate() {
+            let (sc, m) = scale_min_k4(j, scales);
+            *min = m;
+            let qp = blk.add(16 + 32 * (j / 2));
+            let (a, c) = (vld1q_u8(qp), vld1q_u8(qp.add(16)));
+            let (a, c) = if j % 2 == 0 {
+                let low = vdupq_n_u8(0x0F);
+                (vandq_u8(a, low), vandq_u8(c, low))
+            } else {
+                (vshrq_n_u8::<4>(a), vshrq_n_u8::<4>(c))
+            };
+            let q = (vreinterpretq_s8_u8(a), vreinterpretq_s8_u8(c));
+            for (i, xi) in x.iter().enumerate() {
+                let s = vaddvq_s32(dot32(q, xi.qs.add(256 * b + 32 * j)));
+                isum[i] += sc as i32 * s;
+            }
+        }
+        for (i, xi) in x.iter().enumerate() {
+            let bs = xi.bs.add(16 * b);
+            let msum: i32 = (0..8)
+                .map(|j| mins[j] as i32 * (*bs.add(2 * j) as i32 + *bs.add(2 * j + 1) as i32))
+                .sum();
+            out[i] += *xi.d.add(b) * (d * isum[i] as f32 - dmin * msum as f32);
+        }
+    }
+}
+
+unsafe fn q6_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+    out.fill(0.0);
+    for b in 0..nb {
+        let blk = w.add(b * 210);
+        let sc = blk.add(192) as *const i8;
+        let d = f16_at(blk.add(208));
+        let mut isum = [0i32; NR];
+        for h in 0..2 {
+            let (ql, qh) = (blk.add(64 * h), blk.add(128 + 32 * h));
+            let (qh0, qh1) = (vld1q_u8(qh), vld1q_u8(qh.add(16)));
+            for k in 0..4 {
+                // Quarter k: low or high nibbles of ql[0..32] or ql[32..64],
+                // with bits 2k..2k+2 of qh as bits 4..6; stored +32.
+                let lp = ql.add(32 * (k % 2));
+                let (l0, l1) = (vld1q_u8(lp), vld1q_u8(lp.add(16)));
+                let (l0, l1) = if k < 2 {
+                    let low = vdupq_n_u8(0x0F);
+                    (vandq_u8(l0, low), vandq_u8(l1, low))
+                } else {
+                    (vshrq_n_u8::<4>(l0), vshrq_n_u8::<4>(l1))
+                };
+                let shift = vdupq_n_s8(4 - 2 * k as i8); // bits 2k.. to bit 4
+                let hb = |v: uint8x16_t| vandq_u8(vshlq_u8(v, shift), vdupq_n_u8(0x30));
+                let thirty_two = vdupq_n_s8(32);
+                let q = (
+                    vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(l0, hb(qh0))), thirty_two),
+                    vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(l1, hb(qh1))), thirty_two),
+                );
+                // Values 0..16 take scale 8h + 2k, 16..32 scale 8h + 2k + 1.
+                let (sa, sb) = (
+                    *sc.add(8 * h + 2 * k) as i32,
+                    *sc.add(8 * h + 2 * k + 1) as i32,
+                );
+                for (i, xi) in x.iter().enumerate() {
+                    let xp = xi.qs.add(256 * b + 128 * h + 32 * k);
+                    isum[i] += sa * vaddvq_s32(dot16(q.0, vld1q_s8(xp)))
+                        + sb * vaddvq_s32(dot16(q.1, vld1q_s8(xp.add(16))));
+                }
+            }
+        }
+        for (i, xi) in x.iter().enumerate() {
+            out[i] += *xi.d.add(b) * d * isum[i] as f32;
+        }
+    }
+}
+
+/// F32 weights (`n` = elements): four lanes of partial sums per row.
+unsafe fn f32w<const NR: usize>(w: *const u8, n: usize, x: &[Act], out: &mut [f32]) {
+    let mut acc = [vdupq_n_f32(0.0); NR];
+    let mut k = 0;
+    while k + 4 <= n {
+        let wv = vreinterpretq_f32_u8(vld1q_u8(w.add(4 * k)));
+        for (i, xi) in x.iter().enumerate() {
+            acc[i] = vfmaq_f32(acc[i], wv, vld1q_f32(xi.f.add(k)));
+        }
+        k += 4;
+    }
+    for (i, xi) in x.iter().enumerate() {
+        let mut s = vaddvq_f32(acc[i]);
+        for t in k..n {
+            s += (w.add(4 * t) as *const f32).read_unaligned() * *xi.f.add(t);
+        }
+        out[i] = s;
+    }
+}
