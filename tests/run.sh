@@ -13,7 +13,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --no-fail-fast
 # The wasm32 simd128 and aarch64 NEON kernels against the scalar ones,
 # under Node's WASI and qemu-user.
-simd_tests=(kernels::tests::simd kernels::tests::results_independent)
+simd_tests=(kernels::tests::simd kernels::tests::results_independent kernels::tests::float
+    kernels::wasm kernels::neon)
 CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $PWD/tests/wasi/run.mjs" \
     cargo test -p blockdraft-cpu --lib --target wasm32-wasip1 -- "${simd_tests[@]}"
 CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" \

@@ -4,8 +4,8 @@
 //! 8-bit dot is `vmull_s8` (i8 x i8 -> i16) plus a pairwise widening add to
 //! i32; K-quant sub-block scales multiply the exact integer sub-block sums.
 //! Each block's float step follows the scalar kernel's formula, so results
-//! match it within float reassociation. Types without a kernel here (Q2_K,
-//! Q3_K, Q5_K, Q8_K, Q8_1, F16, BF16) use the scalar ones.
+//! match it within float reassociation. Q2_K and Q3_K use the scalar
+//! kernels.
 
 use super::scalar::{f16_at, scale_min_k4};
 use super::{per_row, Act, Kernel};
@@ -47,9 +47,14 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
         Q5_0 => by_nr!(q5_0),
         Q5_1 => by_nr!(q5_1),
         Q8_0 => by_nr!(q8_0),
+        Q8_1 => by_nr!(q8_1),
         Q4_K => by_nr!(q4_k),
+        Q5_K => by_nr!(q5_k),
         Q6_K => by_nr!(q6_k),
+        Q8_K => by_nr!(q8_k),
         F32 => by_nr!(f32w),
+        F16 => by_nr!(f16w),
+        BF16 => by_nr!(bf16w),
         _ => return None,
     })
 }
@@ -143,39 +148,81 @@ kernel_32!(q8_0, 34, false, |blk| (
     vld1q_s8(blk.add(2) as *const i8),
     vld1q_s8(blk.add(18) as *const i8)
 ));
+// Q8_1's stored sum is not needed: the activation side has its own.
+kernel_32!(q8_1, 36, false, |blk| (
+    vld1q_s8(blk.add(4) as *const i8),
+    vld1q_s8(blk.add(20) as *const i8)
+));
 
-unsafe fn q4_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+/// Q4_K, and Q5_K (`$five`: bit j of `qh[l]` is the fifth bit of value l
+/// of sub-block j).
+macro_rules! k4_kernel {
+    ($name:ident, $bytes:expr, $qs_off:expr, $five:expr) => {
+        unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            out.fill(0.0);
+            for b in 0..nb {
+                let blk = w.add(b * $bytes);
+                let d = f16_at(blk);
+                let dmin = f16_at(blk.add(2));
+                let scales = std::slice::from_raw_parts(blk.add(4), 12);
+                let mut isum = [0i32; NR];
+                let mut mins = [0u8; 8];
+                for (j, min) in mins.iter_mut().enumerate() {
+                    let (sc, m) = scale_min_k4(j, scales);
+                    *min = m;
+                    let qp = blk.add($qs_off + 32 * (j / 2));
+                    let (mut a, mut c) = (vld1q_u8(qp), vld1q_u8(qp.add(16)));
+                    (a, c) = if j % 2 == 0 {
+                        let low = vdupq_n_u8(0x0F);
+                        (vandq_u8(a, low), vandq_u8(c, low))
+                    } else {
+                        (vshrq_n_u8::<4>(a), vshrq_n_u8::<4>(c))
+                    };
+                    if $five {
+                        // Bit j of each qh byte to bit 4.
+                        let shift = vdupq_n_s8(4 - j as i8);
+                        let bit = |v: uint8x16_t| vandq_u8(vshlq_u8(v, shift), vdupq_n_u8(0x10));
+                        a = vorrq_u8(a, bit(vld1q_u8(blk.add(16))));
+                        c = vorrq_u8(c, bit(vld1q_u8(blk.add(32))));
+                    }
+                    let q = (vreinterpretq_s8_u8(a), vreinterpretq_s8_u8(c));
+                    for (i, xi) in x.iter().enumerate() {
+                        let s = vaddvq_s32(dot32(q, xi.qs.add(256 * b + 32 * j)));
+                        isum[i] += sc as i32 * s;
+                    }
+                }
+                for (i, xi) in x.iter().enumerate() {
+                    let bs = xi.bs.add(16 * b);
+                    let msum: i32 = (0..8)
+                        .map(|j| {
+                            mins[j] as i32 * (*bs.add(2 * j) as i32 + *bs.add(2 * j + 1) as i32)
+                        })
+                        .sum();
+                    out[i] += *xi.d.add(b) * (d * isum[i] as f32 - dmin * msum as f32);
+                }
+            }
+        }
+    };
+}
+
+k4_kernel!(q4_k, 144, 16, false);
+k4_kernel!(q5_k, 176, 48, true);
+
+unsafe fn q8_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
     out.fill(0.0);
     for b in 0..nb {
-        let blk = w.add(b * 144);
-        let d = f16_at(blk);
-        let dmin = f16_at(blk.add(2));
-        let scales = std::slice::from_raw_parts(blk.add(4), 12);
-        let mut isum = [0i32; NR];
-        let mut mins = [0u8; 8];
-        for (j, min) in mins.iter_mut().enumerate() {
-            let (sc, m) = scale_min_k4(j, scales);
-            *min = m;
-            let qp = blk.add(16 + 32 * (j / 2));
-            let (a, c) = (vld1q_u8(qp), vld1q_u8(qp.add(16)));
-            let (a, c) = if j % 2 == 0 {
-                let low = vdupq_n_u8(0x0F);
-                (vandq_u8(a, low), vandq_u8(c, low))
-            } else {
-                (vshrq_n_u8::<4>(a), vshrq_n_u8::<4>(c))
-            };
-            let q = (vreinterpretq_s8_u8(a), vreinterpretq_s8_u8(c));
+        let blk = w.add(b * 292);
+        let d = (blk as *const f32).read_unaligned();
+        let mut isum = [vdupq_n_s32(0); NR];
+        for c in 0..8 {
+            let qp = blk.add(4 + 32 * c) as *const i8;
+            let q = (vld1q_s8(qp), vld1q_s8(qp.add(16)));
             for (i, xi) in x.iter().enumerate() {
-                let s = vaddvq_s32(dot32(q, xi.qs.add(256 * b + 32 * j)));
-                isum[i] += sc as i32 * s;
+                isum[i] = vaddq_s32(isum[i], dot32(q, xi.qs.add(256 * b + 32 * c)));
             }
         }
         for (i, xi) in x.iter().enumerate() {
-            let bs = xi.bs.add(16 * b);
-            let msum: i32 = (0..8)
-                .map(|j| mins[j] as i32 * (*bs.add(2 * j) as i32 + *bs.add(2 * j + 1) as i32))
-                .sum();
-            out[i] += *xi.d.add(b) * (d * isum[i] as f32 - dmin * msum as f32);
+            out[i] += d * *xi.d.add(b) * vaddvq_s32(isum[i]) as f32;
         }
     }
 }
@@ -226,22 +273,97 @@ unsafe fn q6_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f
     }
 }
 
-/// F32 weights (`n` = elements): four lanes of partial sums per row.
-unsafe fn f32w<const NR: usize>(w: *const u8, n: usize, x: &[Act], out: &mut [f32]) {
-    let mut acc = [vdupq_n_f32(0.0); NR];
-    let mut k = 0;
-    while k + 4 <= n {
-        let wv = vreinterpretq_f32_u8(vld1q_u8(w.add(4 * k)));
-        for (i, xi) in x.iter().enumerate() {
-            acc[i] = vfmaq_f32(acc[i], wv, vld1q_f32(xi.f.add(k)));
+/// Four f16 (8 bytes at `p`) as f32x4, exactly: the f16 bits moved into
+/// f32 position and rescaled by 2^112 (which also normalises subnormals);
+/// infinities and NaNs get the all-ones exponent back.
+#[inline(always)]
+unsafe fn f16x4(p: *const u8) -> float32x4_t {
+    let h = vmovl_u16(vreinterpret_u16_u8(vld1_u8(p)));
+    let magnitude = vshlq_n_u32::<13>(vandq_u32(h, vdupq_n_u32(0x7FFF)));
+    let scaled = vmulq_f32(
+        vreinterpretq_f32_u32(magnitude),
+        vdupq_n_f32(f32::from_bits(0x7780_0000)),
+    );
+    let inf_nan = vceqq_u32(vandq_u32(h, vdupq_n_u32(0x7C00)), vdupq_n_u32(0x7C00));
+    let v = vbslq_u32(
+        inf_nan,
+        vorrq_u32(magnitude, vdupq_n_u32(0x7F80_0000)),
+        vreinterpretq_u32_f32(scaled),
+    );
+    let sign = vshlq_n_u32::<16>(vandq_u32(h, vdupq_n_u32(0x8000)));
+    vreinterpretq_f32_u32(vorrq_u32(v, sign))
+}
+
+/// Four bf16 (8 bytes at `p`) as f32x4.
+#[inline(always)]
+unsafe fn bf16x4(p: *const u8) -> float32x4_t {
+    vreinterpretq_f32_u32(vshlq_n_u32::<16>(vmovl_u16(vreinterpret_u16_u8(vld1_u8(
+        p,
+    )))))
+}
+
+/// Float weights (`n` = elements, `$esize` bytes each; `$load` gives four
+/// as f32x4): four lanes of partial sums per activation row.
+macro_rules! float_kernel {
+    ($name:ident, $esize:expr, $load:expr, $one:expr) => {
+        unsafe fn $name<const NR: usize>(w: *const u8, n: usize, x: &[Act], out: &mut [f32]) {
+            let mut acc = [vdupq_n_f32(0.0); NR];
+            let mut k = 0;
+            while k + 4 <= n {
+                let wv = $load(w.add($esize * k));
+                for (i, xi) in x.iter().enumerate() {
+                    acc[i] = vfmaq_f32(acc[i], wv, vld1q_f32(xi.f.add(k)));
+                }
+                k += 4;
+            }
+            for (i, xi) in x.iter().enumerate() {
+                let mut s = vaddvq_f32(acc[i]);
+                for t in k..n {
+                    s += $one(w.add($esize * t)) * *xi.f.add(t);
+                }
+                out[i] = s;
+            }
         }
-        k += 4;
-    }
-    for (i, xi) in x.iter().enumerate() {
-        let mut s = vaddvq_f32(acc[i]);
-        for t in k..n {
-            s += (w.add(4 * t) as *const f32).read_unaligned() * *xi.f.add(t);
+    };
+}
+
+float_kernel!(
+    f32w,
+    4,
+    |p: *const u8| vreinterpretq_f32_u8(vld1q_u8(p)),
+    |p: *const u8| (p as *const f32).read_unaligned()
+);
+float_kernel!(f16w, 2, |p| f16x4(p), |p| f16_at(p));
+float_kernel!(bf16w, 2, |p| bf16x4(p), |p: *const u8| f32::from_bits(
+    ((p as *const u16).read_unaligned() as u32) << 16
+));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_and_bf16_conversions_are_exact_for_every_bit_pattern() {
+        for bits in (0..=u16::MAX).step_by(4) {
+            let h: [u16; 4] = std::array::from_fn(|i| bits + i as u16);
+            let bytes: Vec<u8> = h.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let mut got = [0f32; 4];
+            // SAFETY: 8 readable bytes; 16 writable.
+            unsafe {
+                vst1q_f32(got.as_mut_ptr(), f16x4(bytes.as_ptr()));
+                for (i, &v) in h.iter().enumerate() {
+                    let want = half::f16::from_bits(v).to_f32();
+                    assert!(
+                        got[i].to_bits() == want.to_bits() || (want.is_nan() && got[i].is_nan()),
+                        "f16 {v:#06x}: {} vs {want}",
+                        got[i]
+                    );
+                }
+                vst1q_f32(got.as_mut_ptr(), bf16x4(bytes.as_ptr()));
+                for (i, &v) in h.iter().enumerate() {
+                    assert_eq!(got[i].to_bits(), (v as u32) << 16);
+                }
+            }
         }
-        out[i] = s;
     }
 }

@@ -5,8 +5,8 @@
 //! weights pre-multiplied by their sub-block scale, which fits) and dotted
 //! with the widened activations by `i32x4.dot_i16x8_s`. Integer sums are
 //! exact; each block's float step follows the scalar kernel's formula, so
-//! results match it within float reassociation. Types without a kernel
-//! here (Q2_K, Q3_K, Q5_K, Q8_K, Q8_1, F16, BF16) use the scalar ones.
+//! results match it within float reassociation. Q2_K and Q3_K (rare in
+//! the models that fit a browser) use the scalar kernels.
 
 use super::scalar::{f16_at, scale_min_k4};
 use super::{per_row, Act, Kernel};
@@ -42,9 +42,14 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
         Q5_0 => by_nr!(q5_0),
         Q5_1 => by_nr!(q5_1),
         Q8_0 => by_nr!(q8_0),
+        Q8_1 => by_nr!(q8_1),
         Q4_K => by_nr!(q4_k),
+        Q5_K => by_nr!(q5_k),
         Q6_K => by_nr!(q6_k),
+        Q8_K => by_nr!(q8_k),
         F32 => by_nr!(f32w),
+        F16 => by_nr!(f16w),
+        BF16 => by_nr!(bf16w),
         _ => return None,
     })
 }
@@ -182,42 +187,84 @@ kernel_32!(q8_0, 34, false, |blk| widen_i8(
     load(blk.add(2)),
     load(blk.add(18))
 ));
+// Q8_1's stored sum is not needed: the activation side has its own.
+kernel_32!(q8_1, 36, false, |blk| widen_i8(
+    load(blk.add(4)),
+    load(blk.add(20))
+));
 
-unsafe fn q4_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+/// Q4_K, and Q5_K (`$five`: bit j of `qh[l]` is the fifth bit of value l
+/// of sub-block j).
+macro_rules! k4_kernel {
+    ($name:ident, $bytes:expr, $qs_off:expr, $five:expr) => {
+        unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            out.fill(0.0);
+            for b in 0..nb {
+                let blk = w.add(b * $bytes);
+                let d = f16_at(blk);
+                let dmin = f16_at(blk.add(2));
+                let scales = std::slice::from_raw_parts(blk.add(4), 12);
+                let mut isum = [i32x4_splat(0); NR];
+                let mut mins = [0u8; 8];
+                for (j, min) in mins.iter_mut().enumerate() {
+                    let (sc, m) = scale_min_k4(j, scales);
+                    *min = m;
+                    let qp = blk.add($qs_off + 32 * (j / 2));
+                    let (mut a, mut c) = (load(qp), load(qp.add(16)));
+                    (a, c) = if j % 2 == 0 {
+                        (
+                            v128_and(a, u8x16_splat(0x0F)),
+                            v128_and(c, u8x16_splat(0x0F)),
+                        )
+                    } else {
+                        (u8x16_shr(a, 4), u8x16_shr(c, 4))
+                    };
+                    if $five {
+                        let bit = |v: v128| {
+                            v128_and(u8x16_shl(u8x16_shr(v, j as u32), 4), u8x16_splat(0x10))
+                        };
+                        a = v128_or(a, bit(load(blk.add(16))));
+                        c = v128_or(c, bit(load(blk.add(32))));
+                    }
+                    // q * scale <= 31 * 63 fits i16.
+                    let s = i16x8_splat(sc as i16);
+                    let q = widen_u8(a, c).map(|v| i16x8_mul(v, s));
+                    for (i, xi) in x.iter().enumerate() {
+                        isum[i] = i32x4_add(isum[i], dot32(&q, xi.qs.add(256 * b + 32 * j)));
+                    }
+                }
+                for (i, xi) in x.iter().enumerate() {
+                    let bs = xi.bs.add(16 * b);
+                    let msum: i32 = (0..8)
+                        .map(|j| {
+                            mins[j] as i32 * (*bs.add(2 * j) as i32 + *bs.add(2 * j + 1) as i32)
+                        })
+                        .sum();
+                    out[i] += *xi.d.add(b) * (d * hsum_i32(isum[i]) as f32 - dmin * msum as f32);
+                }
+            }
+        }
+    };
+}
+
+k4_kernel!(q4_k, 144, 16, false);
+k4_kernel!(q5_k, 176, 48, true);
+
+unsafe fn q8_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
     out.fill(0.0);
     for b in 0..nb {
-        let blk = w.add(b * 144);
-        let d = f16_at(blk);
-        let dmin = f16_at(blk.add(2));
-        let scales = std::slice::from_raw_parts(blk.add(4), 12);
+        let blk = w.add(b * 292);
+        let d = (blk as *const f32).read_unaligned();
         let mut isum = [i32x4_splat(0); NR];
-        let mut mins = [0u8; 8];
-        for (j, min) in mins.iter_mut().enumerate() {
-            let (sc, m) = scale_min_k4(j, scales);
-            *min = m;
-            let qp = blk.add(16 + 32 * (j / 2));
-            let (a, c) = (load(qp), load(qp.add(16)));
-            let (a, c) = if j % 2 == 0 {
-                (
-                    v128_and(a, u8x16_splat(0x0F)),
-                    v128_and(c, u8x16_splat(0x0F)),
-                )
-            } else {
-                (u8x16_shr(a, 4), u8x16_shr(c, 4))
-            };
-            // q * scale <= 15 * 63 fits i16.
-            let s = i16x8_splat(sc as i16);
-            let q = widen_u8(a, c).map(|v| i16x8_mul(v, s));
+        for c in 0..8 {
+            let qp = blk.add(4 + 32 * c);
+            let q = widen_i8(load(qp), load(qp.add(16)));
             for (i, xi) in x.iter().enumerate() {
-                isum[i] = i32x4_add(isum[i], dot32(&q, xi.qs.add(256 * b + 32 * j)));
+                isum[i] = i32x4_add(isum[i], dot32(&q, xi.qs.add(256 * b + 32 * c)));
             }
         }
         for (i, xi) in x.iter().enumerate() {
-            let bs = xi.bs.add(16 * b);
-            let msum: i32 = (0..8)
-                .map(|j| mins[j] as i32 * (*bs.add(2 * j) as i32 + *bs.add(2 * j + 1) as i32))
-                .sum();
-            out[i] += *xi.d.add(b) * (d * hsum_i32(isum[i]) as f32 - dmin * msum as f32);
+            out[i] += d * *xi.d.add(b) * hsum_i32(isum[i]) as f32;
         }
     }
 }
@@ -276,23 +323,92 @@ unsafe fn q6_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f
     }
 }
 
-/// F32 weights (`n` = elements): four lanes of partial sums per row.
-unsafe fn f32w<const NR: usize>(w: *const u8, n: usize, x: &[Act], out: &mut [f32]) {
-    let mut acc = [f32x4_splat(0.0); NR];
-    let mut k = 0;
-    while k + 4 <= n {
-        let wv = load(w.add(4 * k));
-        for (i, xi) in x.iter().enumerate() {
-            let xv = load(xi.f.add(k) as *const u8);
-            acc[i] = f32x4_add(acc[i], f32x4_mul(wv, xv));
+/// Four f16 (8 bytes at `p`) as f32x4, exactly: the f16 bits moved into
+/// f32 position and rescaled by 2^112 (which also normalises subnormals);
+/// infinities and NaNs get the all-ones exponent back.
+#[inline(always)]
+unsafe fn f16x4(p: *const u8) -> v128 {
+    let h = u32x4_extend_low_u16x8(v128_load64_zero(p as *const u64));
+    let magnitude = u32x4_shl(v128_and(h, u32x4_splat(0x7FFF)), 13);
+    let scaled = f32x4_mul(magnitude, f32x4_splat(f32::from_bits(0x7780_0000)));
+    let inf_nan = u32x4_eq(v128_and(h, u32x4_splat(0x7C00)), u32x4_splat(0x7C00));
+    let v = v128_bitselect(
+        v128_or(magnitude, u32x4_splat(0x7F80_0000)),
+        scaled,
+        inf_nan,
+    );
+    v128_or(v, u32x4_shl(v128_and(h, u32x4_splat(0x8000)), 16))
+}
+
+/// Four bf16 (8 bytes at `p`) as f32x4.
+#[inline(always)]
+unsafe fn bf16x4(p: *const u8) -> v128 {
+    u32x4_shl(
+        u32x4_extend_low_u16x8(v128_load64_zero(p as *const u64)),
+        16,
+    )
+}
+
+/// Float weights (`n` = elements, `$esize` bytes each; `$load` gives four
+/// as f32x4): four lanes of partial sums per activation row.
+macro_rules! float_kernel {
+    ($name:ident, $esize:expr, $load:expr, $one:expr) => {
+        unsafe fn $name<const NR: usize>(w: *const u8, n: usize, x: &[Act], out: &mut [f32]) {
+            let mut acc = [f32x4_splat(0.0); NR];
+            let mut k = 0;
+            while k + 4 <= n {
+                let wv = $load(w.add($esize * k));
+                for (i, xi) in x.iter().enumerate() {
+                    let xv = load(xi.f.add(k) as *const u8);
+                    acc[i] = f32x4_add(acc[i], f32x4_mul(wv, xv));
+                }
+                k += 4;
+            }
+            for (i, xi) in x.iter().enumerate() {
+                let mut s = hsum_f32(acc[i]);
+                for t in k..n {
+                    s += $one(w.add($esize * t)) * *xi.f.add(t);
+                }
+                out[i] = s;
+            }
         }
-        k += 4;
-    }
-    for (i, xi) in x.iter().enumerate() {
-        let mut s = hsum_f32(acc[i]);
-        for t in k..n {
-            s += (w.add(4 * t) as *const f32).read_unaligned() * *xi.f.add(t);
+    };
+}
+
+float_kernel!(f32w, 4, |p: *const u8| load(p), |p: *const u8| (p
+    as *const f32)
+    .read_unaligned());
+float_kernel!(f16w, 2, |p| f16x4(p), |p| f16_at(p));
+float_kernel!(bf16w, 2, |p| bf16x4(p), |p: *const u8| f32::from_bits(
+    ((p as *const u16).read_unaligned() as u32) << 16
+));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_and_bf16_conversions_are_exact_for_every_bit_pattern() {
+        for bits in (0..=u16::MAX).step_by(4) {
+            let h: [u16; 4] = std::array::from_fn(|i| bits + i as u16);
+            let bytes: Vec<u8> = h.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let mut got = [0f32; 4];
+            // SAFETY: 8 readable bytes; 16 writable.
+            unsafe {
+                v128_store(got.as_mut_ptr() as *mut v128, f16x4(bytes.as_ptr()));
+                for (i, &v) in h.iter().enumerate() {
+                    let want = half::f16::from_bits(v).to_f32();
+                    assert!(
+                        got[i].to_bits() == want.to_bits() || (want.is_nan() && got[i].is_nan()),
+                        "f16 {v:#06x}: {} vs {want}",
+                        got[i]
+                    );
+                }
+                v128_store(got.as_mut_ptr() as *mut v128, bf16x4(bytes.as_ptr()));
+                for (i, &v) in h.iter().enumerate() {
+                    assert_eq!(got[i].to_bits(), (v as u32) << 16);
+                }
+            }
         }
-        out[i] = s;
     }
 }
