@@ -15,7 +15,7 @@
 //!
 //! SIMD: AVX2+FMA+F16C kernels for every type, chosen at runtime
 //! (`BLOCKDRAFT_NO_SIMD=1` forces the portable scalar kernels); aarch64
-//! NEON and wasm32 simd128 kernels for the common types (wasm: when the
+//! NEON and wasm32 simd128 kernels for every type too (wasm: when the
 //! build enables simd128).
 
 use crate::pool::ThreadPool;

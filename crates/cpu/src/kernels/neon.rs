@@ -4,10 +4,9 @@
 //! 8-bit dot is `vmull_s8` (i8 x i8 -> i16) plus a pairwise widening add to
 //! i32; K-quant sub-block scales multiply the exact integer sub-block sums.
 //! Each block's float step follows the scalar kernel's formula, so results
-//! match it within float reassociation. Q2_K and Q3_K use the scalar
-//! kernels.
+//! match it within float reassociation. Every weight type has one.
 
-use super::scalar::{f16_at, scale_min_k4};
+use super::scalar::{f16_at, q3k_scales, scale_min_k4};
 use super::{per_row, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use core::arch::aarch64::*;
@@ -48,6 +47,8 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
         Q5_1 => by_nr!(q5_1),
         Q8_0 => by_nr!(q8_0),
         Q8_1 => by_nr!(q8_1),
+        Q2_K => by_nr!(q2_k),
+        Q3_K => by_nr!(q3_k),
         Q4_K => by_nr!(q4_k),
         Q5_K => by_nr!(q5_k),
         Q6_K => by_nr!(q6_k),
@@ -226,6 +227,81 @@ unsafe fn q8_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f
         }
     }
 }
+
+/// Q2_K and Q3_K share a layout: in half h, shift pair j covers the 32
+/// values `(qs[32h..32h + 32] >> 2j) & 3` (sub-blocks 8h + 2j and + 1).
+/// `$quants(blk, qs0, qs1, h, j)` finishes them (Q3_K: the high bit).
+macro_rules! k23_kernel {
+    ($name:ident, $bytes:expr, $qs_off:expr, $d_off:expr, $has_min:expr,
+     $scales:expr, |$blk:ident, $q0:ident, $q1:ident, $h:ident, $j:ident| $quants:expr) => {
+        unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            out.fill(0.0);
+            for b in 0..nb {
+                let $blk = w.add(b * $bytes);
+                let d = f16_at($blk.add($d_off));
+                let scales: [i32; 16] = $scales;
+                let mut isum = [0i32; NR];
+                for $h in 0..2 {
+                    let qp = $blk.add($qs_off + 32 * $h);
+                    let (qs0, qs1) = (vld1q_u8(qp), vld1q_u8(qp.add(16)));
+                    for $j in 0..4 {
+                        let shift = vdupq_n_s8(-2 * $j as i8);
+                        let three = vdupq_n_u8(3);
+                        let $q0 = vandq_u8(vshlq_u8(qs0, shift), three);
+                        let $q1 = vandq_u8(vshlq_u8(qs1, shift), three);
+                        let q: (int8x16_t, int8x16_t) = $quants;
+                        let is = 8 * $h + 2 * $j;
+                        for (i, xi) in x.iter().enumerate() {
+                            let xp = xi.qs.add(256 * b + 128 * $h + 32 * $j);
+                            isum[i] += scales[is] * vaddvq_s32(dot16(q.0, vld1q_s8(xp)))
+                                + scales[is + 1] * vaddvq_s32(dot16(q.1, vld1q_s8(xp.add(16))));
+                        }
+                    }
+                }
+                for (i, xi) in x.iter().enumerate() {
+                    let mut v = d * isum[i] as f32;
+                    if $has_min {
+                        // Q2_K: min m_is (high nibble) per 16 values, times dmin.
+                        let bs = xi.bs.add(16 * b);
+                        let msum: i32 = (0..16)
+                            .map(|is| (*$blk.add(is) >> 4) as i32 * *bs.add(is) as i32)
+                            .sum();
+                        v -= f16_at($blk.add($d_off + 2)) * msum as f32;
+                    }
+                    out[i] += *xi.d.add(b) * v;
+                }
+            }
+        }
+    };
+}
+
+k23_kernel!(
+    q2_k,
+    84,
+    16,
+    80,
+    true,
+    std::array::from_fn(|is| (*blk.add(is) & 0xF) as i32),
+    |blk, q0, q1, h, j| (vreinterpretq_s8_u8(q0), vreinterpretq_s8_u8(q1))
+);
+k23_kernel!(
+    q3_k,
+    110,
+    32,
+    108,
+    false,
+    q3k_scales(std::slice::from_raw_parts(blk.add(96), 12)).map(|v| v as i32),
+    |blk, q0, q1, h, j| {
+        // Stored as q2 - 4 where the hmask bit 4h + j is clear.
+        let m = vdupq_n_u8(1 << (4 * h + j));
+        let four = vdupq_n_u8(4);
+        let high = |q: uint8x16_t, hm: *const u8| {
+            let set = vandq_u8(vtstq_u8(vld1q_u8(hm), m), four);
+            vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(q, set)), vdupq_n_s8(4))
+        };
+        (high(q0, blk), high(q1, blk.add(16)))
+    }
+);
 
 unsafe fn q6_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
     out.fill(0.0);

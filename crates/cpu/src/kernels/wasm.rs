@@ -5,10 +5,9 @@
 //! weights pre-multiplied by their sub-block scale, which fits) and dotted
 //! with the widened activations by `i32x4.dot_i16x8_s`. Integer sums are
 //! exact; each block's float step follows the scalar kernel's formula, so
-//! results match it within float reassociation. Q2_K and Q3_K (rare in
-//! the models that fit a browser) use the scalar kernels.
+//! results match it within float reassociation. Every weight type has one.
 
-use super::scalar::{f16_at, scale_min_k4};
+use super::scalar::{f16_at, q3k_scales, scale_min_k4};
 use super::{per_row, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use core::arch::wasm32::*;
@@ -43,6 +42,8 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
         Q5_1 => by_nr!(q5_1),
         Q8_0 => by_nr!(q8_0),
         Q8_1 => by_nr!(q8_1),
+        Q2_K => by_nr!(q2_k),
+        Q3_K => by_nr!(q3_k),
         Q4_K => by_nr!(q4_k),
         Q5_K => by_nr!(q5_k),
         Q6_K => by_nr!(q6_k),
@@ -268,6 +269,91 @@ unsafe fn q8_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f
         }
     }
 }
+
+/// Q2_K and Q3_K share a layout: in half h, shift pair j covers the 32
+/// values `(qs[32h..32h + 32] >> 2j) & 3` (sub-blocks 8h + 2j and + 1).
+/// `$quants(blk, qs0, qs1, h, j)` finishes them (Q3_K: the high bit).
+macro_rules! k23_kernel {
+    ($name:ident, $bytes:expr, $qs_off:expr, $d_off:expr, $has_min:expr,
+     $scales:expr, |$blk:ident, $q0:ident, $q1:ident, $h:ident, $j:ident| $quants:expr) => {
+        unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            out.fill(0.0);
+            for b in 0..nb {
+                let $blk = w.add(b * $bytes);
+                let d = f16_at($blk.add($d_off));
+                let scales: [i16; 16] = $scales;
+                let mut isum = [i32x4_splat(0); NR];
+                for $h in 0..2 {
+                    let qp = $blk.add($qs_off + 32 * $h);
+                    let (qs0, qs1) = (load(qp), load(qp.add(16)));
+                    for $j in 0..4 {
+                        let three = u8x16_splat(3);
+                        let $q0 = v128_and(u8x16_shr(qs0, 2 * $j as u32), three);
+                        let $q1 = v128_and(u8x16_shr(qs1, 2 * $j as u32), three);
+                        let (a, c): (v128, v128) = $quants;
+                        // Values 0..16 take sub-block scale 8h + 2j, 16..32
+                        // the next; |q * scale| <= 4 * 32 fits i16.
+                        let is = 8 * $h + 2 * $j;
+                        let (sa, sb) = (i16x8_splat(scales[is]), i16x8_splat(scales[is + 1]));
+                        let q = widen_i8(a, c);
+                        let q = [
+                            i16x8_mul(q[0], sa),
+                            i16x8_mul(q[1], sa),
+                            i16x8_mul(q[2], sb),
+                            i16x8_mul(q[3], sb),
+                        ];
+                        for (i, xi) in x.iter().enumerate() {
+                            let xp = xi.qs.add(256 * b + 128 * $h + 32 * $j);
+                            isum[i] = i32x4_add(isum[i], dot32(&q, xp));
+                        }
+                    }
+                }
+                for (i, xi) in x.iter().enumerate() {
+                    let mut v = d * hsum_i32(isum[i]) as f32;
+                    if $has_min {
+                        // Q2_K: min m_is (high nibble) per 16 values, times dmin.
+                        let bs = xi.bs.add(16 * b);
+                        let msum: i32 = (0..16)
+                            .map(|is| (*$blk.add(is) >> 4) as i32 * *bs.add(is) as i32)
+                            .sum();
+                        v -= f16_at($blk.add($d_off + 2)) * msum as f32;
+                    }
+                    out[i] += *xi.d.add(b) * v;
+                }
+            }
+        }
+    };
+}
+
+k23_kernel!(
+    q2_k,
+    84,
+    16,
+    80,
+    true,
+    std::array::from_fn(|is| (*blk.add(is) & 0xF) as i16),
+    |blk, q0, q1, h, j| (q0, q1)
+);
+k23_kernel!(
+    q3_k,
+    110,
+    32,
+    108,
+    false,
+    q3k_scales(std::slice::from_raw_parts(blk.add(96), 12)).map(|v| v as i16),
+    |blk, q0, q1, h, j| {
+        // Stored as q2 - 4 where the hmask bit 4h + j is clear.
+        let m = u8x16_splat(1 << (4 * h + j));
+        let high = |q: v128, hm: *const u8| {
+            let set = v128_and(
+                u8x16_ne(v128_and(load(hm), m), u8x16_splat(0)),
+                u8x16_splat(4),
+            );
+            i8x16_sub(v128_or(q, set), i8x16_splat(4))
+        };
+        (high(q0, blk), high(q1, blk.add(16)))
+    }
+);
 
 unsafe fn q6_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
     out.fill(0.0);
