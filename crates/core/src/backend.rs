@@ -5,6 +5,7 @@
 //! handles holding row-major f32 matrices; weights stay in their GGUF type on
 //! the device. Ops record work; `read` synchronizes.
 
+use crate::sampling::{device_uniform, sample_index, SamplingParams};
 use blockdraft_gguf::{GgmlType, TensorData};
 
 /// Errors a backend reports.
@@ -228,6 +229,55 @@ pub trait Backend: Send + Sync + 'static {
         }
         self.write(values, &vals);
         self.write(ids, &idx);
+    }
+
+    /// Seeded sampling of one token per row of logits `x` (`n x cols`), as
+    /// f32 ids down column `col` of `out` from row `row`: row `r` draws
+    /// [`sample_index`] over its candidates with the uniform
+    /// [`device_uniform`]`(p.seed, counter + r)`. The candidates are the
+    /// row's top-k ([`Self::top_k`], sorted) when `p.top_k > 0`, else the
+    /// whole row in index order, where top-p does not apply: the draw
+    /// follows [`crate::sampling::Sampler::distribution`] when
+    /// [`crate::sampling::samples_on_device`] holds. `p.repeat_penalty` is
+    /// ignored. The default goes through the host.
+    fn sample_to(
+        &self,
+        x: &Self::Tensor,
+        p: &SamplingParams,
+        counter: u64,
+        out: &mut Self::Tensor,
+        row: usize,
+        col: usize,
+    ) {
+        let (n, cols) = self.shape(x);
+        assert!(
+            row + n <= self.shape(out).0 && col < self.shape(out).1,
+            "sample_to out of bounds"
+        );
+        if n == 0 || cols == 0 {
+            return;
+        }
+        let k = p.top_k.min(cols);
+        let (values, ids) = if k > 0 {
+            let (mut values, mut ids) = (self.tensor(n, k), self.tensor(n, k));
+            self.top_k(x, k, &mut values, &mut ids);
+            (self.read(&values), Some(self.read(&ids)))
+        } else {
+            (self.read(x), None)
+        };
+        let m = values.len() / n;
+        let picks: Vec<f32> = values
+            .chunks_exact(m)
+            .enumerate()
+            .map(|(r, row)| {
+                let u = device_uniform(p.seed, counter.wrapping_add(r as u64));
+                let i = sample_index(row, k > 0, p, u);
+                ids.as_ref().map_or(i as f32, |ids| ids[r * m + i])
+            })
+            .collect();
+        let mut t = self.tensor(n, 1);
+        self.write(&mut t, &picks);
+        self.copy_rows(&t, 0, out, row, col, n);
     }
 
     /// `out[r][c] += Σ_j w[j] · x[r][j·d + c]` for `d` = `out`'s columns, in

@@ -8,7 +8,7 @@ use crate::backend::{
     AttentionMask, AttentionParams, Backend, ConvParams, GatedActivation, RopeParams, RopeStyle,
     WeightSource,
 };
-use crate::sampling::Rng;
+use crate::sampling::{Rng, SamplingParams};
 use blockdraft_gguf::{quants, GgmlType, GgufFile, GgufWriter};
 
 /// Every weight type the matmul and embedding kernels must read in place.
@@ -516,6 +516,66 @@ pub fn selector_walk<B: Backend, R: Backend>(be: &B, reference: &R) {
     }
 }
 
+/// Seeded sampling: the same draws as the reference for whole rows and
+/// for top-k candidates with top-p and min-p, NaN and −∞ skipped; row `r`
+/// with counter `c` draws what row `r − 1` draws with counter `c + 1`.
+pub fn sample_to<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(18);
+    let settings = [
+        (0.8, 0, 1.0, 0.0, 50),
+        (1.3, 10, 0.9, 0.05, 50),
+        (0.5, 0, 1.0, 0.1, 300),
+        (1.0, 40, 0.95, 0.0, 151_936),
+    ];
+    for (i, (temperature, top_k, top_p, min_p, cols)) in settings.into_iter().enumerate() {
+        let p = SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            seed: 0x1234_5678_9abc + i as u64,
+            ..Default::default()
+        };
+        let rows = if cols > 1000 { 3 } else { 64 };
+        let one = uniform(&mut rng, cols, 3.0);
+        let mut x: Vec<f32> = (0..rows).flat_map(|_| one.iter().copied()).collect();
+        x[4] = f32::NAN;
+        x[5] = f32::NEG_INFINITY;
+        let counter = (1u64 << 32) - 2 + i as u64;
+        let mut out = be.tensor(rows + 1, 2);
+        be.sample_to(&tensor(be, rows, cols, &x), &p, counter, &mut out, 1, 1);
+        let mut want = reference.tensor(rows + 1, 2);
+        reference.sample_to(
+            &tensor(reference, rows, cols, &x),
+            &p,
+            counter,
+            &mut want,
+            1,
+            1,
+        );
+        let got = be.read(&out);
+        assert_eq!(got, reference.read(&want), "sample_to {p:?}");
+        let ids: Vec<f32> = got.iter().skip(3).step_by(2).copied().collect();
+        assert!(ids[0] != 4.0 && ids[0] != 5.0, "NaN and −∞ are never drawn");
+        assert!(ids.iter().all(|&t| t < cols as f32));
+        let mut shifted = be.tensor(rows, 1);
+        be.sample_to(
+            &tensor(be, rows, cols, &x),
+            &p,
+            counter + 1,
+            &mut shifted,
+            0,
+            0,
+        );
+        // Rows 1.. hold the same logits as row 0.
+        assert_eq!(
+            &be.read(&shifted)[1..rows - 1],
+            &ids[2..rows],
+            "counter {p:?}"
+        );
+    }
+}
+
 /// Token ids that stay on the device: argmax written into a column of a
 /// tensor, and embedding rows gathered by ids read from such a column.
 pub fn device_ids<B: Backend, R: Backend>(be: &B, reference: &R) {
@@ -558,7 +618,7 @@ macro_rules! backend_conformance_tests {
     ($backend:expr, $reference:expr) => {
         $crate::backend_conformance_tests!(@each $backend, $reference;
             matmul, embed, rms_norm, rope, elementwise, copy_rows, attention, grouped_conv, argmax,
-            top_k, add_slices, selector_walk, device_ids);
+            top_k, add_slices, selector_walk, sample_to, device_ids);
     };
     (@each $backend:expr, $reference:expr; $($op:ident),*) => {
         $(

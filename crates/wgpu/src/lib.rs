@@ -33,6 +33,7 @@ use blockdraft_core::backend::{
     AttentionMask, AttentionParams, Backend, BackendError, ConvParams, GatedActivation, RopeParams,
     RopeStyle, WeightSource,
 };
+use blockdraft_core::sampling::SamplingParams;
 use recorder::{Binding, Device};
 use shaders::Kernel;
 use std::collections::HashMap;
@@ -559,6 +560,59 @@ impl Backend for WgpuBackend {
             kernel("topk.wgsl", "top_k"),
             &[u(x.rows), u(x.cols), u(k), 0],
             &[x.binding(), values.binding(), ids.binding()],
+            grid(x.rows, 1),
+        );
+    }
+
+    fn sample_to(
+        &self,
+        x: &WgpuTensor,
+        p: &SamplingParams,
+        counter: u64,
+        out: &mut WgpuTensor,
+        row: usize,
+        col: usize,
+    ) {
+        assert!(
+            row + x.rows <= out.rows && col < out.cols,
+            "sample_to out of bounds"
+        );
+        if x.rows == 0 || x.cols == 0 {
+            return;
+        }
+        let k = p.top_k.min(x.cols);
+        let top = (k > 0).then(|| {
+            let (mut values, mut ids) = (self.tensor(x.rows, k), self.tensor(x.rows, k));
+            self.top_k(x, k, &mut values, &mut ids);
+            (values, ids)
+        });
+        let (values, ids) = match &top {
+            Some((values, ids)) => (values, ids),
+            // The ids binding is unused for whole rows.
+            None => (x, x),
+        };
+        let params = [
+            u(x.rows),
+            u(values.cols),
+            u32::from(top.is_some()),
+            p.temperature.max(1e-6).to_bits(),
+            p.top_p.to_bits(),
+            p.min_p.to_bits(),
+            p.seed as u32,
+            (p.seed >> 32) as u32,
+            counter as u32,
+            (counter >> 32) as u32,
+            u(row),
+            u(col),
+            u(out.cols),
+            0,
+            0,
+            0,
+        ];
+        self.dev.dispatch(
+            kernel("sample.wgsl", "sample"),
+            &params,
+            &[values.binding(), ids.binding(), out.binding()],
             grid(x.rows, 1),
         );
     }

@@ -34,6 +34,7 @@ pub const SOURCES: &[(&str, &str)] = &[
         include_str!("../../../shaders/selector.wgsl"),
     ),
     ("fusion.wgsl", include_str!("../../../shaders/fusion.wgsl")),
+    ("sample.wgsl", include_str!("../../../shaders/sample.wgsl")),
     ("embed.wgsl", include_str!("../../../shaders/embed.wgsl")),
     (
         "matmul_float.wgsl",
