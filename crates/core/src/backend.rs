@@ -183,6 +183,15 @@ pub trait Backend: Send + Sync + 'static {
     /// Index of the largest value of each row (first on ties).
     fn argmax(&self, x: &Self::Tensor) -> Vec<u32>;
 
+    /// Whether tensors live in host memory, so that [`Self::read`] is a
+    /// plain copy. The speculative engine then samples rounds at
+    /// temperature > 0 on the host, where a drafter that gives
+    /// probabilities is accepted by rejection sampling (which accepts more
+    /// than the device round's matching of greedy drafts).
+    fn host_memory(&self) -> bool {
+        false
+    }
+
     /// `x = cap · tanh(x / cap)` (final logit softcapping). The default goes
     /// through the host.
     fn softcap(&self, x: &mut Self::Tensor, cap: f32) {

@@ -186,8 +186,10 @@ pub fn generate_speculative<B: Backend>(
     // column 0 of `round` holds the verify batch [anchor, drafts], column 1
     // the target's choices (argmax, or a seeded sample), and it is the
     // round's one readback. At temperature > 0 the greedy drafts are then
-    // accepted by target-sample matching.
-    let on_device = samples_on_device(&sampler.params);
+    // accepted by target-sample matching, worth it only where readbacks
+    // cost something.
+    let on_device =
+        samples_on_device(&sampler.params) && (sampler.params.is_greedy() || !be.host_memory());
     let mut round = be.tensor(state.max_batch(), 2);
     let mut anchor = be.tensor(1, 1);
 

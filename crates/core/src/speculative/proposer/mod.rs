@@ -77,8 +77,9 @@ pub trait Drafter<B: Backend>: Send {
     /// 1 (the engine then writes the anchor, the last token of `history`,
     /// to row 0; a drafter whose picks chain may write it there first) and
     /// returns how many. `None` when this drafter needs the host (the
-    /// engine then calls [`Self::propose`]). At temperature > 0 the engine
-    /// accepts these drafts by matching the target's samples.
+    /// engine then calls [`Self::propose`]). At temperature > 0 (on a
+    /// device backend) the engine accepts them by matching the target's
+    /// samples.
     fn propose_on_device(
         &mut self,
         history: &[u32],
