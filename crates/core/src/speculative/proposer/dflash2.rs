@@ -2,7 +2,7 @@
 //! depthwise convolutions around each sublayer of the block path, and a
 //! candidate selector whose greedy lattice walk replaces per-row argmax.
 
-use crate::backend::{Backend, ConvParams, WeightSource};
+use crate::backend::{Backend, BackendError, ConvParams, WeightSource};
 use crate::error::ModelError;
 use crate::model::{HookPoint, LayerHook};
 use crate::sampling::argmax;
@@ -247,8 +247,9 @@ pub(super) struct DeviceSelector<B: Backend> {
 }
 
 impl<B: Backend> DeviceSelector<B> {
-    /// `None` when the device walk would differ from the host's: a negative
-    /// logit scale reverses the order the top-K is taken in.
+    /// `None` when the device walk would differ from the host's (a negative
+    /// logit scale reverses the order the top-K is taken in) or the backend
+    /// cannot keep the codebooks' type resident: the host walks then.
     pub(super) fn load(
         be: &B,
         file: &GgufFile,
@@ -261,9 +262,19 @@ impl<B: Backend> DeviceSelector<B> {
         }
         let (r, k) = (cfg.selector_rank, cfg.selector_top_k);
         let dims = [r as u64, n_vocab as u64];
+        let table = |name| match load_weight(be, file, name, &dims) {
+            Err(ModelError::Backend(BackendError::Unsupported { .. })) => Ok(None),
+            other => other.map(Some),
+        };
+        let (Some(predecessor), Some(successor)) = (
+            table("selector_predecessor.weight")?,
+            table("selector_successor.weight")?,
+        ) else {
+            return Ok(None);
+        };
         Ok(Some(DeviceSelector {
-            predecessor: load_weight(be, file, "selector_predecessor.weight", &dims)?,
-            successor: load_weight(be, file, "selector_successor.weight", &dims)?,
+            predecessor,
+            successor,
             top_k: k,
             rank: r,
             logit_scale: cfg.logit_scale,

@@ -11,7 +11,7 @@
 //! port reads `conf_proj.weight` `{n_embd + R_m, 1}` and the optional
 //! `conf_proj.bias` `{1}`.
 
-use crate::backend::{Backend, WeightSource};
+use crate::backend::{Backend, BackendError, WeightSource};
 use crate::error::ModelError;
 use blockdraft_gguf::{quants, GgmlType, GgufFile};
 
@@ -161,7 +161,8 @@ pub(super) struct DeviceMarkov<B: Backend> {
 
 impl<B: Backend> DeviceMarkov<B> {
     /// `None` when a row of `W1` or `W2` (rank values) is not a whole
-    /// number of quantization blocks, which device weights need.
+    /// number of quantization blocks, which device weights need, or the
+    /// backend cannot keep their type resident: the host chains then.
     pub(super) fn load(
         be: &B,
         file: &GgufFile,
@@ -185,12 +186,16 @@ impl<B: Backend> DeviceMarkov<B> {
             if !cfg.rank.is_multiple_of(info.ty.block_len()) {
                 return Ok(None);
             }
-            weights.push(be.load_weight(WeightSource {
+            match be.load_weight(WeightSource {
                 name,
                 ty: info.ty,
                 dims: &info.dims,
                 data: file.tensor_data(name)?,
-            })?);
+            }) {
+                Ok(w) => weights.push(w),
+                Err(BackendError::Unsupported { .. }) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
         }
         let scale = match file.tensor("markov_w2.scale") {
             Some(_) => Some(host_tensor(file, "markov_w2.scale", &[1])?[0]),
