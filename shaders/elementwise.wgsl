@@ -1,5 +1,6 @@
 // Element-wise ops on row-major f32 tensors: x += y, x *= s, x += bias
-// (per row), and the NaN/infinity sanitiser applied to hidden-state taps.
+// (per row), logit softcapping, and the NaN/infinity sanitiser applied to
+// hidden-state taps.
 
 #include "common.wgsl"
 
@@ -58,5 +59,15 @@ fn clamp_finite(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         } else if mag >= bitcast<u32>(p.s) {
             x[i] = select(p.s, -p.s, (bits & 0x80000000u) != 0u);
         }
+    }
+}
+
+// Final logit softcapping: x = s · tanh(x / s).
+@compute @workgroup_size(256)
+fn softcap(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let i = group_index(wid, nwg) * 256u + lid;
+    if i < p.n {
+        x[i] = p.s * tanh(x[i] / p.s);
     }
 }

@@ -8,7 +8,7 @@ use crate::backend::{
     AttentionMask, AttentionParams, Backend, ConvParams, GatedActivation, RopeParams, RopeStyle,
     WeightSource,
 };
-use crate::sampling::Rng;
+use crate::sampling::{Rng, SamplingParams};
 use blockdraft_gguf::{quants, GgmlType, GgufFile, GgufWriter};
 
 /// Every weight type the matmul and embedding kernels must read in place.
@@ -204,7 +204,8 @@ pub fn rope<B: Backend, R: Backend>(be: &B, reference: &R) {
     }
 }
 
-/// Gated activations, residual add, scale, bias and the tap sanitiser.
+/// Gated activations, residual add, scale, bias, softcapping and the tap
+/// sanitiser.
 pub fn elementwise<B: Backend, R: Backend>(be: &B, reference: &R) {
     let mut rng = Rng::new(9);
     let (rows, cols) = (3, 200);
@@ -248,6 +249,12 @@ pub fn elementwise<B: Backend, R: Backend>(be: &B, reference: &R) {
         &reference.read(&xr),
         1e-6,
     );
+
+    let mut x = tensor(be, rows, cols, &g);
+    be.softcap(&mut x, 5.0);
+    let mut xr = tensor(reference, rows, cols, &g);
+    reference.softcap(&mut xr, 5.0);
+    assert_close("softcap", &be.read(&x), &reference.read(&xr), 1e-6);
 
     let special = [
         f32::NAN,
@@ -400,6 +407,175 @@ pub fn argmax<B: Backend, R: Backend>(be: &B, reference: &R) {
     assert_eq!(&got[..3], &[5, cols as u32 - 1, 0]);
 }
 
+/// Top-k per row: ties to the smaller index, NaN and −∞ last, k = cols,
+/// and a vocabulary-wide row.
+pub fn top_k<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(15);
+    for (rows, cols, k) in [(3, 40, 40), (5, 1000, 16), (2, 151_936, 5)] {
+        let mut x = uniform(&mut rng, rows * cols, 10.0);
+        // Row 0: a three-way tie at the top, NaN and −∞, repeated values.
+        x[7] = 20.0;
+        x[3] = 20.0;
+        x[30] = 20.0;
+        x[1] = f32::NAN;
+        x[2] = f32::NEG_INFINITY;
+        x[9] = x[10];
+        x[cols + 5] = -0.0;
+        x[cols + 6] = 0.0;
+        let mut values = be.tensor(rows, k);
+        let mut ids = be.tensor(rows, k);
+        be.top_k(&tensor(be, rows, cols, &x), k, &mut values, &mut ids);
+        let mut want_v = reference.tensor(rows, k);
+        let mut want_i = reference.tensor(rows, k);
+        reference.top_k(
+            &tensor(reference, rows, cols, &x),
+            k,
+            &mut want_v,
+            &mut want_i,
+        );
+        let (got_i, want_i) = (be.read(&ids), reference.read(&want_i));
+        assert_eq!(got_i, want_i, "top_k ids {rows}x{cols} k={k}");
+        let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(be.read(&values)),
+            bits(reference.read(&want_v)),
+            "top_k values {rows}x{cols} k={k}"
+        );
+        assert_eq!(&got_i[..3], &[3.0, 7.0, 30.0], "ties: smaller index first");
+        if k == cols {
+            // NaN counts as −∞ and ties it by index.
+            assert_eq!(&got_i[cols - 2..cols], &[1.0, 2.0]);
+        }
+    }
+}
+
+/// DFly's weighted sum of tap slices, with more weights than one dispatch
+/// of a parameter-block implementation carries.
+pub fn add_slices<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(16);
+    for (rows, d, n_w) in [(5, 48, 3), (2, 8, 70)] {
+        let x = uniform(&mut rng, rows * d * n_w, 2.0);
+        let base = uniform(&mut rng, rows * d, 1.0);
+        let w = uniform(&mut rng, n_w, 1.0);
+        let mut out = tensor(be, rows, d, &base);
+        be.add_slices(&tensor(be, rows, n_w * d, &x), &w, &mut out);
+        let mut want = tensor(reference, rows, d, &base);
+        reference.add_slices(&tensor(reference, rows, n_w * d, &x), &w, &mut want);
+        assert_close(
+            &format!("add_slices {rows}x{d} x{n_w}"),
+            &be.read(&out),
+            &reference.read(&want),
+            1e-6,
+        );
+    }
+}
+
+/// DFlash2's selector walk: the picks chain through the rows (each row's
+/// scores depend on the previous pick), with K beyond one workgroup too.
+pub fn selector_walk<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(17);
+    for (n, k, rank) in [(8, 4, 24), (5, 16, 64), (3, 300, 4)] {
+        let gates = uniform(&mut rng, n * rank, 2.0);
+        let pred = uniform(&mut rng, n * k * rank, 1.0);
+        let succ = uniform(&mut rng, n * k * rank, 1.0);
+        let unary = uniform(&mut rng, n * k, 1.0);
+        let cand: Vec<f32> = (0..n * k).map(|i| (1000 + 7 * i) as f32).collect();
+        let init = vec![-1.0; (n + 2) * 3];
+        let mut out = tensor(be, n + 2, 3, &init);
+        be.selector_walk(
+            &tensor(be, n, rank, &gates),
+            &tensor(be, n * k, rank, &pred),
+            &tensor(be, n * k, rank, &succ),
+            &tensor(be, n, k, &unary),
+            &tensor(be, n, k, &cand),
+            &mut out,
+            1,
+        );
+        let mut want = tensor(reference, n + 2, 3, &init);
+        reference.selector_walk(
+            &tensor(reference, n, rank, &gates),
+            &tensor(reference, n * k, rank, &pred),
+            &tensor(reference, n * k, rank, &succ),
+            &tensor(reference, n, k, &unary),
+            &tensor(reference, n, k, &cand),
+            &mut want,
+            1,
+        );
+        let (got, want) = (be.read(&out), reference.read(&want));
+        assert_eq!(got, want, "selector_walk n={n} k={k} rank={rank}");
+        // Row 0 (the anchor's) and the rows past the block stay untouched;
+        // every other row picked one of its own candidates.
+        assert_eq!(got[1], -1.0);
+        assert_eq!(&got[n * 3..], &[-1.0; 6]);
+        for r in 1..n {
+            assert!(
+                cand[r * k..(r + 1) * k].contains(&got[r * 3 + 1]),
+                "row {r}"
+            );
+        }
+    }
+}
+
+/// Seeded sampling: the same draws as the reference for whole rows and
+/// for top-k candidates with top-p and min-p, NaN and −∞ skipped; row `r`
+/// with counter `c` draws what row `r − 1` draws with counter `c + 1`.
+pub fn sample_to<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(18);
+    let settings = [
+        (0.8, 0, 1.0, 0.0, 50),
+        (1.3, 10, 0.9, 0.05, 50),
+        (0.5, 0, 1.0, 0.1, 300),
+        (1.0, 40, 0.95, 0.0, 151_936),
+    ];
+    for (i, (temperature, top_k, top_p, min_p, cols)) in settings.into_iter().enumerate() {
+        let p = SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            seed: 0x1234_5678_9abc + i as u64,
+            ..Default::default()
+        };
+        let rows = if cols > 1000 { 3 } else { 64 };
+        let one = uniform(&mut rng, cols, 3.0);
+        let mut x: Vec<f32> = (0..rows).flat_map(|_| one.iter().copied()).collect();
+        x[4] = f32::NAN;
+        x[5] = f32::NEG_INFINITY;
+        let counter = (1u64 << 32) - 2 + i as u64;
+        let mut out = be.tensor(rows + 1, 2);
+        be.sample_to(&tensor(be, rows, cols, &x), &p, counter, &mut out, 1, 1);
+        let mut want = reference.tensor(rows + 1, 2);
+        reference.sample_to(
+            &tensor(reference, rows, cols, &x),
+            &p,
+            counter,
+            &mut want,
+            1,
+            1,
+        );
+        let got = be.read(&out);
+        assert_eq!(got, reference.read(&want), "sample_to {p:?}");
+        let ids: Vec<f32> = got.iter().skip(3).step_by(2).copied().collect();
+        assert!(ids[0] != 4.0 && ids[0] != 5.0, "NaN and −∞ are never drawn");
+        assert!(ids.iter().all(|&t| t < cols as f32));
+        let mut shifted = be.tensor(rows, 1);
+        be.sample_to(
+            &tensor(be, rows, cols, &x),
+            &p,
+            counter + 1,
+            &mut shifted,
+            0,
+            0,
+        );
+        // Rows 1.. hold the same logits as row 0.
+        assert_eq!(
+            &be.read(&shifted)[1..rows - 1],
+            &ids[2..rows],
+            "counter {p:?}"
+        );
+    }
+}
+
 /// Token ids that stay on the device: argmax written into a column of a
 /// tensor, and embedding rows gathered by ids read from such a column.
 pub fn device_ids<B: Backend, R: Backend>(be: &B, reference: &R) {
@@ -442,7 +618,7 @@ macro_rules! backend_conformance_tests {
     ($backend:expr, $reference:expr) => {
         $crate::backend_conformance_tests!(@each $backend, $reference;
             matmul, embed, rms_norm, rope, elementwise, copy_rows, attention, grouped_conv, argmax,
-            device_ids);
+            top_k, add_slices, selector_walk, sample_to, device_ids);
     };
     (@each $backend:expr, $reference:expr; $($op:ident),*) => {
         $(

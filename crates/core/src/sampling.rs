@@ -228,6 +228,88 @@ impl Sampler {
     }
 }
 
+/// The uniform in [0, 1) that seeded sampling on a device draws for
+/// `(seed, counter)` (`shaders/sample.wgsl` computes the same bits): a
+/// counter-based generator, so a device draws each row's number
+/// independently and a given seed and position always draw the same one.
+pub fn device_uniform(seed: u64, counter: u64) -> f32 {
+    fn pcg(v: u32) -> u32 {
+        let state = v.wrapping_mul(747_796_405).wrapping_add(2_891_336_453);
+        let word = ((state >> ((state >> 28) + 4)) ^ state).wrapping_mul(277_803_737);
+        (word >> 22) ^ word
+    }
+    let (s_lo, s_hi) = (seed as u32, (seed >> 32) as u32);
+    let (c_lo, c_hi) = (counter as u32, (counter >> 32) as u32);
+    let h = pcg(s_lo ^ pcg(s_hi ^ pcg(c_lo ^ pcg(c_hi))));
+    (h >> 8) as f32 * (1.0 / (1u32 << 24) as f32)
+}
+
+/// Whether a device chooses tokens exactly as [`Sampler::sample`] does
+/// (argmax, or [`crate::Backend::sample_to`]): no repetition penalty (it
+/// needs the history), and at temperature > 0 top-p only over a top-k (the
+/// nucleus needs the sorted candidates, which a device sorts only for a
+/// top-k).
+pub fn samples_on_device(p: &SamplingParams) -> bool {
+    p.repeat_penalty == 1.0 && (p.is_greedy() || p.top_k > 0 || p.top_p >= 1.0)
+}
+
+/// Index among `values` (the candidates, in order) that seeded sampling
+/// draws with uniform `u` (see [`crate::Backend::sample_to`]): non-finite
+/// values are dropped, then with `sorted` (a top-k, best first) top-p keeps
+/// the shortest prefix holding `top_p` of the mass at temperature 1, min-p
+/// keeps `p ≥ min_p · p_max`, and the draw is by inverse CDF over
+/// `softmax(values / T)` in candidate order. 0 when no value is finite.
+pub fn sample_index(values: &[f32], sorted: bool, p: &SamplingParams, u: f32) -> usize {
+    let Some(max) = values
+        .iter()
+        .copied()
+        .filter(|v| v.is_finite())
+        .reduce(f32::max)
+    else {
+        return 0;
+    };
+    let mut cut = values.len();
+    if sorted && p.top_p < 1.0 {
+        let total: f32 = values
+            .iter()
+            .filter(|v| v.is_finite())
+            .map(|v| (v - max).exp())
+            .sum();
+        let mut acc = 0.0;
+        for (i, v) in values.iter().enumerate() {
+            if v.is_finite() {
+                acc += (v - max).exp();
+            }
+            if acc >= p.top_p * total {
+                cut = i + 1;
+                break;
+            }
+        }
+    }
+    let t = p.temperature.max(1e-6);
+    let weight = |v: f32| {
+        if !v.is_finite() || (p.min_p > 0.0 && (v - max).exp() < p.min_p) {
+            0.0
+        } else {
+            ((v - max) / t).exp()
+        }
+    };
+    let total: f32 = values[..cut].iter().map(|&v| weight(v)).sum();
+    let goal = u * total;
+    let (mut acc, mut last) = (0.0, 0);
+    for (i, &v) in values[..cut].iter().enumerate() {
+        let w = weight(v);
+        if w > 0.0 {
+            acc += w;
+            last = i;
+            if goal < acc {
+                return i;
+            }
+        }
+    }
+    last
+}
+
 fn softmax_in_place(cand: &mut [(u32, f32)], temperature: f32) {
     let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0;
@@ -325,6 +407,45 @@ mod tests {
         let ra: Vec<u32> = (0..50).map(|_| a.sample(&logits, &[])).collect();
         let rb: Vec<u32> = (0..50).map(|_| b.sample(&logits, &[])).collect();
         assert_eq!(ra, rb);
+    }
+
+    #[test]
+    fn device_sampling_filters_like_the_host_distribution() {
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: 4,
+            top_p: 0.7,
+            min_p: 0.0,
+            ..Default::default()
+        };
+        // Sorted top-4: exp-weights 1, e^-1, e^-2, e^-3; the first two hold
+        // 0.845 ≥ 0.7 of the mass, the first alone 0.64 < 0.7.
+        let top = [3.0, 2.0, 1.0, 0.0];
+        let picks: Vec<usize> = (0..200)
+            .map(|c| sample_index(&top, true, &p, device_uniform(5, c)))
+            .collect();
+        assert!(
+            picks.iter().all(|&i| i < 2) && picks.contains(&1),
+            "top-p cut"
+        );
+        // min-p 0.3 keeps e^-1 = 0.37 and drops e^-2; NaN and −∞ never drawn.
+        let p = SamplingParams {
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.3,
+            ..p
+        };
+        let row = [f32::NAN, 1.0, 2.0, f32::NEG_INFINITY, 0.0];
+        let picks: Vec<usize> = (0..200)
+            .map(|c| sample_index(&row, false, &p, device_uniform(6, c)))
+            .collect();
+        assert!(picks.iter().all(|&i| i == 1 || i == 2) && picks.contains(&1));
+        assert_eq!(sample_index(&[f32::NAN; 3], false, &p, 0.5), 0);
+        let u: Vec<f32> = (0..1000).map(|c| device_uniform(9, c)).collect();
+        assert!(u.iter().all(|&x| (0.0..1.0).contains(&x)));
+        let mean = u.iter().sum::<f32>() / 1000.0;
+        assert!((mean - 0.5).abs() < 0.05, "mean {mean}");
+        assert_ne!(device_uniform(9, 0), device_uniform(10, 0), "seeded");
     }
 
     #[test]

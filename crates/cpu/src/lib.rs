@@ -364,6 +364,10 @@ impl Backend for CpuBackend {
         );
     }
 
+    fn host_memory(&self) -> bool {
+        true
+    }
+
     fn argmax(&self, x: &CpuTensor) -> Vec<u32> {
         x.as_slice()
             .chunks_exact(x.cols)

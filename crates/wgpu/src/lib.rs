@@ -33,6 +33,7 @@ use blockdraft_core::backend::{
     AttentionMask, AttentionParams, Backend, BackendError, ConvParams, GatedActivation, RopeParams,
     RopeStyle, WeightSource,
 };
+use blockdraft_core::sampling::SamplingParams;
 use recorder::{Binding, Device};
 use shaders::Kernel;
 use std::collections::HashMap;
@@ -539,6 +540,147 @@ impl Backend for WgpuBackend {
         );
         let bytes = self.dev.read_bytes(&ids, 0, x.rows as u64 * 4);
         bytemuck::pod_collect_to_vec(&bytes)
+    }
+
+    fn softcap(&self, x: &mut WgpuTensor, cap: f32) {
+        self.elementwise("softcap", x, None, x.len(), x.cols, cap);
+    }
+
+    fn top_k(&self, x: &WgpuTensor, k: usize, values: &mut WgpuTensor, ids: &mut WgpuTensor) {
+        assert!(
+            k <= x.cols
+                && (values.rows, values.cols) == (x.rows, k)
+                && (ids.rows, ids.cols) == (x.rows, k),
+            "top_k shapes"
+        );
+        if x.rows == 0 || k == 0 {
+            return;
+        }
+        self.dev.dispatch(
+            kernel("topk.wgsl", "top_k"),
+            &[u(x.rows), u(x.cols), u(k), 0],
+            &[x.binding(), values.binding(), ids.binding()],
+            grid(x.rows, 1),
+        );
+    }
+
+    fn sample_to(
+        &self,
+        x: &WgpuTensor,
+        p: &SamplingParams,
+        counter: u64,
+        out: &mut WgpuTensor,
+        row: usize,
+        col: usize,
+    ) {
+        assert!(
+            row + x.rows <= out.rows && col < out.cols,
+            "sample_to out of bounds"
+        );
+        if x.rows == 0 || x.cols == 0 {
+            return;
+        }
+        let k = p.top_k.min(x.cols);
+        let top = (k > 0).then(|| {
+            let (mut values, mut ids) = (self.tensor(x.rows, k), self.tensor(x.rows, k));
+            self.top_k(x, k, &mut values, &mut ids);
+            (values, ids)
+        });
+        let (values, ids) = match &top {
+            Some((values, ids)) => (values, ids),
+            // The ids binding is unused for whole rows.
+            None => (x, x),
+        };
+        let params = [
+            u(x.rows),
+            u(values.cols),
+            u32::from(top.is_some()),
+            p.temperature.max(1e-6).to_bits(),
+            p.top_p.to_bits(),
+            p.min_p.to_bits(),
+            p.seed as u32,
+            (p.seed >> 32) as u32,
+            counter as u32,
+            (counter >> 32) as u32,
+            u(row),
+            u(col),
+            u(out.cols),
+            0,
+            0,
+            0,
+        ];
+        self.dev.dispatch(
+            kernel("sample.wgsl", "sample"),
+            &params,
+            &[values.binding(), ids.binding(), out.binding()],
+            grid(x.rows, 1),
+        );
+    }
+
+    fn add_slices(&self, x: &WgpuTensor, w: &[f32], out: &mut WgpuTensor) {
+        assert!(
+            x.rows == out.rows && x.cols == w.len() * out.cols,
+            "add_slices shapes"
+        );
+        // As many weights as fill the 256-byte parameter block.
+        const PER_DISPATCH: usize = 56;
+        for (i, chunk) in w.chunks(PER_DISPATCH).enumerate() {
+            let mut params = vec![
+                u(out.len()),
+                u(out.cols),
+                u(x.cols),
+                u(i * PER_DISPATCH),
+                u(chunk.len()),
+                0,
+                0,
+                0,
+            ];
+            params.extend(chunk.iter().map(|v| v.to_bits()));
+            params.resize(8 + PER_DISPATCH, 0);
+            self.dev.dispatch(
+                kernel("fusion.wgsl", "add_slices"),
+                &params,
+                &[x.binding(), out.binding()],
+                grid(out.len(), 256),
+            );
+        }
+    }
+
+    fn selector_walk(
+        &self,
+        gates: &WgpuTensor,
+        pred: &WgpuTensor,
+        succ: &WgpuTensor,
+        unary: &WgpuTensor,
+        cand: &WgpuTensor,
+        out: &mut WgpuTensor,
+        col: usize,
+    ) {
+        let (n, rank, k) = (gates.rows, gates.cols, unary.cols);
+        assert!(
+            (pred.rows, pred.cols) == (n * k, rank)
+                && (succ.rows, succ.cols) == (n * k, rank)
+                && (unary.rows, cand.rows, cand.cols) == (n, n, k)
+                && n <= out.rows
+                && col < out.cols,
+            "selector_walk shapes"
+        );
+        if n < 2 {
+            return;
+        }
+        self.dev.dispatch(
+            kernel("selector.wgsl", "selector_walk"),
+            &[u(n), u(rank), u(k), u(col), u(out.cols), 0, 0, 0],
+            &[
+                gates.binding(),
+                pred.binding(),
+                succ.binding(),
+                unary.binding(),
+                cand.binding(),
+                out.binding(),
+            ],
+            [1, 1, 1],
+        );
     }
 
     fn argmax_to(&self, x: &WgpuTensor, out: &mut WgpuTensor, row: usize, col: usize) {

@@ -28,6 +28,13 @@ pub const SOURCES: &[(&str, &str)] = &[
     ),
     ("argmax.wgsl", include_str!("../../../shaders/argmax.wgsl")),
     ("conv.wgsl", include_str!("../../../shaders/conv.wgsl")),
+    ("topk.wgsl", include_str!("../../../shaders/topk.wgsl")),
+    (
+        "selector.wgsl",
+        include_str!("../../../shaders/selector.wgsl"),
+    ),
+    ("fusion.wgsl", include_str!("../../../shaders/fusion.wgsl")),
+    ("sample.wgsl", include_str!("../../../shaders/sample.wgsl")),
     ("embed.wgsl", include_str!("../../../shaders/embed.wgsl")),
     (
         "matmul_float.wgsl",

@@ -3,9 +3,11 @@
 //! speculative decoding with every drafter kind is identical to plain
 //! decoding; and the counters show what crosses the host/device boundary.
 
-use blockdraft_core::model::{Decoder, LogitRows};
+use blockdraft_core::model::{Decoder, LogitRows, Taps};
+use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{
-    DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter, OracleDrafter, PolicyConfig,
+    generate_speculative, DFlashDrafter, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter,
+    OracleDrafter, PolicyConfig, SpecStats,
 };
 use blockdraft_core::testing::{
     greedy_plain, greedy_speculative, real_model, synthetic_decoder, synthetic_dflash,
@@ -100,6 +102,163 @@ fn drafter_spec(n_embd: usize, target_layers: Vec<i32>, ty: GgmlType) -> Synthet
     }
 }
 
+/// A tiny random drafter of every block variant for a synthetic target
+/// of `n_vocab` tokens.
+fn block_drafters(n_vocab: usize) -> [(&'static str, Vec<u8>); 4] {
+    let spec = drafter_spec(48, vec![1, 4, 7], GgmlType::F32);
+    let mut spec_v = spec.clone();
+    spec_v.dims.n_vocab = n_vocab;
+    let v2 = SyntheticDFlash2 {
+        conv_kernel_size: 2,
+        conv_group_size: 16,
+        selector_rank: 8,
+        selector_top_k: 4,
+    };
+    let ds = SyntheticDSpark {
+        rank: 8,
+        sample_from_anchor: Some(true),
+        has_confidence_head: Some(true),
+        confidence_tensors: true,
+        markov_scale: Some(0.7),
+        d2t: None,
+    };
+    [
+        ("dflash", synthetic_dflash(&spec, 5).bytes),
+        ("dflash2", synthetic_dflash2(&spec_v, &v2, 6).bytes),
+        ("dfly", synthetic_dfly(&spec, true, 7).bytes),
+        ("dspark", synthetic_dspark(&spec_v, &ds, 8).bytes),
+    ]
+}
+
+/// The greedy drafts each variant makes on the device are the ones its
+/// host path makes (the chains read each row's pick back in on the host):
+/// on wgpu (the kernels) and on the CPU (the trait's host defaults).
+#[test]
+fn device_drafts_equal_host_drafts_for_every_variant() {
+    fn check<B: Backend>(be: Arc<B>) {
+        let m = synthetic_decoder("qwen3", SyntheticDims::default(), 11);
+        let file = GgufFile::from_bytes(m.bytes).unwrap();
+        let dec = load(&file, be.clone());
+        for (kind, bytes) in block_drafters(dec.config.n_vocab) {
+            let f = GgufFile::from_bytes(bytes).unwrap();
+            let mut d = DFlashDrafter::load(&f, &dec, &file, 64, 32).unwrap();
+            let mut state = dec.new_state(64, 32);
+            let mut taps = Taps::new(&*be, &dec.config, d.tap_layers(), 32).unwrap();
+            let mut history = vec![3u32, 14, 15, 9, 26, 5];
+            dec.forward(&mut state, &history, LogitRows::Last, true, Some(&mut taps))
+                .unwrap();
+            d.observe(&history, 0, Some(taps.output())).unwrap();
+            for anchor in [7u32, 40, 2] {
+                history.push(anchor);
+                let host = d.propose(&history, 7, None).unwrap().tokens;
+                let mut round = be.tensor(8, 2);
+                let n = d
+                    .propose_on_device(&history, 7, &mut round)
+                    .unwrap()
+                    .expect("drafts on the device");
+                let ids = be.read(&round);
+                let device: Vec<u32> = (1..=n).map(|r| ids[r * 2] as u32).collect();
+                assert_eq!(device, host, "{kind} after {history:?} on {}", be.name());
+                assert_eq!(ids[0], anchor as f32, "{kind}: row 0 holds the anchor");
+                history.pop();
+            }
+        }
+    }
+    check(gpu());
+    check(Arc::new(CpuBackend::new(2)));
+}
+
+/// Speculative decoding at temperature > 0 with `drafter`: tokens and stats.
+fn sampled_speculative(
+    dec: &Decoder<WgpuBackend>,
+    drafter: &mut dyn Drafter<WgpuBackend>,
+    prompt: &[u32],
+    n: usize,
+    params: &SamplingParams,
+) -> (Vec<u32>, SpecStats) {
+    let mut state = dec.new_state(prompt.len() + n + 32, 32);
+    let mut sampler = Sampler::new(params.clone());
+    let mut draft_sampler = Sampler::new(params.clone());
+    let mut policy = DraftPolicy::new(PolicyConfig::fixed(7));
+    let (tokens, _, stats) = generate_speculative(
+        dec,
+        &mut state,
+        drafter,
+        &mut policy,
+        prompt,
+        n,
+        &mut sampler,
+        &mut draft_sampler,
+        &|_| false,
+        &mut |_| true,
+        &mut |_| {},
+    )
+    .unwrap();
+    (tokens, stats)
+}
+
+/// At temperature > 0 every variant drafts greedily on the device and the
+/// target samples each verify row there from a seeded per-position stream:
+/// one readback per round, and since every committed token is the target's
+/// draw for its position, the output is the same whatever the drafter (and
+/// the drafts matched some of the samples).
+#[test]
+fn sampled_rounds_read_back_once_and_do_not_depend_on_the_drafter() {
+    let m = synthetic_decoder("qwen3", SyntheticDims::default(), 11);
+    let file = GgufFile::from_bytes(m.bytes).unwrap();
+    let be = gpu();
+    let dec = load(&file, be.clone());
+    let prompt = [3u32, 14, 15, 9, 26, 5, 3, 14, 15, 9];
+    let n = 24;
+    let params = SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.95,
+        min_p: 0.02,
+        seed: 42,
+        ..Default::default()
+    };
+    let mut outputs = Vec::new();
+    for (kind, bytes) in block_drafters(dec.config.n_vocab) {
+        let f = GgufFile::from_bytes(bytes).unwrap();
+        let mut d = DFlashDrafter::load(&f, &dec, &file, prompt.len() + n + 32, 32).unwrap();
+        let before = be.counters();
+        let (got, stats) = sampled_speculative(&dec, &mut d, &prompt, n, &params);
+        let c = be.counters();
+        let passes = (1 + stats.rounds + stats.plain_steps) as u64;
+        eprintln!(
+            "{kind} at T 0.8: {} rounds, {} accepted of {}, {} readbacks, {:.0} dispatches per round",
+            stats.rounds,
+            stats.accepted,
+            stats.drafted,
+            c.readbacks - before.readbacks,
+            (c.dispatches - before.dispatches) as f64 / passes as f64
+        );
+        assert!(stats.rounds > 0, "{kind} drafted");
+        assert_eq!(c.readbacks - before.readbacks, passes, "{kind}: {c:?}");
+        assert_eq!(got.len(), n, "{kind}");
+        outputs.push((kind, got));
+    }
+    // A draft model that is the target itself: every draft is its greedy
+    // choice, so acceptance shows that matching accepts the samples.
+    let mut same =
+        DraftModelDrafter::new(dec.clone(), dec.config.n_vocab, prompt.len() + n + 32).unwrap();
+    let (got, stats) = sampled_speculative(&dec, &mut same, &prompt, n, &params);
+    assert!(stats.accepted > 0, "{stats:?}");
+    outputs.push(("draft model", got));
+    for (kind, got) in &outputs {
+        assert_eq!(got, &outputs[0].1, "{kind} vs {}", outputs[0].0);
+    }
+    let again = sampled_speculative(&dec, &mut same, &prompt, n, &params).0;
+    assert_eq!(again, outputs[0].1, "reproducible from the seed");
+    let other = SamplingParams { seed: 43, ..params };
+    assert_ne!(
+        sampled_speculative(&dec, &mut same, &prompt, n, &other).0,
+        outputs[0].1,
+        "another seed"
+    );
+}
+
 /// Every block-drafter variant on a synthetic target, and the drafters
 /// that need no DFlash weights: greedy speculative output equals plain.
 #[test]
@@ -118,29 +277,7 @@ fn every_drafter_kind_is_identical_to_plain_on_a_synthetic_target() {
         "wgpu and cpu agree"
     );
 
-    let spec = drafter_spec(48, vec![1, 4, 7], GgmlType::F32);
-    let mut spec_v = spec.clone();
-    spec_v.dims.n_vocab = n_vocab;
-    let v2 = SyntheticDFlash2 {
-        conv_kernel_size: 2,
-        conv_group_size: 16,
-        selector_rank: 8,
-        selector_top_k: 4,
-    };
-    let ds = SyntheticDSpark {
-        rank: 8,
-        sample_from_anchor: Some(true),
-        has_confidence_head: Some(true),
-        confidence_tensors: true,
-        markov_scale: Some(0.7),
-        d2t: None,
-    };
-    let block_files = [
-        ("dflash", synthetic_dflash(&spec, 5).bytes),
-        ("dflash2", synthetic_dflash2(&spec_v, &v2, 6).bytes),
-        ("dfly", synthetic_dfly(&spec, true, 7).bytes),
-        ("dspark", synthetic_dspark(&spec_v, &ds, 8).bytes),
-    ];
+    let block_files = block_drafters(n_vocab);
     let ctx = prompt.len() + n + 32;
     let be = dec.backend.clone();
     for (kind, bytes) in block_files {
@@ -160,12 +297,12 @@ fn every_drafter_kind_is_identical_to_plain_on_a_synthetic_target() {
             c.submits - before.submits,
             (c.dispatches - before.dispatches) as f64 / passes as f64
         );
-        if kind == "dflash" {
-            // Draft, verify and accept of a round in one submit with one
-            // readback (plus the prefill's).
-            assert_eq!(c.readbacks - before.readbacks, passes, "{kind}: {c:?}");
-            assert_eq!(c.submits - before.submits, passes, "{kind}: {c:?}");
-        }
+        // Every variant drafts on the device (argmax rows, DFlash2's
+        // selector walk, DFly's corrected chain, DSpark's Markov chain):
+        // draft, verify and accept of a round in one submit with one
+        // readback (plus the prefill's).
+        assert_eq!(c.readbacks - before.readbacks, passes, "{kind}: {c:?}");
+        assert_eq!(c.submits - before.submits, passes, "{kind}: {c:?}");
     }
 
     let sequence: Vec<u32> = prompt.iter().chain(&want).copied().collect();

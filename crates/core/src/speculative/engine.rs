@@ -7,7 +7,7 @@ use crate::backend::Backend;
 use crate::error::ModelError;
 use crate::generate::StopReason;
 use crate::model::{Decoder, DecoderState, LogitRows, Taps};
-use crate::sampling::{argmax, Distribution, Sampler};
+use crate::sampling::{argmax, samples_on_device, Distribution, Sampler};
 use web_time::Instant;
 
 /// One round, as reported to the caller.
@@ -182,10 +182,14 @@ pub fn generate_speculative<B: Backend>(
     let first = sampler.sample(&be.read(state.logits()), &history);
     stats.prefill_seconds = t0.elapsed().as_secs_f64();
 
-    // Greedy rounds of drafters that can draft on the device keep every id
-    // there: column 0 of `round` holds the verify batch [anchor, drafts],
-    // column 1 the target's choices, and it is the round's one readback.
-    let on_device = sampler.params.is_greedy() && sampler.params.repeat_penalty == 1.0;
+    // Rounds of drafters that can draft on the device keep every id there:
+    // column 0 of `round` holds the verify batch [anchor, drafts], column 1
+    // the target's choices (argmax, or a seeded sample), and it is the
+    // round's one readback. At temperature > 0 the greedy drafts are then
+    // accepted by target-sample matching, worth it only where readbacks
+    // cost something.
+    let on_device =
+        samples_on_device(&sampler.params) && (sampler.params.is_greedy() || !be.host_memory());
     let mut round = be.tensor(state.max_batch(), 2);
     let mut anchor = be.tensor(1, 1);
 
@@ -215,7 +219,11 @@ pub fn generate_speculative<B: Backend>(
 
         let last = *history.last().expect("history holds the prompt");
         let td = Instant::now();
-        let device_draft = if on_device && want >= policy.config.n_min.max(1) {
+        let device_draft = if !on_device {
+            None
+        } else if want == 0 {
+            Some(0)
+        } else if want >= policy.config.n_min.max(1) {
             be.reshape(&mut round, want + 1, 2);
             drafter
                 .propose_on_device(&history, want, &mut round)?
@@ -233,7 +241,16 @@ pub fn generate_speculative<B: Backend>(
             be.write(&mut anchor, &[last as f32]);
             be.copy_rows(&anchor, 0, &mut round, 0, 0, 1);
             target.forward_device(state, &round, 0, n + 1, LogitRows::All, true, taps.as_mut())?;
-            be.argmax_to(state.logits(), &mut round, 0, 1);
+            if sampler.params.is_greedy() {
+                be.argmax_to(state.logits(), &mut round, 0, 1);
+            } else {
+                // The row at position q draws the number of (seed, q): a
+                // row after the first mismatch decided nothing, so its
+                // number is still fresh when q is drawn again next round,
+                // and the output is the target's whatever the drafts.
+                let p = &sampler.params;
+                be.sample_to(state.logits(), p, pos as u64, &mut round, 0, 1);
+            }
             be.reshape(&mut round, n + 1, 2);
             let ids: Vec<u32> = be.read(&round).iter().map(|&v| v as u32).collect();
             let batch: Vec<u32> = ids.iter().step_by(2).copied().collect();

@@ -21,9 +21,9 @@
 //! (v1, DFlash2, DSpark) gives the drafter its own narrower head whose rows
 //! map to target ids.
 
-use super::dflash2::{Convs, DFlash2Config, Lattice, Selector};
-use super::dfly::{fused_rows, load_checked, Correction, DFlyConfig};
-use super::dspark::{load_d2t, DSparkConfig, MarkovHead};
+use super::dflash2::{Convs, DFlash2Config, DeviceSelector, Lattice, Selector};
+use super::dfly::{load_checked, Correction, DFlyConfig};
+use super::dspark::{load_d2t, DSparkConfig, DeviceMarkov, MarkovHead};
 use super::{Draft, Drafter};
 use crate::backend::{Backend, RopeParams};
 use crate::error::ModelError;
@@ -194,8 +194,9 @@ struct ContextScratch<B: Backend> {
     k: B::Tensor,
     k_normed: B::Tensor,
     v: B::Tensor,
-    /// DFly: every layer's context, `[rows × L·d]` layer-major per row.
-    contexts: Option<B::Tensor>,
+    /// DFly: every layer's context, `[rows × L·d]` layer-major per row,
+    /// and one layer's fused (not yet normed) context.
+    contexts: Option<(B::Tensor, B::Tensor)>,
 }
 
 /// DFlash2's extra weights and scratch.
@@ -203,6 +204,8 @@ struct V2<B: Backend> {
     convs: Convs<B>,
     selector: Selector<B>,
     gates: B::Tensor,
+    /// The walk without a readback; `None` where it cannot match the host's.
+    device: Option<DeviceSelector<B>>,
 }
 
 pub struct DFlashDrafter<B: Backend> {
@@ -216,6 +219,11 @@ pub struct DFlashDrafter<B: Backend> {
     correction: Option<Correction<B>>,
     /// DSpark's Markov (and confidence) head.
     markov: Option<MarkovHead>,
+    /// The Markov chain on the device, when its weights can live there and
+    /// the head is the full vocabulary.
+    markov_device: Option<DeviceMarkov<B>>,
+    /// The anchor id (1 x 1) for the chains drafted on the device.
+    anchor: B::Tensor,
     /// Stop drafting at the first row whose top probability (DSpark: whose
     /// confidence) is below this.
     pub p_min: f32,
@@ -273,10 +281,12 @@ impl<B: Backend> DFlashDrafter<B> {
             k: be.tensor(rows, c.kv_dim()),
             k_normed: be.tensor(rows, c.kv_dim()),
             v: be.tensor(rows, c.kv_dim()),
-            contexts: config
-                .dfly
-                .as_ref()
-                .map(|_| be.tensor(rows, c.n_layer * c.n_embd)),
+            contexts: config.dfly.as_ref().map(|_| {
+                (
+                    be.tensor(rows, c.n_layer * c.n_embd),
+                    be.tensor(rows, c.n_embd),
+                )
+            }),
         };
         let max_block = config.block_size.max(rows);
         let state = model.new_state(n_ctx, max_block);
@@ -285,6 +295,10 @@ impl<B: Backend> DFlashDrafter<B> {
                 convs: Convs::load(&*be, file, v2, c.n_layer, c.n_embd, max_block)?,
                 selector: Selector::load(&*be, file, v2, c.n_embd, c.n_vocab)?,
                 gates: be.tensor(max_block, v2.selector_rank),
+                device: match config.d2t {
+                    None => DeviceSelector::load(&*be, file, v2, c.n_vocab, max_block)?,
+                    Some(_) => None,
+                },
             }),
             None => None,
         };
@@ -304,7 +318,12 @@ impl<B: Backend> DFlashDrafter<B> {
             )?),
             None => None,
         };
+        let markov_device = match (&config.dspark, &config.d2t) {
+            (Some(ds), None) => DeviceMarkov::load(&*be, file, ds, c.n_vocab)?,
+            _ => None,
+        };
         Ok(DFlashDrafter {
+            anchor: be.tensor(1, 1),
             config,
             model,
             ctx,
@@ -313,6 +332,7 @@ impl<B: Backend> DFlashDrafter<B> {
             v2,
             correction,
             markov,
+            markov_device,
             p_min: 0.0,
         })
     }
@@ -350,35 +370,27 @@ impl<B: Backend> DFlashDrafter<B> {
         }
         // Rows beyond `n` (rejected drafts) are projected too but never stored.
         be.matmul(&self.ctx.fc, taps, &mut s.projected);
-        // DFly: the shared projection (before any norm) and the raw taps,
-        // mixed per layer below.
-        let dfly = self.config.dfly.as_ref().map(|f| {
-            if let Some(w) = s.contexts.as_mut() {
-                be.reshape(w, rows, cfg.n_layer * cfg.n_embd);
+        let dfly = self.config.dfly.as_ref();
+        match s.contexts.as_mut() {
+            Some((wide, fused)) => {
+                be.reshape(wide, rows, cfg.n_layer * cfg.n_embd);
+                be.reshape(fused, rows, cfg.n_embd);
             }
-            (f, be.read(&s.projected), be.read(taps))
-        });
-        if dfly.is_none() {
-            be.rms_norm(
+            None => be.rms_norm(
                 &s.projected,
                 &self.ctx.norm,
                 cfg.n_embd,
                 cfg.rms_eps,
                 &mut s.c,
-            );
+            ),
         }
         for (il, lw) in self.model.weights.layers.iter().enumerate() {
-            if let Some((f, base, x)) = &dfly {
-                let mixed = fused_rows(&f.fusion[il], base, x, rows, cfg.n_embd);
-                be.write(&mut s.projected, &mixed);
-                be.rms_norm(
-                    &s.projected,
-                    &self.ctx.norm,
-                    cfg.n_embd,
-                    cfg.rms_eps,
-                    &mut s.c,
-                );
-                let wide = s.contexts.as_mut().expect("allocated for DFly");
+            // DFly: this layer's context is the shared projection (before
+            // any norm) plus its own mix of the raw taps.
+            if let (Some(f), Some((wide, fused))) = (dfly, s.contexts.as_mut()) {
+                be.copy_rows(&s.projected, 0, fused, 0, 0, rows);
+                be.add_slices(taps, &f.fusion[il], fused);
+                be.rms_norm(fused, &self.ctx.norm, cfg.n_embd, cfg.rms_eps, &mut s.c);
                 be.copy_rows(&s.c, 0, wide, 0, il * cfg.n_embd, rows);
             }
             be.matmul(&lw.wk, &s.c, &mut s.k);
@@ -415,7 +427,9 @@ impl<B: Backend> DFlashDrafter<B> {
     /// layer's, layer-major within a row; otherwise the single shared one).
     pub fn contexts(&self) -> Vec<f32> {
         let s = &self.scratch;
-        self.model.backend.read(s.contexts.as_ref().unwrap_or(&s.c))
+        self.model
+            .backend
+            .read(s.contexts.as_ref().map_or(&s.c, |(wide, _)| wide))
     }
 
     /// Final-normed hidden rows of the last block (what the head and DFly's
@@ -477,15 +491,16 @@ impl<B: Backend> DFlashDrafter<B> {
         Ok(rows)
     }
 
-    /// Whether each draft is simply the argmax of its block row, so the
-    /// whole draft can stay on the device (v1 and DFly without correction;
-    /// not the selector, Markov chain, reduced heads or confidence stops).
-    fn drafts_by_argmax(&self) -> bool {
-        self.v2.is_none()
-            && self.markov.is_none()
-            && self.correction.is_none()
-            && self.config.d2t.is_none()
+    /// Whether the greedy draft can stay on the device: every variant's
+    /// chain can (argmax rows, DFly's correction, DSpark's Markov head,
+    /// DFlash2's selector walk), but not reduced heads (their ids need the
+    /// `d2t` map) nor early stops (`p_min`), whose draft length the host
+    /// must know before verifying.
+    fn drafts_on_device(&self) -> bool {
+        self.config.d2t.is_none()
             && self.p_min <= 0.0
+            && self.v2.as_ref().is_none_or(|v2| v2.device.is_some())
+            && (self.markov.is_none() || self.markov_device.is_some())
     }
 
     /// Runs the block and drafts its prediction rows in order, `pick`
@@ -684,24 +699,49 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
         let Some(&anchor) = history.last() else {
             return Ok(None);
         };
-        if !self.drafts_by_argmax() {
+        if !self.drafts_on_device() {
             return Ok(None);
         }
+        let first = self.config.first_row();
         let n = n_max.min(self.max_draft()).min(
             self.state
                 .kv
                 .capacity()
-                .saturating_sub(self.state.len() + 1),
+                .saturating_sub(self.state.len() + first),
         );
         if n == 0 {
             return Ok(None);
         }
-        // Rows 1..=n of the block predict the drafts; row 0 (the anchor's
-        // own prediction) is overwritten with the anchor by the engine.
         self.block_forward(anchor, n)?;
-        self.model
-            .backend
-            .argmax_to(self.state.logits(), round, 0, 0);
+        let be = &*self.model.backend;
+        // The chains start from the anchor in row 0.
+        be.write(&mut self.anchor, &[anchor as f32]);
+        be.copy_rows(&self.anchor, 0, round, 0, 0, 1);
+        let (logits, hidden) = (self.state.logits(), self.state.normed_hidden());
+        let w = &self.model.weights;
+        let eps = self.model.config.rms_eps;
+        if let Some(V2 {
+            selector,
+            device: Some(device),
+            ..
+        }) = self.v2.as_mut()
+        {
+            device.walk(be, &selector.hidden, logits, hidden, &self.anchor, round);
+        } else if let Some(c) = self.correction.as_mut() {
+            for row in 1..=n {
+                c.draft_row(be, hidden, row, &w.tok_embd, w.head(), eps, round);
+            }
+        } else if let Some(m) = self.markov_device.as_mut() {
+            // Prediction row `first + i` drafts the token of round row i + 1.
+            for i in 0..n {
+                m.draft_row(be, logits, first + i, i + 1, round);
+            }
+        } else {
+            // Rows 1..=n of the block predict the drafts; row 0 (the
+            // anchor's own prediction) is put back to the anchor.
+            be.argmax_to(logits, round, 0, 0);
+            be.copy_rows(&self.anchor, 0, round, 0, 0, 1);
+        }
         Ok(Some(n))
     }
 

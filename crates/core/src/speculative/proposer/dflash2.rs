@@ -2,7 +2,7 @@
 //! depthwise convolutions around each sublayer of the block path, and a
 //! candidate selector whose greedy lattice walk replaces per-row argmax.
 
-use crate::backend::{Backend, ConvParams, WeightSource};
+use crate::backend::{Backend, BackendError, ConvParams, WeightSource};
 use crate::error::ModelError;
 use crate::model::{HookPoint, LayerHook};
 use crate::sampling::argmax;
@@ -225,6 +225,115 @@ pub(super) struct Selector<B: Backend> {
     ty: GgmlType,
     rank: usize,
     top_k: usize,
+}
+
+/// The selector on the device (greedy drafting without a readback): the
+/// codebooks as embedding tables and the scratch of one block's walk.
+pub(super) struct DeviceSelector<B: Backend> {
+    predecessor: B::Weight,
+    successor: B::Weight,
+    top_k: usize,
+    rank: usize,
+    logit_scale: f32,
+    softcap: f32,
+    gates: B::Tensor,
+    /// Top-K logits (transformed) and ids of each block row; ids row 0,
+    /// column 0 is overwritten with the anchor, so that the ids read as a
+    /// column index both codebooks: the anchor's predecessor row first.
+    unary: B::Tensor,
+    ids: B::Tensor,
+    pred_rows: B::Tensor,
+    succ_rows: B::Tensor,
+}
+
+impl<B: Backend> DeviceSelector<B> {
+    /// `None` when the device walk would differ from the host's (a negative
+    /// logit scale reverses the order the top-K is taken in) or the backend
+    /// cannot keep the codebooks' type resident: the host walks then.
+    pub(super) fn load(
+        be: &B,
+        file: &GgufFile,
+        cfg: &DFlash2Config,
+        n_vocab: usize,
+        max_rows: usize,
+    ) -> Result<Option<Self>, ModelError> {
+        if cfg.logit_scale < 0.0 {
+            return Ok(None);
+        }
+        let (r, k) = (cfg.selector_rank, cfg.selector_top_k);
+        let dims = [r as u64, n_vocab as u64];
+        let table = |name| match load_weight(be, file, name, &dims) {
+            Err(ModelError::Backend(BackendError::Unsupported { .. })) => Ok(None),
+            other => other.map(Some),
+        };
+        let (Some(predecessor), Some(successor)) = (
+            table("selector_predecessor.weight")?,
+            table("selector_successor.weight")?,
+        ) else {
+            return Ok(None);
+        };
+        Ok(Some(DeviceSelector {
+            predecessor,
+            successor,
+            top_k: k,
+            rank: r,
+            logit_scale: cfg.logit_scale,
+            softcap: cfg.final_logit_softcapping,
+            gates: be.tensor(max_rows, r),
+            unary: be.tensor(max_rows, k),
+            ids: be.tensor(max_rows, k),
+            pred_rows: be.tensor(max_rows * k, r),
+            succ_rows: be.tensor(max_rows * k, r),
+        }))
+    }
+
+    /// Walks the block whose raw logits and final-normed hidden rows are
+    /// `logits` and `hidden` (row 0 the anchor's), writing the picks of rows
+    /// 1.. down column 0 of `round` from row 1. `anchor` (1 x 1) holds the
+    /// anchor id.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn walk(
+        &mut self,
+        be: &B,
+        selector_hidden: &B::Weight,
+        logits: &B::Tensor,
+        hidden: &B::Tensor,
+        anchor: &B::Tensor,
+        round: &mut B::Tensor,
+    ) {
+        let (rows, k, r) = (be.shape(logits).0, self.top_k, self.rank);
+        be.reshape(&mut self.gates, rows, r);
+        be.matmul(selector_hidden, hidden, &mut self.gates);
+        be.reshape(&mut self.unary, rows, k);
+        be.reshape(&mut self.ids, rows, k);
+        be.top_k(logits, k, &mut self.unary, &mut self.ids);
+        // The transforms are increasing, so they commute with the top-K.
+        if self.logit_scale != 0.0 {
+            be.scale(&mut self.unary, self.logit_scale);
+        }
+        if self.softcap > 0.0 {
+            be.softcap(&mut self.unary, self.softcap);
+        }
+        be.copy_rows(anchor, 0, &mut self.ids, 0, 0, 1);
+        be.reshape(&mut self.ids, rows * k, 1);
+        for (table, out) in [
+            (&self.predecessor, &mut self.pred_rows),
+            (&self.successor, &mut self.succ_rows),
+        ] {
+            be.reshape(out, rows * k, r);
+            be.embed_from(table, &self.ids, 0, out);
+        }
+        be.reshape(&mut self.ids, rows, k);
+        be.selector_walk(
+            &self.gates,
+            &self.pred_rows,
+            &self.succ_rows,
+            &self.unary,
+            &self.ids,
+            round,
+            0,
+        );
+    }
 }
 
 /// The per-row candidates of one block and what scores them.

@@ -119,29 +119,6 @@ pub(super) fn load_checked<B: Backend>(
     })?)
 }
 
-/// Adds the fusion mix of layer `l` to `base` on the host: the mix of T
-/// raw d-wide slices is a per-row weighted sum no backend op expresses, and
-/// folding it into `fc` would cost a dense `d × T·d` matrix per layer.
-pub(super) fn fused_rows(
-    fusion: &[f32],
-    base: &[f32],
-    taps: &[f32],
-    n: usize,
-    d: usize,
-) -> Vec<f32> {
-    let width = fusion.len() * d;
-    let mut out = base[..n * d].to_vec();
-    for (r, row) in out.chunks_exact_mut(d).enumerate() {
-        let x = &taps[r * width..(r + 1) * width];
-        for (&p, f) in fusion.iter().zip(x.chunks_exact(d)) {
-            for (o, v) in row.iter_mut().zip(f) {
-                *o += p * v;
-            }
-        }
-    }
-    out
-}
-
 /// The predecessor correction (TreeFlash): weights and one-row scratch.
 pub(super) struct Correction<B: Backend> {
     hidden_norm: B::Weight,
@@ -208,9 +185,35 @@ impl<B: Backend> Correction<B> {
         head: &B::Weight,
         eps: f32,
     ) -> Vec<f32> {
+        be.embed(embd, &[prev], &mut self.e);
+        self.correct(be, hidden, row, head, eps);
+        be.read(&self.logits)
+    }
+
+    /// [`Self::row_logits`] on the device: `prev` is the id in column 0 of
+    /// row `row − 1` of `ids`, and the argmax of the corrected logits goes
+    /// to row `row`, so each row's pick feeds the next without a readback.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn draft_row(
+        &mut self,
+        be: &B,
+        hidden: &B::Tensor,
+        row: usize,
+        embd: &B::Weight,
+        head: &B::Weight,
+        eps: f32,
+        ids: &mut B::Tensor,
+    ) {
+        be.embed_from(embd, ids, row - 1, &mut self.e);
+        self.correct(be, hidden, row, head, eps);
+        be.argmax_to(&self.logits, ids, row, 0);
+    }
+
+    /// The corrected logits of `row` into `self.logits`, the predecessor's
+    /// embedding being in `self.e`.
+    fn correct(&mut self, be: &B, hidden: &B::Tensor, row: usize, head: &B::Weight, eps: f32) {
         let d = be.shape(&self.z).1;
         be.copy_rows(hidden, row, &mut self.z, 0, 0, 1);
-        be.embed(embd, &[prev], &mut self.e);
         be.rms_norm(&self.z, &self.hidden_norm, d, eps, &mut self.z_normed);
         be.rms_norm(&self.e, &self.embed_norm, d, eps, &mut self.e_normed);
         be.copy_rows(&self.z_normed, 0, &mut self.u, 0, 0, 1);
@@ -221,6 +224,5 @@ impl<B: Backend> Correction<B> {
         be.matmul(&self.down, &self.act, &mut self.delta);
         be.add(&mut self.z, &self.delta);
         be.matmul(head, &self.z, &mut self.logits);
-        be.read(&self.logits)
     }
 }

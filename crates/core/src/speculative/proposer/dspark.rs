@@ -11,6 +11,7 @@
 //! port reads `conf_proj.weight` `{n_embd + R_m, 1}` and the optional
 //! `conf_proj.bias` `{1}`.
 
+use crate::backend::{Backend, BackendError, WeightSource};
 use crate::error::ModelError;
 use blockdraft_gguf::{quants, GgmlType, GgufFile};
 
@@ -142,6 +143,95 @@ impl MarkovHead {
         let x = h.iter().chain(self.embed(prev));
         let z: f32 = w.iter().zip(x).map(|(a, b)| a * b).sum::<f32>() + b;
         Some(1.0 / (1.0 + (-z).exp()))
+    }
+}
+
+/// The Markov chain on the device, for greedy drafting without a readback
+/// (full-vocabulary heads): `W1` as an embedding table, `W2` as a matmul
+/// weight, and one row of scratch.
+pub(super) struct DeviceMarkov<B: Backend> {
+    w1: B::Weight,
+    w2: B::Weight,
+    /// `markov_w2.scale`, applied to the bias.
+    scale: Option<f32>,
+    e: B::Tensor,
+    bias: B::Tensor,
+    row: B::Tensor,
+}
+
+impl<B: Backend> DeviceMarkov<B> {
+    /// `None` when a row of `W1` or `W2` (rank values) is not a whole
+    /// number of quantization blocks, which device weights need, or the
+    /// backend cannot keep their type resident: the host chains then.
+    pub(super) fn load(
+        be: &B,
+        file: &GgufFile,
+        cfg: &DSparkConfig,
+        n_vocab: usize,
+    ) -> Result<Option<Self>, ModelError> {
+        let r = cfg.rank as u64;
+        let mut weights = Vec::with_capacity(2);
+        for name in ["markov_w1.weight", "markov_w2.weight"] {
+            let info = file
+                .tensor(name)
+                .ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
+            let dims = [r, n_vocab as u64];
+            if info.dims != dims {
+                return Err(ModelError::TensorShape {
+                    name: name.into(),
+                    found: info.dims.clone(),
+                    expected: dims.to_vec(),
+                });
+            }
+            if !cfg.rank.is_multiple_of(info.ty.block_len()) {
+                return Ok(None);
+            }
+            match be.load_weight(WeightSource {
+                name,
+                ty: info.ty,
+                dims: &info.dims,
+                data: file.tensor_data(name)?,
+            }) {
+                Ok(w) => weights.push(w),
+                Err(BackendError::Unsupported { .. }) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let scale = match file.tensor("markov_w2.scale") {
+            Some(_) => Some(host_tensor(file, "markov_w2.scale", &[1])?[0]),
+            None => None,
+        };
+        let w2 = weights.pop().expect("two weights");
+        let w1 = weights.pop().expect("two weights");
+        Ok(Some(DeviceMarkov {
+            w1,
+            w2,
+            scale,
+            e: be.tensor(1, cfg.rank),
+            bias: be.tensor(1, n_vocab),
+            row: be.tensor(1, n_vocab),
+        }))
+    }
+
+    /// Biases row `row` of `logits` by `W2 · W1[prev]`, `prev` being the id
+    /// in column 0 of row `slot − 1` of `ids`, and writes the argmax (the
+    /// draft, and the next row's `prev`) to row `slot`.
+    pub(super) fn draft_row(
+        &mut self,
+        be: &B,
+        logits: &B::Tensor,
+        row: usize,
+        slot: usize,
+        ids: &mut B::Tensor,
+    ) {
+        be.embed_from(&self.w1, ids, slot - 1, &mut self.e);
+        be.matmul(&self.w2, &self.e, &mut self.bias);
+        if let Some(s) = self.scale {
+            be.scale(&mut self.bias, s);
+        }
+        be.copy_rows(logits, row, &mut self.row, 0, 0, 1);
+        be.add(&mut self.row, &self.bias);
+        be.argmax_to(&self.row, ids, slot, 0);
     }
 }
 

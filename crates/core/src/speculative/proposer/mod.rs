@@ -75,8 +75,11 @@ pub trait Drafter<B: Backend>: Send {
     /// Greedy drafting that never leaves the device: drafts up to `n_max`
     /// tokens after `history` as f32 ids down column 0 of `round` from row
     /// 1 (the engine then writes the anchor, the last token of `history`,
-    /// to row 0) and returns how many. `None` when this drafter needs the
-    /// host (the engine then calls [`Self::propose`]).
+    /// to row 0; a drafter whose picks chain may write it there first) and
+    /// returns how many. `None` when this drafter needs the host (the
+    /// engine then calls [`Self::propose`]). At temperature > 0 (on a
+    /// device backend) the engine accepts them by matching the target's
+    /// samples.
     fn propose_on_device(
         &mut self,
         history: &[u32],
