@@ -3,7 +3,10 @@
 //! The trait is open: each backend (CPU, wgpu, CUDA, Metal) implements it in
 //! its own crate and all model code is generic over it. Tensors are backend
 //! handles holding row-major f32 matrices; weights stay in their GGUF type on
-//! the device. Ops record work; `read` synchronizes.
+//! the device. Ops record work; the read-backs (`read`, `argmax`) are
+//! `async` because they synchronize: in the browser a readback is a
+//! `mapAsync` that only completes once JS's event loop runs. Their futures
+//! need not be `Send` (wasm's are not); native callers block on them.
 
 use blockdraft_gguf::{GgmlType, TensorData};
 
@@ -89,6 +92,9 @@ pub struct ConvParams {
     pub side: usize,
 }
 
+// `async fn` without a `Send` bound on purpose: the trait is used
+// generically only, and wasm's futures are not `Send`.
+#[allow(async_fn_in_trait)]
 pub trait Backend: Send + Sync + 'static {
     /// A row-major f32 matrix on the device with a fixed capacity.
     type Tensor: Send + Sync;
@@ -109,7 +115,8 @@ pub trait Backend: Send + Sync + 'static {
     /// Changes the logical shape within the capacity (no allocation).
     fn reshape(&self, t: &mut Self::Tensor, rows: usize, cols: usize);
     fn write(&self, t: &mut Self::Tensor, data: &[f32]);
-    fn read(&self, t: &Self::Tensor) -> Vec<f32>;
+    /// Waits for the recorded work and returns the tensor's values.
+    async fn read(&self, t: &Self::Tensor) -> Vec<f32>;
 
     /// `out[r] = table[ids[r]]` (rows of the embedding table, dequantized).
     fn embed(&self, table: &Self::Weight, ids: &[u32], out: &mut Self::Tensor);
@@ -180,32 +187,21 @@ pub trait Backend: Send + Sync + 'static {
         out: &mut Self::Tensor,
     );
     /// Index of the largest value of each row (first on ties).
-    fn argmax(&self, x: &Self::Tensor) -> Vec<u32>;
+    async fn argmax(&self, x: &Self::Tensor) -> Vec<u32>;
 
     /// [`Self::argmax`] of each row of `x`, written as f32 down column
     /// `col` of `out` from row `row`, without leaving the device: drafts and
     /// verify choices stay there until one readback per round. (Token ids
-    /// are exact in f32 below 2^24.) The default goes through the host.
-    fn argmax_to(&self, x: &Self::Tensor, out: &mut Self::Tensor, row: usize, col: usize) {
-        let ids: Vec<f32> = self.argmax(x).into_iter().map(|i| i as f32).collect();
-        let mut t = self.tensor(ids.len(), 1);
-        self.write(&mut t, &ids);
-        self.copy_rows(&t, 0, out, row, col, ids.len());
-    }
+    /// are exact in f32 below 2^24.)
+    fn argmax_to(&self, x: &Self::Tensor, out: &mut Self::Tensor, row: usize, col: usize);
 
     /// [`Self::embed`] of the ids in column 0 of rows `row0 .. row0 + n` of
     /// `ids` (as [`Self::argmax_to`] writes them), `n` being `out`'s rows.
-    /// The default goes through the host.
     fn embed_from(
         &self,
         table: &Self::Weight,
         ids: &Self::Tensor,
         row0: usize,
         out: &mut Self::Tensor,
-    ) {
-        let (n, cols) = (self.shape(out).0, self.shape(ids).1);
-        let all = self.read(ids);
-        let ids: Vec<u32> = (row0..row0 + n).map(|r| all[r * cols] as u32).collect();
-        self.embed(table, &ids, out);
-    }
+    );
 }

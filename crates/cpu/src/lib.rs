@@ -204,7 +204,7 @@ impl Backend for CpuBackend {
         t.as_mut_slice().copy_from_slice(data);
     }
 
-    fn read(&self, t: &CpuTensor) -> Vec<f32> {
+    async fn read(&self, t: &CpuTensor) -> Vec<f32> {
         t.as_slice().to_vec()
     }
 
@@ -364,12 +364,35 @@ impl Backend for CpuBackend {
         );
     }
 
-    fn argmax(&self, x: &CpuTensor) -> Vec<u32> {
-        x.as_slice()
-            .chunks_exact(x.cols)
-            .map(blockdraft_core::sampling::argmax)
-            .collect()
+    async fn argmax(&self, x: &CpuTensor) -> Vec<u32> {
+        row_argmax(x)
     }
+
+    fn argmax_to(&self, x: &CpuTensor, out: &mut CpuTensor, row: usize, col: usize) {
+        assert!(
+            row + x.rows <= out.rows && col < out.cols,
+            "argmax_to out of bounds"
+        );
+        let cols = out.cols;
+        for (r, id) in row_argmax(x).into_iter().enumerate() {
+            out.data[(row + r) * cols + col] = id as f32;
+        }
+    }
+
+    fn embed_from(&self, table: &CpuWeight, ids: &CpuTensor, row0: usize, out: &mut CpuTensor) {
+        assert!(row0 + out.rows <= ids.rows, "embed_from shapes");
+        let ids: Vec<u32> = (row0..row0 + out.rows)
+            .map(|r| ids.data[r * ids.cols] as u32)
+            .collect();
+        self.embed(table, &ids, out);
+    }
+}
+
+fn row_argmax(x: &CpuTensor) -> Vec<u32> {
+    x.as_slice()
+        .chunks_exact(x.cols)
+        .map(blockdraft_core::sampling::argmax)
+        .collect()
 }
 
 #[cfg(test)]
@@ -382,7 +405,7 @@ mod tests {
         let mut t = be.tensor(1, 5);
         be.write(&mut t, &[f32::NAN, f32::INFINITY, -1e6, 3.5, -65504.0]);
         be.clamp_finite(&mut t, 65504.0);
-        assert_eq!(be.read(&t), vec![0.0, 65504.0, -65504.0, 3.5, -65504.0]);
+        assert_eq!(t.as_slice(), [0.0, 65504.0, -65504.0, 3.5, -65504.0]);
     }
 
     /// Two taps, two groups of two channels, three rows, checked by hand.
@@ -435,7 +458,7 @@ mod tests {
                 }
             }
         }
-        let got = be.read(&out);
+        let got = out.as_slice();
         for (g, w) in got.iter().zip(&want) {
             assert!((g - w).abs() < 1e-5, "{got:?} vs {want:?}");
         }

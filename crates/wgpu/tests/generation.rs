@@ -7,6 +7,7 @@ use blockdraft_core::model::{Decoder, LogitRows};
 use blockdraft_core::speculative::{
     DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter, OracleDrafter, PolicyConfig,
 };
+use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
     greedy_plain, greedy_speculative, real_model, synthetic_decoder, synthetic_dflash,
     synthetic_dflash2, synthetic_dfly, synthetic_dspark, SyntheticDFlash, SyntheticDFlash2,
@@ -52,7 +53,10 @@ fn every_architecture_decodes_like_the_cpu_backend() {
             .unwrap();
         c.forward(&mut sc, &prompt, LogitRows::All, true, None)
             .unwrap();
-        let err = rel_err(&g.backend.read(sg.logits()), &c.backend.read(sc.logits()));
+        let err = rel_err(
+            &block_on(g.backend.read(sg.logits())),
+            &block_on(c.backend.read(sc.logits())),
+        );
         assert!(err < 1e-4, "{arch}: prefill logits differ by {err}");
         assert_eq!(
             greedy_plain(&g, &prompt, 40),
@@ -220,7 +224,7 @@ fn all_logits<B: Backend>(dec: &Decoder<B>, seq: &[u32]) -> Vec<f32> {
     let mut state = dec.new_state(seq.len(), seq.len());
     dec.forward(&mut state, seq, LogitRows::All, true, None)
         .unwrap();
-    dec.backend.read(state.logits())
+    block_on(dec.backend.read(state.logits()))
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

@@ -198,7 +198,7 @@ impl<B: Backend> Correction<B> {
     /// the embedding of `prev`, the token drafted at the row before:
     /// `head(z + down(silu(gate u) ⊙ up u))`, `u = [rms(z) ; rms(embed(prev))]`.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn row_logits(
+    pub(super) async fn row_logits(
         &mut self,
         be: &B,
         hidden: &B::Tensor,
@@ -221,6 +221,6 @@ impl<B: Backend> Correction<B> {
         be.matmul(&self.down, &self.act, &mut self.delta);
         be.add(&mut self.z, &self.delta);
         be.matmul(head, &self.z, &mut self.logits);
-        be.read(&self.logits)
+        be.read(&self.logits).await
     }
 }
