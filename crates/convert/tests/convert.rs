@@ -8,6 +8,7 @@ use blockdraft_convert::{convert, ConvertError, OutType, TargetGeometry, Variant
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
 use blockdraft_core::sampling::Rng;
 use blockdraft_core::speculative::DFlashDrafter;
+use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
     synthetic_decoder, synthetic_dflash, synthetic_dflash2, synthetic_dfly, SyntheticDFlash,
     SyntheticDFlash2, SyntheticDims, SyntheticModel,
@@ -222,8 +223,8 @@ fn block_logits(t: &Target, file: &GgufFile) -> Vec<f32> {
     t.dec
         .forward(&mut state, &prompt, LogitRows::Last, true, Some(&mut taps))
         .unwrap();
-    d.inject(taps.output(), 0, prompt.len()).unwrap();
-    let logits = d.block_logits(9, 7).unwrap();
+    block_on(d.inject(taps.output(), 0, prompt.len())).unwrap();
+    let logits = block_on(d.block_logits(9, 7)).unwrap();
     assert!(logits.iter().all(|x| x.is_finite()));
     logits
 }
@@ -717,9 +718,9 @@ fn golden_round_trip(gguf: &str, json_file: &str, v2_fields: Option<Value>) {
     target
         .forward(&mut state, &prompt, LogitRows::Last, true, Some(&mut taps))
         .unwrap();
-    d.inject(taps.output(), 0, prompt.len()).unwrap();
+    block_on(d.inject(taps.output(), 0, prompt.len())).unwrap();
     let anchor = golden["target_next_token"].as_u64().unwrap() as u32;
-    let logits = d.block_logits(anchor, 7).unwrap();
+    let logits = block_on(d.block_logits(anchor, 7)).unwrap();
     let n_vocab = target.config.n_vocab;
     let want: Vec<f32> = golden["draft_logits"]
         .as_array()

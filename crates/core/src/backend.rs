@@ -3,9 +3,12 @@
 //! The trait is open: each backend (CPU, wgpu, CUDA, Metal) implements it in
 //! its own crate and all model code is generic over it. Tensors are backend
 //! handles holding row-major f32 matrices; weights stay in their GGUF type on
-//! the device. Ops record work; `read` synchronizes.
+//! the device. Ops record work; the read-backs (`read`, `argmax`) are
+//! `async` because they synchronize: in the browser a readback is a
+//! `mapAsync` that only completes once JS's event loop runs. Their futures
+//! need not be `Send` (wasm's are not); native callers block on them.
 
-use crate::sampling::{device_uniform, sample_index, SamplingParams};
+use crate::sampling::SamplingParams;
 use blockdraft_gguf::{GgmlType, TensorData};
 
 /// Errors a backend reports.
@@ -90,6 +93,9 @@ pub struct ConvParams {
     pub side: usize,
 }
 
+// `async fn` without a `Send` bound on purpose: the trait is used
+// generically only, and wasm's futures are not `Send`.
+#[allow(async_fn_in_trait)]
 pub trait Backend: Send + Sync + 'static {
     /// A row-major f32 matrix on the device with a fixed capacity.
     type Tensor: Send + Sync;
@@ -110,7 +116,8 @@ pub trait Backend: Send + Sync + 'static {
     /// Changes the logical shape within the capacity (no allocation).
     fn reshape(&self, t: &mut Self::Tensor, rows: usize, cols: usize);
     fn write(&self, t: &mut Self::Tensor, data: &[f32]);
-    fn read(&self, t: &Self::Tensor) -> Vec<f32>;
+    /// Waits for the recorded work and returns the tensor's values.
+    async fn read(&self, t: &Self::Tensor) -> Vec<f32>;
 
     /// `out[r] = table[ids[r]]` (rows of the embedding table, dequantized).
     fn embed(&self, table: &Self::Weight, ids: &[u32], out: &mut Self::Tensor);
@@ -181,7 +188,7 @@ pub trait Backend: Send + Sync + 'static {
         out: &mut Self::Tensor,
     );
     /// Index of the largest value of each row (first on ties).
-    fn argmax(&self, x: &Self::Tensor) -> Vec<u32>;
+    async fn argmax(&self, x: &Self::Tensor) -> Vec<u32>;
 
     /// Whether tensors live in host memory, so that [`Self::read`] is a
     /// plain copy. The speculative engine then samples rounds at
@@ -192,53 +199,14 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
-    /// `x = cap · tanh(x / cap)` (final logit softcapping). The default goes
-    /// through the host.
-    fn softcap(&self, x: &mut Self::Tensor, cap: f32) {
-        let v: Vec<f32> = self
-            .read(x)
-            .iter()
-            .map(|l| cap * (l / cap).tanh())
-            .collect();
-        self.write(x, &v);
-    }
+    /// `x = cap · tanh(x / cap)` (final logit softcapping).
+    fn softcap(&self, x: &mut Self::Tensor, cap: f32);
 
     /// The `k` largest values of each row of `x` (`n x cols`, `k <= cols`),
     /// best first and the smaller index first on ties (NaN counting as −∞),
     /// into `values` and their column indices as f32 into `ids` (both
-    /// `n x k`). The default goes through the host.
-    fn top_k(&self, x: &Self::Tensor, k: usize, values: &mut Self::Tensor, ids: &mut Self::Tensor) {
-        let (n, cols) = self.shape(x);
-        assert!(
-            k <= cols && self.shape(values) == (n, k) && self.shape(ids) == (n, k),
-            "top_k shapes"
-        );
-        let (mut vals, mut idx) = (Vec::with_capacity(n * k), Vec::with_capacity(n * k));
-        for row in self.read(x).chunks_exact(cols.max(1)) {
-            let key = |i: usize| {
-                if row[i].is_nan() {
-                    f32::NEG_INFINITY
-                } else {
-                    row[i]
-                }
-            };
-            let mut order: Vec<usize> = (0..cols).collect();
-            // `partial_cmp` as a GPU compares: −0 equals 0 (no NaN is left).
-            let by_value = |a: &usize, b: &usize| {
-                let order = key(*b).partial_cmp(&key(*a));
-                order.unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(b))
-            };
-            if k > 0 && k < cols {
-                order.select_nth_unstable_by(k - 1, by_value);
-                order.truncate(k);
-            }
-            order.sort_by(by_value);
-            vals.extend(order.iter().map(|&i| row[i]));
-            idx.extend(order.iter().map(|&i| i as f32));
-        }
-        self.write(values, &vals);
-        self.write(ids, &idx);
-    }
+    /// `n x k`). [`crate::host_ops::top_k`] is the reference.
+    fn top_k(&self, x: &Self::Tensor, k: usize, values: &mut Self::Tensor, ids: &mut Self::Tensor);
 
     /// Seeded sampling of one token per row of logits `x` (`n x cols`), as
     /// f32 ids down column `col` of `out` from row `row`: row `r` draws
@@ -248,7 +216,10 @@ pub trait Backend: Send + Sync + 'static {
     /// whole row in index order, where top-p does not apply: the draw
     /// follows [`crate::sampling::Sampler::distribution`] when
     /// [`crate::sampling::samples_on_device`] holds. `p.repeat_penalty` is
-    /// ignored. The default goes through the host.
+    /// ignored. [`crate::host_ops::sample_rows`] is the reference.
+    ///
+    /// [`sample_index`]: crate::sampling::sample_index
+    /// [`device_uniform`]: crate::sampling::device_uniform
     fn sample_to(
         &self,
         x: &Self::Tensor,
@@ -257,58 +228,12 @@ pub trait Backend: Send + Sync + 'static {
         out: &mut Self::Tensor,
         row: usize,
         col: usize,
-    ) {
-        let (n, cols) = self.shape(x);
-        assert!(
-            row + n <= self.shape(out).0 && col < self.shape(out).1,
-            "sample_to out of bounds"
-        );
-        if n == 0 || cols == 0 {
-            return;
-        }
-        let k = p.top_k.min(cols);
-        let (values, ids) = if k > 0 {
-            let (mut values, mut ids) = (self.tensor(n, k), self.tensor(n, k));
-            self.top_k(x, k, &mut values, &mut ids);
-            (self.read(&values), Some(self.read(&ids)))
-        } else {
-            (self.read(x), None)
-        };
-        let m = values.len() / n;
-        let picks: Vec<f32> = values
-            .chunks_exact(m)
-            .enumerate()
-            .map(|(r, row)| {
-                let u = device_uniform(p.seed, counter.wrapping_add(r as u64));
-                let i = sample_index(row, k > 0, p, u);
-                ids.as_ref().map_or(i as f32, |ids| ids[r * m + i])
-            })
-            .collect();
-        let mut t = self.tensor(n, 1);
-        self.write(&mut t, &picks);
-        self.copy_rows(&t, 0, out, row, col, n);
-    }
+    );
 
     /// `out[r][c] += Σ_j w[j] · x[r][j·d + c]` for `d` = `out`'s columns, in
     /// order of `j`: a weighted sum of the `d`-wide column slices of `x`
-    /// (`n x w.len()·d`), DFly's per-layer fusion of the raw taps. The
-    /// default goes through the host.
-    fn add_slices(&self, x: &Self::Tensor, w: &[f32], out: &mut Self::Tensor) {
-        let ((n, width), (rows, d)) = (self.shape(x), self.shape(out));
-        assert!(rows == n && width == w.len() * d, "add_slices shapes");
-        let (x, mut o) = (self.read(x), self.read(out));
-        for (orow, xrow) in o
-            .chunks_exact_mut(d.max(1))
-            .zip(x.chunks_exact(width.max(1)))
-        {
-            for (&wj, slice) in w.iter().zip(xrow.chunks_exact(d)) {
-                for (o, v) in orow.iter_mut().zip(slice) {
-                    *o += wj * v;
-                }
-            }
-        }
-        self.write(out, &o);
-    }
+    /// (`n x w.len()·d`), DFly's per-layer fusion of the raw taps.
+    fn add_slices(&self, x: &Self::Tensor, w: &[f32], out: &mut Self::Tensor);
 
     /// DFlash2's greedy candidate-selector walk (spec §3.3) over one block of
     /// `n` rows with `K` candidates each, row 0 being the anchor's. Row
@@ -318,7 +243,8 @@ pub trait Backend: Send + Sync + 'static {
     /// anchor's codebook row) for `r = 1`, else `(r − 1)·K + best[r − 1]`.
     /// `cand[r][best]` (an f32 id) is written to `out[r][col]` for every
     /// `r >= 1`. `gates` is `n x R`, `pred` and `succ` are `n·K x R`,
-    /// `unary` and `cand` `n x K`. The default goes through the host.
+    /// `unary` and `cand` `n x K`. [`crate::host_ops::selector_walk`] is the
+    /// reference.
     #[allow(clippy::too_many_arguments)]
     fn selector_walk(
         &self,
@@ -329,71 +255,21 @@ pub trait Backend: Send + Sync + 'static {
         cand: &Self::Tensor,
         out: &mut Self::Tensor,
         col: usize,
-    ) {
-        let ((n, r), (_, k)) = (self.shape(gates), self.shape(unary));
-        assert!(
-            self.shape(pred) == (n * k, r)
-                && self.shape(succ) == (n * k, r)
-                && self.shape(cand) == (n, k)
-                && n <= self.shape(out).0
-                && col < self.shape(out).1,
-            "selector_walk shapes"
-        );
-        if n < 2 {
-            return;
-        }
-        let (g, a, b, u, ids) = (
-            self.read(gates),
-            self.read(pred),
-            self.read(succ),
-            self.read(unary),
-            self.read(cand),
-        );
-        let mut p = 0;
-        let mut walk = Vec::with_capacity(n - 1);
-        for row in 1..n {
-            let ap: Vec<f32> = (0..r).map(|j| a[p * r + j] * g[row * r + j]).collect();
-            let mut best = (f32::NEG_INFINITY, 0);
-            for c in 0..k {
-                let bs = &b[(row * k + c) * r..][..r];
-                let dot: f32 = ap.iter().zip(bs).map(|(x, y)| x * y).sum();
-                let s = u[row * k + c] + dot;
-                if s > best.0 || c == 0 {
-                    best = (s, c);
-                }
-            }
-            walk.push(ids[row * k + best.1]);
-            p = row * k + best.1;
-        }
-        let mut t = self.tensor(n - 1, 1);
-        self.write(&mut t, &walk);
-        self.copy_rows(&t, 0, out, 1, col, n - 1);
-    }
+    );
 
     /// [`Self::argmax`] of each row of `x`, written as f32 down column
     /// `col` of `out` from row `row`, without leaving the device: drafts and
     /// verify choices stay there until one readback per round. (Token ids
-    /// are exact in f32 below 2^24.) The default goes through the host.
-    fn argmax_to(&self, x: &Self::Tensor, out: &mut Self::Tensor, row: usize, col: usize) {
-        let ids: Vec<f32> = self.argmax(x).into_iter().map(|i| i as f32).collect();
-        let mut t = self.tensor(ids.len(), 1);
-        self.write(&mut t, &ids);
-        self.copy_rows(&t, 0, out, row, col, ids.len());
-    }
+    /// are exact in f32 below 2^24.)
+    fn argmax_to(&self, x: &Self::Tensor, out: &mut Self::Tensor, row: usize, col: usize);
 
     /// [`Self::embed`] of the ids in column 0 of rows `row0 .. row0 + n` of
     /// `ids` (as [`Self::argmax_to`] writes them), `n` being `out`'s rows.
-    /// The default goes through the host.
     fn embed_from(
         &self,
         table: &Self::Weight,
         ids: &Self::Tensor,
         row0: usize,
         out: &mut Self::Tensor,
-    ) {
-        let (n, cols) = (self.shape(out).0, self.shape(ids).1);
-        let all = self.read(ids);
-        let ids: Vec<u32> = (row0..row0 + n).map(|r| all[r * cols] as u32).collect();
-        self.embed(table, &ids, out);
-    }
+    );
 }

@@ -105,7 +105,7 @@ fn matmul_tolerance(ty: GgmlType) -> f32 {
 /// `x · Wᵀ` for every weight type, for 1..16 rows (the verify shapes) and
 /// a prefill-size batch, with output-feature counts that are not multiples
 /// of any tile.
-pub fn matmul<B: Backend, R: Backend>(be: &B, reference: &R) {
+pub async fn matmul<B: Backend, R: Backend>(be: &B, reference: &R) {
     for (i, &ty) in WEIGHT_TYPES.iter().enumerate() {
         let cols = if ty.block_len() == 256 { 512 } else { 96 };
         let rows = 37 + 5 * i;
@@ -119,8 +119,8 @@ pub fn matmul<B: Backend, R: Backend>(be: &B, reference: &R) {
             reference.matmul(&wr, &tensor(reference, n, cols, &x), &mut want);
             assert_close(
                 &format!("matmul {ty} n={n}"),
-                &be.read(&out),
-                &reference.read(&want),
+                &be.read(&out).await,
+                &reference.read(&want).await,
                 matmul_tolerance(ty),
             );
         }
@@ -128,7 +128,7 @@ pub fn matmul<B: Backend, R: Backend>(be: &B, reference: &R) {
 }
 
 /// Embedding rows of every weight type, repeated and unordered ids.
-pub fn embed<B: Backend, R: Backend>(be: &B, reference: &R) {
+pub async fn embed<B: Backend, R: Backend>(be: &B, reference: &R) {
     for (i, &ty) in WEIGHT_TYPES.iter().enumerate() {
         let cols = ty.block_len().max(32) * 2;
         let file = weight_file(ty, 19, cols, 200 + i as u64);
@@ -140,15 +140,15 @@ pub fn embed<B: Backend, R: Backend>(be: &B, reference: &R) {
         reference.embed(&wr, &ids, &mut want);
         assert_close(
             &format!("embed {ty}"),
-            &be.read(&out),
-            &reference.read(&want),
+            &be.read(&out).await,
+            &reference.read(&want).await,
             0.0,
         );
     }
 }
 
 /// RMS norm over whole rows and over per-head groups (q/k norms).
-pub fn rms_norm<B: Backend, R: Backend>(be: &B, reference: &R) {
+pub async fn rms_norm<B: Backend, R: Backend>(be: &B, reference: &R) {
     let mut rng = Rng::new(7);
     for (rows, cols, group) in [(1, 64, 64), (5, 300, 300), (3, 128, 32), (2, 1536, 1536)] {
         let x = uniform(&mut rng, rows * cols, 3.0);
@@ -166,15 +166,15 @@ pub fn rms_norm<B: Backend, R: Backend>(be: &B, reference: &R) {
         );
         assert_close(
             &format!("rms_norm {rows}x{cols}/{group}"),
-            &be.read(&out),
-            &reference.read(&want),
+            &be.read(&out).await,
+            &reference.read(&want).await,
             1e-5,
         );
     }
 }
 
 /// Both rotary layouts, partial rotation, and large positions.
-pub fn rope<B: Backend, R: Backend>(be: &B, reference: &R) {
+pub async fn rope<B: Backend, R: Backend>(be: &B, reference: &R) {
     let mut rng = Rng::new(8);
     for (style, n_head, head_dim, n_rot, pos0, rows) in [
         (RopeStyle::Normal, 4, 64, 64, 0, 3),
@@ -197,8 +197,8 @@ pub fn rope<B: Backend, R: Backend>(be: &B, reference: &R) {
         reference.rope(&mut tr, pos0, p);
         assert_close(
             &format!("rope {p:?} pos {pos0}"),
-            &be.read(&t),
-            &reference.read(&tr),
+            &be.read(&t).await,
+            &reference.read(&tr).await,
             1e-5,
         );
     }
@@ -206,7 +206,7 @@ pub fn rope<B: Backend, R: Backend>(be: &B, reference: &R) {
 
 /// Gated activations, residual add, scale, bias, softcapping and the tap
 /// sanitiser.
-pub fn elementwise<B: Backend, R: Backend>(be: &B, reference: &R) {
+pub async fn elementwise<B: Backend, R: Backend>(be: &B, reference: &R) {
     let mut rng = Rng::new(9);
     let (rows, cols) = (3, 200);
     let g = uniform(&mut rng, rows * cols, 8.0);
@@ -228,8 +228,8 @@ pub fn elementwise<B: Backend, R: Backend>(be: &B, reference: &R) {
         );
         assert_close(
             &format!("{act:?}"),
-            &be.read(&out),
-            &reference.read(&want),
+            &be.read(&out).await,
+            &reference.read(&want).await,
             1e-5,
         );
     }
@@ -245,8 +245,8 @@ pub fn elementwise<B: Backend, R: Backend>(be: &B, reference: &R) {
     reference.add_bias(&mut xr, &load(reference, &file));
     assert_close(
         "add/scale/add_bias",
-        &be.read(&x),
-        &reference.read(&xr),
+        &be.read(&x).await,
+        &reference.read(&xr).await,
         1e-6,
     );
 
@@ -254,7 +254,12 @@ pub fn elementwise<B: Backend, R: Backend>(be: &B, reference: &R) {
     be.softcap(&mut x, 5.0);
     let mut xr = tensor(reference, rows, cols, &g);
     reference.softcap(&mut xr, 5.0);
-    assert_close("softcap", &be.read(&x), &reference.read(&xr), 1e-6);
+    assert_close(
+        "softcap",
+        &be.read(&x).await,
+        &reference.read(&xr).await,
+        1e-6,
+    );
 
     let special = [
         f32::NAN,
@@ -270,12 +275,12 @@ pub fn elementwise<B: Backend, R: Backend>(be: &B, reference: &R) {
     be.clamp_finite(&mut t, 65504.0);
     let mut tr = tensor(reference, 1, special.len(), &special);
     reference.clamp_finite(&mut tr, 65504.0);
-    assert_eq!(be.read(&t), reference.read(&tr), "clamp_finite");
+    assert_eq!(be.read(&t).await, reference.read(&tr).await, "clamp_finite");
 }
 
 /// Row copies into a wider tensor at a row and column offset, and reshape
 /// within capacity.
-pub fn copy_rows<B: Backend, R: Backend>(be: &B, reference: &R) {
+pub async fn copy_rows<B: Backend, R: Backend>(be: &B, reference: &R) {
     let mut rng = Rng::new(10);
     let src = uniform(&mut rng, 6 * 40, 1.0);
     let dst = uniform(&mut rng, 9 * 100, 1.0);
@@ -285,12 +290,12 @@ pub fn copy_rows<B: Backend, R: Backend>(be: &B, reference: &R) {
     let sr = tensor(reference, 6, 40, &src);
     let mut dr = tensor(reference, 9, 100, &dst);
     reference.copy_rows(&sr, 2, &mut dr, 5, 60, 3);
-    assert_eq!(be.read(&d), reference.read(&dr), "copy_rows");
+    assert_eq!(be.read(&d).await, reference.read(&dr).await, "copy_rows");
     be.reshape(&mut d, 3, 50);
     assert_eq!(be.shape(&d), (3, 50));
     assert_eq!(
-        be.read(&d),
-        dst_prefix(&reference.read(&dr), 150),
+        be.read(&d).await,
+        dst_prefix(&reference.read(&dr).await, 150),
         "reshape keeps the data"
     );
 }
@@ -301,7 +306,7 @@ fn dst_prefix(v: &[f32], n: usize) -> Vec<f32> {
 
 /// Attention for decode, multi-row verify and non-causal blocks, with
 /// grouped-query heads, sliding windows and caches longer than one tile.
-pub fn attention<B: Backend, R: Backend>(be: &B, reference: &R) {
+pub async fn attention<B: Backend, R: Backend>(be: &B, reference: &R) {
     let mut rng = Rng::new(11);
     let cases = [
         // (n_head, n_head_kv, head_dim, rows, q_pos0, capacity, causal, window)
@@ -350,15 +355,15 @@ pub fn attention<B: Backend, R: Backend>(be: &B, reference: &R) {
         );
         assert_close(
             &format!("attention {p:?} {mask:?}"),
-            &be.read(&out),
-            &reference.read(&want),
+            &be.read(&out).await,
+            &reference.read(&want).await,
             1e-5,
         );
     }
 }
 
 /// DFlash2's grouped dynamic convolution, both sides.
-pub fn grouped_conv<B: Backend, R: Backend>(be: &B, reference: &R) {
+pub async fn grouped_conv<B: Backend, R: Backend>(be: &B, reference: &R) {
     let mut rng = Rng::new(12);
     let (n, d, taps, group) = (7, 64, 3, 16);
     let dyn_cols = 2 * taps * d / group;
@@ -385,15 +390,15 @@ pub fn grouped_conv<B: Backend, R: Backend>(be: &B, reference: &R) {
         );
         assert_close(
             &format!("grouped_conv side {side}"),
-            &be.read(&out),
-            &reference.read(&want),
+            &be.read(&out).await,
+            &reference.read(&want).await,
             1e-5,
         );
     }
 }
 
 /// Argmax per row: the first index wins ties, rows wider than a workgroup.
-pub fn argmax<B: Backend, R: Backend>(be: &B, reference: &R) {
+pub async fn argmax<B: Backend, R: Backend>(be: &B, reference: &R) {
     let mut rng = Rng::new(13);
     let (rows, cols) = (4, 151_936);
     let mut x = uniform(&mut rng, rows * cols, 10.0);
@@ -401,15 +406,15 @@ pub fn argmax<B: Backend, R: Backend>(be: &B, reference: &R) {
     x[900] = 50.0;
     x[cols + cols - 1] = 60.0; // row 1: the last column
     x[2 * cols] = 70.0; // row 2: the first column
-    let got = be.argmax(&tensor(be, rows, cols, &x));
-    let want = reference.argmax(&tensor(reference, rows, cols, &x));
+    let got = be.argmax(&tensor(be, rows, cols, &x)).await;
+    let want = reference.argmax(&tensor(reference, rows, cols, &x)).await;
     assert_eq!(got, want, "argmax");
     assert_eq!(&got[..3], &[5, cols as u32 - 1, 0]);
 }
 
 /// Top-k per row: ties to the smaller index, NaN and −∞ last, k = cols,
 /// and a vocabulary-wide row.
-pub fn top_k<B: Backend, R: Backend>(be: &B, reference: &R) {
+pub async fn top_k<B: Backend, R: Backend>(be: &B, reference: &R) {
     let mut rng = Rng::new(15);
     for (rows, cols, k) in [(3, 40, 40), (5, 1000, 16), (2, 151_936, 5)] {
         let mut x = uniform(&mut rng, rows * cols, 10.0);
@@ -433,12 +438,12 @@ pub fn top_k<B: Backend, R: Backend>(be: &B, reference: &R) {
             &mut want_v,
             &mut want_i,
         );
-        let (got_i, want_i) = (be.read(&ids), reference.read(&want_i));
+        let (got_i, want_i) = (be.read(&ids).await, reference.read(&want_i).await);
         assert_eq!(got_i, want_i, "top_k ids {rows}x{cols} k={k}");
         let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(
-            bits(be.read(&values)),
-            bits(reference.read(&want_v)),
+            bits(be.read(&values).await),
+            bits(reference.read(&want_v).await),
             "top_k values {rows}x{cols} k={k}"
         );
         assert_eq!(&got_i[..3], &[3.0, 7.0, 30.0], "ties: smaller index first");
@@ -451,7 +456,7 @@ pub fn top_k<B: Backend, R: Backend>(be: &B, reference: &R) {
 
 /// DFly's weighted sum of tap slices, with more weights than one dispatch
 /// of a parameter-block implementation carries.
-pub fn add_slices<B: Backend, R: Backend>(be: &B, reference: &R) {
+pub async fn add_slices<B: Backend, R: Backend>(be: &B, reference: &R) {
     let mut rng = Rng::new(16);
     for (rows, d, n_w) in [(5, 48, 3), (2, 8, 70)] {
         let x = uniform(&mut rng, rows * d * n_w, 2.0);
@@ -463,8 +468,8 @@ pub fn add_slices<B: Backend, R: Backend>(be: &B, reference: &R) {
         reference.add_slices(&tensor(reference, rows, n_w * d, &x), &w, &mut want);
         assert_close(
             &format!("add_slices {rows}x{d} x{n_w}"),
-            &be.read(&out),
-            &reference.read(&want),
+            &be.read(&out).await,
+            &reference.read(&want).await,
             1e-6,
         );
     }
@@ -472,7 +477,7 @@ pub fn add_slices<B: Backend, R: Backend>(be: &B, reference: &R) {
 
 /// DFlash2's selector walk: the picks chain through the rows (each row's
 /// scores depend on the previous pick), with K beyond one workgroup too.
-pub fn selector_walk<B: Backend, R: Backend>(be: &B, reference: &R) {
+pub async fn selector_walk<B: Backend, R: Backend>(be: &B, reference: &R) {
     let mut rng = Rng::new(17);
     for (n, k, rank) in [(8, 4, 24), (5, 16, 64), (3, 300, 4)] {
         let gates = uniform(&mut rng, n * rank, 2.0);
@@ -501,7 +506,7 @@ pub fn selector_walk<B: Backend, R: Backend>(be: &B, reference: &R) {
             &mut want,
             1,
         );
-        let (got, want) = (be.read(&out), reference.read(&want));
+        let (got, want) = (be.read(&out).await, reference.read(&want).await);
         assert_eq!(got, want, "selector_walk n={n} k={k} rank={rank}");
         // Row 0 (the anchor's) and the rows past the block stay untouched;
         // every other row picked one of its own candidates.
@@ -519,7 +524,7 @@ pub fn selector_walk<B: Backend, R: Backend>(be: &B, reference: &R) {
 /// Seeded sampling: the same draws as the reference for whole rows and
 /// for top-k candidates with top-p and min-p, NaN and −∞ skipped; row `r`
 /// with counter `c` draws what row `r − 1` draws with counter `c + 1`.
-pub fn sample_to<B: Backend, R: Backend>(be: &B, reference: &R) {
+pub async fn sample_to<B: Backend, R: Backend>(be: &B, reference: &R) {
     let mut rng = Rng::new(18);
     let settings = [
         (0.8, 0, 1.0, 0.0, 50),
@@ -553,8 +558,8 @@ pub fn sample_to<B: Backend, R: Backend>(be: &B, reference: &R) {
             1,
             1,
         );
-        let got = be.read(&out);
-        assert_eq!(got, reference.read(&want), "sample_to {p:?}");
+        let got = be.read(&out).await;
+        assert_eq!(got, reference.read(&want).await, "sample_to {p:?}");
         let ids: Vec<f32> = got.iter().skip(3).step_by(2).copied().collect();
         assert!(ids[0] != 4.0 && ids[0] != 5.0, "NaN and −∞ are never drawn");
         assert!(ids.iter().all(|&t| t < cols as f32));
@@ -569,7 +574,7 @@ pub fn sample_to<B: Backend, R: Backend>(be: &B, reference: &R) {
         );
         // Rows 1.. hold the same logits as row 0.
         assert_eq!(
-            &be.read(&shifted)[1..rows - 1],
+            &be.read(&shifted).await[1..rows - 1],
             &ids[2..rows],
             "counter {p:?}"
         );
@@ -578,7 +583,7 @@ pub fn sample_to<B: Backend, R: Backend>(be: &B, reference: &R) {
 
 /// Token ids that stay on the device: argmax written into a column of a
 /// tensor, and embedding rows gathered by ids read from such a column.
-pub fn device_ids<B: Backend, R: Backend>(be: &B, reference: &R) {
+pub async fn device_ids<B: Backend, R: Backend>(be: &B, reference: &R) {
     let mut rng = Rng::new(14);
     let (rows, cols) = (4, 1000);
     let x = uniform(&mut rng, rows * cols, 5.0);
@@ -586,9 +591,9 @@ pub fn device_ids<B: Backend, R: Backend>(be: &B, reference: &R) {
     be.argmax_to(&tensor(be, rows, cols, &x), &mut out, 1, 2);
     let mut want = reference.tensor(6, 3);
     reference.argmax_to(&tensor(reference, rows, cols, &x), &mut want, 1, 2);
-    let (got, want) = (be.read(&out), reference.read(&want));
+    let (got, want) = (be.read(&out).await, reference.read(&want).await);
     assert_eq!(got, want, "argmax_to");
-    let ids = reference.argmax(&tensor(reference, rows, cols, &x));
+    let ids = reference.argmax(&tensor(reference, rows, cols, &x)).await;
     for (r, &id) in ids.iter().enumerate() {
         assert_eq!(got[(1 + r) * 3 + 2], id as f32, "argmax_to row {r}");
     }
@@ -607,7 +612,11 @@ pub fn device_ids<B: Backend, R: Backend>(be: &B, reference: &R) {
         be.embed_from(&table, &ids, 1, &mut out);
         let mut direct = be.tensor(3, width);
         be.embed(&table, &[0, 18, 3], &mut direct);
-        assert_eq!(be.read(&out), be.read(&direct), "embed_from {ty}");
+        assert_eq!(
+            be.read(&out).await,
+            be.read(&direct).await,
+            "embed_from {ty}"
+        );
     }
 }
 
@@ -624,7 +633,7 @@ macro_rules! backend_conformance_tests {
         $(
             #[test]
             fn $op() {
-                $crate::conformance::$op(&$backend, &$reference);
+                $crate::testing::block_on($crate::conformance::$op(&$backend, &$reference));
             }
         )*
     };

@@ -79,7 +79,7 @@ pub fn prefill<B: Backend>(
 
 /// Generates up to `max_tokens` tokens after `prompt`. `on_token` receives
 /// each token and returns `false` to stop.
-pub fn generate<B: Backend>(
+pub async fn generate<B: Backend>(
     decoder: &Decoder<B>,
     state: &mut DecoderState<B>,
     prompt: &[u32],
@@ -104,9 +104,9 @@ pub fn generate<B: Backend>(
     let t1 = Instant::now();
     let reason = loop {
         let token = if sampler.params.is_greedy() && sampler.params.repeat_penalty == 1.0 {
-            be.argmax(state.logits())[0]
+            be.argmax(state.logits()).await[0]
         } else {
-            sampler.sample(&be.read(state.logits()), &history)
+            sampler.sample(&be.read(state.logits()).await, &history)
         };
         if is_eog(token) {
             break StopReason::EndOfGeneration;

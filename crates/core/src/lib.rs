@@ -7,6 +7,7 @@ pub mod chat_template;
 pub mod conformance;
 pub mod error;
 pub mod generate;
+pub mod host_ops;
 pub mod kv_cache;
 pub mod model;
 pub mod sampling;

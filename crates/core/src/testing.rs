@@ -397,6 +397,11 @@ fn dflash2_builder(spec: &SyntheticDFlash, v2: &SyntheticDFlash2, seed: u64) -> 
     b
 }
 
+/// Runs a future to completion on this thread: how native tests and tools
+/// drive the engine's async read-backs (their futures are ready at once on
+/// the CPU and after a blocking device poll natively on wgpu).
+pub use pollster::block_on;
+
 /// Plain greedy decoding of `n` tokens after `prompt` (the reference every
 /// speculative and cross-backend test compares with).
 pub fn greedy_plain<B: crate::Backend>(
@@ -406,7 +411,7 @@ pub fn greedy_plain<B: crate::Backend>(
 ) -> Vec<u32> {
     let mut state = dec.new_state(prompt.len() + n + 1, 32);
     let mut sampler = crate::sampling::Sampler::new(crate::sampling::SamplingParams::greedy());
-    crate::generate::generate(
+    block_on(crate::generate::generate(
         dec,
         &mut state,
         prompt,
@@ -414,7 +419,7 @@ pub fn greedy_plain<B: crate::Backend>(
         &mut sampler,
         &|_| false,
         &mut |_| true,
-    )
+    ))
     .expect("plain greedy decoding")
     .0
 }
@@ -432,7 +437,7 @@ pub fn greedy_speculative<B: crate::Backend>(
     let mut sampler = Sampler::new(SamplingParams::greedy());
     let mut draft_sampler = Sampler::new(SamplingParams::greedy());
     let mut policy = crate::speculative::DraftPolicy::new(policy);
-    let (tokens, _, stats) = crate::speculative::generate_speculative(
+    let (tokens, _, stats) = block_on(crate::speculative::generate_speculative(
         dec,
         &mut state,
         drafter,
@@ -444,7 +449,7 @@ pub fn greedy_speculative<B: crate::Backend>(
         &|_| false,
         &mut |_| true,
         &mut |_| {},
-    )
+    ))
     .expect("speculative greedy decoding");
     (tokens, stats)
 }

@@ -13,6 +13,8 @@ use blockdraft_core::backend::{
     AttentionMask, AttentionParams, Backend, BackendError, ConvParams, GatedActivation, RopeParams,
     WeightSource,
 };
+use blockdraft_core::host_ops;
+use blockdraft_core::sampling::SamplingParams;
 use blockdraft_gguf::{GgmlType, TensorData};
 use kernels::WeightRef;
 use pool::ThreadPool;
@@ -204,7 +206,7 @@ impl Backend for CpuBackend {
         t.as_mut_slice().copy_from_slice(data);
     }
 
-    fn read(&self, t: &CpuTensor) -> Vec<f32> {
+    async fn read(&self, t: &CpuTensor) -> Vec<f32> {
         t.as_slice().to_vec()
     }
 
@@ -368,12 +370,116 @@ impl Backend for CpuBackend {
         true
     }
 
-    fn argmax(&self, x: &CpuTensor) -> Vec<u32> {
-        x.as_slice()
-            .chunks_exact(x.cols)
-            .map(blockdraft_core::sampling::argmax)
-            .collect()
+    fn softcap(&self, x: &mut CpuTensor, cap: f32) {
+        host_ops::softcap(x.as_mut_slice(), cap);
     }
+
+    fn top_k(&self, x: &CpuTensor, k: usize, values: &mut CpuTensor, ids: &mut CpuTensor) {
+        let (n, cols) = (x.rows, x.cols);
+        assert!(
+            k <= cols && (values.rows, values.cols) == (n, k) && (ids.rows, ids.cols) == (n, k),
+            "top_k shapes"
+        );
+        let (v, i) = host_ops::top_k(x.as_slice(), cols, k);
+        values.as_mut_slice().copy_from_slice(&v);
+        ids.as_mut_slice().copy_from_slice(&i);
+    }
+
+    fn sample_to(
+        &self,
+        x: &CpuTensor,
+        p: &SamplingParams,
+        counter: u64,
+        out: &mut CpuTensor,
+        row: usize,
+        col: usize,
+    ) {
+        assert!(
+            row + x.rows <= out.rows && col < out.cols,
+            "sample_to out of bounds"
+        );
+        let cols = out.cols;
+        let picks = host_ops::sample_rows(x.as_slice(), x.cols, p, counter);
+        for (r, id) in picks.into_iter().enumerate() {
+            out.data[(row + r) * cols + col] = id;
+        }
+    }
+
+    fn add_slices(&self, x: &CpuTensor, w: &[f32], out: &mut CpuTensor) {
+        assert!(
+            x.rows == out.rows && x.cols == w.len() * out.cols,
+            "add_slices shapes"
+        );
+        let d = out.cols;
+        host_ops::add_slices(x.as_slice(), w, out.as_mut_slice(), d);
+    }
+
+    fn selector_walk(
+        &self,
+        gates: &CpuTensor,
+        pred: &CpuTensor,
+        succ: &CpuTensor,
+        unary: &CpuTensor,
+        cand: &CpuTensor,
+        out: &mut CpuTensor,
+        col: usize,
+    ) {
+        let ((n, r), k) = ((gates.rows, gates.cols), unary.cols);
+        let shape = |t: &CpuTensor| (t.rows, t.cols);
+        assert!(
+            shape(pred) == (n * k, r)
+                && shape(succ) == (n * k, r)
+                && shape(unary) == (n, k)
+                && shape(cand) == (n, k)
+                && n <= out.rows
+                && col < out.cols,
+            "selector_walk shapes"
+        );
+        let walk = host_ops::selector_walk(
+            gates.as_slice(),
+            pred.as_slice(),
+            succ.as_slice(),
+            unary.as_slice(),
+            cand.as_slice(),
+            n,
+            k,
+            r,
+        );
+        let cols = out.cols;
+        for (i, id) in walk.into_iter().enumerate() {
+            out.data[(1 + i) * cols + col] = id;
+        }
+    }
+
+    async fn argmax(&self, x: &CpuTensor) -> Vec<u32> {
+        row_argmax(x)
+    }
+
+    fn argmax_to(&self, x: &CpuTensor, out: &mut CpuTensor, row: usize, col: usize) {
+        assert!(
+            row + x.rows <= out.rows && col < out.cols,
+            "argmax_to out of bounds"
+        );
+        let cols = out.cols;
+        for (r, id) in row_argmax(x).into_iter().enumerate() {
+            out.data[(row + r) * cols + col] = id as f32;
+        }
+    }
+
+    fn embed_from(&self, table: &CpuWeight, ids: &CpuTensor, row0: usize, out: &mut CpuTensor) {
+        assert!(row0 + out.rows <= ids.rows, "embed_from shapes");
+        let ids: Vec<u32> = (row0..row0 + out.rows)
+            .map(|r| ids.data[r * ids.cols] as u32)
+            .collect();
+        self.embed(table, &ids, out);
+    }
+}
+
+fn row_argmax(x: &CpuTensor) -> Vec<u32> {
+    x.as_slice()
+        .chunks_exact(x.cols)
+        .map(blockdraft_core::sampling::argmax)
+        .collect()
 }
 
 #[cfg(test)]
@@ -386,7 +492,7 @@ mod tests {
         let mut t = be.tensor(1, 5);
         be.write(&mut t, &[f32::NAN, f32::INFINITY, -1e6, 3.5, -65504.0]);
         be.clamp_finite(&mut t, 65504.0);
-        assert_eq!(be.read(&t), vec![0.0, 65504.0, -65504.0, 3.5, -65504.0]);
+        assert_eq!(t.as_slice(), [0.0, 65504.0, -65504.0, 3.5, -65504.0]);
     }
 
     /// Two taps, two groups of two channels, three rows, checked by hand.
@@ -439,7 +545,7 @@ mod tests {
                 }
             }
         }
-        let got = be.read(&out);
+        let got = out.as_slice();
         for (g, w) in got.iter().zip(&want) {
             assert!((g - w).abs() < 1e-5, "{got:?} vs {want:?}");
         }

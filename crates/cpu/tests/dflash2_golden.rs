@@ -6,6 +6,7 @@
 
 mod common;
 
+use blockdraft_core::testing::block_on;
 use common::{fixture_file, flat, ids, rel_err};
 
 use blockdraft_core::backend::{ConvParams, WeightSource};
@@ -44,18 +45,18 @@ fn dflash2_matches_the_pytorch_reference() {
     target
         .forward(&mut state, &prompt, LogitRows::All, true, Some(&mut taps))
         .unwrap();
-    drafter.inject(taps.output(), 0, prompt.len()).unwrap();
+    block_on(drafter.inject(taps.output(), 0, prompt.len())).unwrap();
 
     // Block logits (the convolutions run inside every layer).
     let anchor = g["target_next_token"].as_u64().unwrap() as u32;
     let n_vocab = target.config.n_vocab;
-    let logits = drafter.block_logits(anchor, 7).unwrap();
+    let logits = block_on(drafter.block_logits(anchor, 7)).unwrap();
     let err = rel_err(&logits[n_vocab..], &flat(&g["draft_logits"]));
     assert!(err < 1e-4, "draft logits off by {err}");
 
     // Selector: candidates as sets, their logits, gates, greedy path.
     let sel = &g["selector"];
-    let lattice = drafter.block_lattice(anchor, 7).unwrap().unwrap();
+    let lattice = block_on(drafter.block_lattice(anchor, 7)).unwrap().unwrap();
     let want_cands: Vec<Vec<u32>> = sel["candidates"]
         .as_array()
         .unwrap()
@@ -96,7 +97,7 @@ fn dflash2_matches_the_pytorch_reference() {
     let mut state = target.new_state(64, 16);
     let mut policy = DraftPolicy::new(PolicyConfig::fixed(7));
     let mut rounds = Vec::new();
-    let (tokens, _, _) = generate_speculative(
+    let (tokens, _, _) = block_on(generate_speculative(
         &target,
         &mut state,
         &mut drafter,
@@ -108,7 +109,7 @@ fn dflash2_matches_the_pytorch_reference() {
         &|_| false,
         &mut |_| true,
         &mut |r| rounds.push(r.accepted as u64 + 1),
-    )
+    ))
     .unwrap();
     assert_eq!(tokens, ids(&e2e["new_ids"]));
     assert_eq!(
@@ -171,8 +172,7 @@ fn dflash2_layer0_convolutions_match_the_reference() {
                 .unwrap();
             let mut dynamic = be.tensor(b, 2 * taps * groups);
             be.matmul(&proj, &x, &mut dynamic);
-            let got: Vec<f32> = be
-                .read(&dynamic)
+            let got: Vec<f32> = block_on(be.read(&dynamic))
                 .chunks_exact(2 * taps * groups)
                 .flat_map(|r| r[..taps * groups].to_vec())
                 .collect();
@@ -187,7 +187,7 @@ fn dflash2_layer0_convolutions_match_the_reference() {
             side,
         };
         be.grouped_conv(&x, &base, &dynamic, p, &mut out);
-        let err = rel_err(&be.read(&out), &flat(&c["output"]));
+        let err = rel_err(&block_on(be.read(&out)), &flat(&c["output"]));
         assert!(err < 1e-5, "{case} output off by {err}");
     }
 }

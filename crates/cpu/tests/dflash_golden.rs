@@ -6,6 +6,7 @@
 
 mod common;
 
+use blockdraft_core::testing::block_on;
 use common::{fixture_file, flat, ids, rel_err};
 
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
@@ -35,16 +36,19 @@ fn dflash_v1_matches_the_pytorch_reference() {
     target
         .forward(&mut state, &prompt, LogitRows::All, true, Some(&mut taps))
         .unwrap();
-    let err = rel_err(&be.read(state.logits()), &flat(&g["target_logits"]));
+    let err = rel_err(
+        &block_on(be.read(state.logits())),
+        &flat(&g["target_logits"]),
+    );
     assert!(err < 1e-4, "target logits off by {err}");
-    let err = rel_err(&be.read(taps.output()), &flat(&g["ctx_features"]));
+    let err = rel_err(&block_on(be.read(taps.output())), &flat(&g["ctx_features"]));
     assert!(err < 1e-4, "tapped context features off by {err}");
 
     // Context injection, then one block.
-    drafter.inject(taps.output(), 0, p).unwrap();
+    block_on(drafter.inject(taps.output(), 0, p)).unwrap();
     let anchor = g["target_next_token"].as_u64().unwrap() as u32;
     let n_vocab = target.config.n_vocab;
-    let logits = drafter.block_logits(anchor, 7).unwrap();
+    let logits = block_on(drafter.block_logits(anchor, 7)).unwrap();
     let want = flat(&g["draft_logits"]);
     let err = rel_err(&logits[n_vocab..], &want);
     assert!(err < 1e-4, "draft logits off by {err}");
@@ -58,7 +62,7 @@ fn dflash_v1_matches_the_pytorch_reference() {
     let mut state = target.new_state(64, 16);
     let mut policy = DraftPolicy::new(PolicyConfig::fixed(7));
     let mut rounds = Vec::new();
-    let (tokens, _, _) = generate_speculative(
+    let (tokens, _, _) = block_on(generate_speculative(
         &target,
         &mut state,
         &mut drafter,
@@ -70,7 +74,7 @@ fn dflash_v1_matches_the_pytorch_reference() {
         &|_| false,
         &mut |_| true,
         &mut |r| rounds.push(r.accepted as u64 + 1),
-    )
+    ))
     .unwrap();
     assert_eq!(tokens, ids(&e2e["new_ids"]));
     assert_eq!(

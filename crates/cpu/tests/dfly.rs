@@ -9,6 +9,7 @@ mod common;
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
 use blockdraft_core::sampling::argmax;
 use blockdraft_core::speculative::{DFlashDrafter, PolicyConfig};
+use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
     greedy_plain, greedy_speculative, synthetic_decoder, synthetic_dfly, SyntheticDFlash,
     SyntheticDims, SyntheticModel,
@@ -82,8 +83,8 @@ fn prefill(t: &Target, file: &GgufFile, prompt: &[u32]) -> (DFlashDrafter<CpuBac
     t.dec
         .forward(&mut state, prompt, LogitRows::Last, true, Some(&mut taps))
         .unwrap();
-    d.inject(taps.output(), 0, prompt.len()).unwrap();
-    (d, be.read(taps.output()))
+    block_on(d.inject(taps.output(), 0, prompt.len())).unwrap();
+    (d, block_on(be.read(taps.output())))
 }
 
 #[test]
@@ -115,7 +116,7 @@ fn fused_contexts_follow_layer_fusion_per_draft_layer() {
             want.extend(rms(&mixed, &w["context_norm.weight"]));
         }
     }
-    let got = d.contexts();
+    let got = block_on(d.contexts());
     assert_eq!(
         got.len(),
         n * nl * dd,
@@ -144,11 +145,10 @@ fn correction_chain_matches_the_reference() {
     let prompt = [9u32, 2, 33, 14];
     let (mut d, _) = prefill(&t, &file, &prompt);
     let anchor = 21;
-    let (tokens, logits) = d
-        .draft_block(anchor, 6, &mut |row| Some(argmax(row)))
-        .unwrap();
+    let (tokens, logits) =
+        block_on(d.draft_block(anchor, 6, &mut |row| Some(argmax(row)))).unwrap();
     assert_eq!(tokens.len(), 6);
-    let z = d.block_hidden();
+    let z = block_on(d.block_hidden());
     let (dd, v) = (48, t.dec.config.n_vocab);
     let w = &m.weights;
     // Embeddings and head are the target's (the drafter has none).

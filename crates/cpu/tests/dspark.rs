@@ -9,6 +9,7 @@ mod common;
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
 use blockdraft_core::sampling::argmax;
 use blockdraft_core::speculative::{DFlashDrafter, Drafter, PolicyConfig};
+use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
     greedy_plain, greedy_speculative, synthetic_decoder, synthetic_dflash_d2t, synthetic_dspark,
     SyntheticDFlash, SyntheticDSpark, SyntheticDims, SyntheticModel,
@@ -90,7 +91,7 @@ fn prefill(t: &Target, d: &mut DFlashDrafter<CpuBackend>, prompt: &[u32]) {
     t.dec
         .forward(&mut state, prompt, LogitRows::Last, true, Some(&mut taps))
         .unwrap();
-    d.inject(taps.output(), 0, prompt.len()).unwrap();
+    block_on(d.inject(taps.output(), 0, prompt.len())).unwrap();
 }
 
 #[test]
@@ -106,9 +107,10 @@ fn markov_chain_and_confidence_match_the_reference() {
         let mut d = load(&t, m.bytes).unwrap();
         prefill(&t, &mut d, &[5, 17, 3, 42, 8]);
         let anchor = 21;
-        let base = d.block_logits(anchor, 16).unwrap();
-        let h = d.block_hidden();
-        let (tokens, logits) = d.draft_block(anchor, 16, &mut |r| Some(argmax(r))).unwrap();
+        let base = block_on(d.block_logits(anchor, 16)).unwrap();
+        let h = block_on(d.block_hidden());
+        let (tokens, logits) =
+            block_on(d.draft_block(anchor, 16, &mut |r| Some(argmax(r)))).unwrap();
         // Anchor-first: B rows, all predictions; else B rows, row 0 not one.
         let first = if anchor_first { 0 } else { 1 };
         assert_eq!(base.len(), 8 * N_VOCAB);
@@ -153,7 +155,7 @@ fn markov_chain_and_confidence_match_the_reference() {
                 .map(|&x| x as f64)
                 .collect();
             let conf = 1.0 / (1.0 + (-(matvec(wc, &x)[0] + bc)).exp());
-            let got = d.confidence(i, prev as u32).unwrap();
+            let got = block_on(d.confidence(i, prev as u32)).unwrap();
             assert!(close(got, conf), "row {i} confidence {got} vs {conf}");
             prev = best;
         }
@@ -171,13 +173,13 @@ fn p_min_stops_at_the_first_unconfident_row() {
     );
     let mut d = load(&t, m.bytes).unwrap();
     prefill(&t, &mut d, &[9, 2, 33, 14]);
-    let (tokens, _) = d.draft_block(12, 8, &mut |r| Some(argmax(r))).unwrap();
+    let (tokens, _) = block_on(d.draft_block(12, 8, &mut |r| Some(argmax(r)))).unwrap();
     let mut prev = 12;
     let confs: Vec<f32> = tokens
         .iter()
         .enumerate()
         .map(|(i, &tok)| {
-            let c = d.confidence(i, prev).unwrap();
+            let c = block_on(d.confidence(i, prev)).unwrap();
             prev = tok;
             c
         })
@@ -185,7 +187,7 @@ fn p_min_stops_at_the_first_unconfident_row() {
     let p_min = confs[2] + 1e-6;
     let stop = confs.iter().position(|&c| c < p_min).unwrap();
     d.p_min = p_min;
-    let draft = d.propose(&[9, 2, 33, 14, 12], 16, None).unwrap();
+    let draft = block_on(d.propose(&[9, 2, 33, 14, 12], 16, None)).unwrap();
     assert_eq!(draft.tokens, tokens[..stop]);
 }
 
@@ -240,9 +242,17 @@ fn dspark_and_d2t_rejections() {
     };
     let mut d = load(&t, synthetic_dspark(&s, &no_head, 5).bytes).unwrap();
     prefill(&t, &mut d, &[1, 2, 3]);
-    assert_eq!(d.propose(&[1, 2, 3], 4, None).unwrap().tokens.len(), 4);
+    assert_eq!(
+        block_on(d.propose(&[1, 2, 3], 4, None))
+            .unwrap()
+            .tokens
+            .len(),
+        4
+    );
     d.p_min = 0.5;
-    let err = d.propose(&[1, 2, 3], 4, None).unwrap_err().to_string();
+    let err = block_on(d.propose(&[1, 2, 3], 4, None))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("set p_min 0"), "{err}");
     // d2t validation.
     let v1 = |map: Vec<i64>| synthetic_dflash_d2t(&s, &map, 6).bytes;
@@ -267,8 +277,8 @@ fn d2t_scatters_draft_rows_to_target_ids() {
     let m = synthetic_dflash_d2t(&s, &map, 7);
     let mut d = load(&t, m.bytes).unwrap();
     prefill(&t, &mut d, &[4, 8, 15, 16]);
-    let (tokens, logits) = d.draft_block(23, 7, &mut |r| Some(argmax(r))).unwrap();
-    let z = d.block_hidden();
+    let (tokens, logits) = block_on(d.draft_block(23, 7, &mut |r| Some(argmax(r)))).unwrap();
+    let z = block_on(d.block_hidden());
     let head = &m.weights["output.weight"];
     for i in 1..=7 {
         let zi: Vec<f64> = z[i * 48..(i + 1) * 48].iter().map(|&x| x as f64).collect();

@@ -26,6 +26,7 @@
 
 mod common;
 
+use blockdraft_core::testing::block_on;
 use common::ids;
 
 use blockdraft_core::generate::generate;
@@ -92,11 +93,11 @@ fn check_model(key: &str) {
             };
             dec.forward(&mut state, batch, logits, true, None).unwrap();
         }
-        rows.push(backend.read(state.logits()));
+        rows.push(block_on(backend.read(state.logits())));
         for &t in &tokens[..tokens.len() - 1] {
             dec.forward(&mut state, &[t], LogitRows::Last, true, None)
                 .unwrap();
-            rows.push(backend.read(state.logits()));
+            rows.push(block_on(backend.read(state.logits())));
         }
         for (i, ref_top) in top.iter().enumerate() {
             let row = &rows[i];
@@ -137,7 +138,7 @@ fn check_model(key: &str) {
                 .unwrap();
         }
         let mut sampler = Sampler::new(SamplingParams::greedy());
-        let (gen, _, _) = generate(
+        let (gen, _, _) = block_on(generate(
             &dec,
             &mut state,
             last_batch,
@@ -145,7 +146,7 @@ fn check_model(key: &str) {
             &mut sampler,
             &|_| false,
             &mut |_| true,
-        )
+        ))
         .unwrap();
         if gen != tokens[..n_free] {
             let at = gen

@@ -12,6 +12,7 @@ use blockdraft_core::speculative::{
     generate_speculative, DFlashDrafter, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter,
     OracleDrafter, PolicyConfig,
 };
+use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
     greedy_plain, greedy_speculative, synthetic_decoder, synthetic_dflash, synthetic_dflash2,
     synthetic_dflash2_d2t, SyntheticDFlash, SyntheticDFlash2, SyntheticDims,
@@ -397,8 +398,10 @@ fn speculative_sampling_reproduces_the_target_distribution() {
     let dist_after = |ctx: &[u32]| {
         let mut state = target.new_state(80, 8);
         blockdraft_core::generate::prefill(&target, &mut state, ctx).unwrap();
-        Sampler::new(params.clone())
-            .distribution(&blockdraft_core::Backend::read(&*be, state.logits()))
+        Sampler::new(params.clone()).distribution(&block_on(blockdraft_core::Backend::read(
+            &*be,
+            state.logits(),
+        )))
     };
     let mut exact = std::collections::HashMap::new();
     for &(t1, p1) in &dist_after(&prompt).candidates {
@@ -427,7 +430,7 @@ fn speculative_sampling_reproduces_the_target_distribution() {
                 ..params.clone()
             });
             let mut policy = DraftPolicy::new(PolicyConfig::fixed(3));
-            let (out, _, stats) = generate_speculative(
+            let (out, _, stats) = block_on(generate_speculative(
                 &target,
                 &mut state,
                 drafter.as_mut(),
@@ -439,7 +442,7 @@ fn speculative_sampling_reproduces_the_target_distribution() {
                 &|_| false,
                 &mut |_| true,
                 &mut |_| {},
-            )
+            ))
             .unwrap();
             drafted += stats.drafted;
             *counts.entry((out[0], out[1])).or_insert(0usize) += 1;

@@ -4,6 +4,7 @@
 //! reachable here, so this is how the Qwen3 path is tested).
 
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
+use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{synthetic_decoder, SyntheticDims};
 use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
@@ -227,12 +228,12 @@ fn check_arch(arch: &str) {
     let mut state = dec.new_state(32, 16);
     dec.forward(&mut state, &tokens, LogitRows::All, true, Some(&mut taps))
         .unwrap();
-    let got = backend.read(state.logits());
+    let got = block_on(backend.read(state.logits()));
     for (i, want) in want_logits.iter().enumerate() {
         let err = max_rel_err(&got[i * d.n_vocab..][..d.n_vocab], want);
         assert!(err < 1e-4, "{arch}: batched logits row {i} off by {err}");
     }
-    let got_taps = backend.read(taps.output());
+    let got_taps = block_on(backend.read(taps.output()));
     let width = tap_layers.len() * d.n_embd;
     for (slot, &layer) in tap_layers.iter().enumerate() {
         for (i, want) in want_taps[layer].iter().enumerate() {
@@ -246,17 +247,17 @@ fn check_arch(arch: &str) {
     let mut state = dec.new_state(32, 16);
     dec.forward(&mut state, &tokens[..4], LogitRows::Last, true, None)
         .unwrap();
-    assert!(max_rel_err(&backend.read(state.logits()), &want_logits[3]) < 1e-4);
+    assert!(max_rel_err(&block_on(backend.read(state.logits())), &want_logits[3]) < 1e-4);
     for i in 4..tokens.len() {
         dec.forward(&mut state, &tokens[i..i + 1], LogitRows::Last, true, None)
             .unwrap();
-        let err = max_rel_err(&backend.read(state.logits()), &want_logits[i]);
+        let err = max_rel_err(&block_on(backend.read(state.logits())), &want_logits[i]);
         assert!(err < 1e-4, "{arch}: decode position {i} off by {err}");
     }
     state.truncate(6);
     dec.forward(&mut state, &tokens[6..], LogitRows::All, true, None)
         .unwrap();
-    let got = backend.read(state.logits());
+    let got = block_on(backend.read(state.logits()));
     for (r, i) in (6..tokens.len()).enumerate() {
         let err = max_rel_err(&got[r * d.n_vocab..][..d.n_vocab], &want_logits[i]);
         assert!(
@@ -298,7 +299,7 @@ fn non_causal_rows_see_each_other() {
             .unwrap();
         dec.forward(&mut state, block, LogitRows::All, causal, None)
             .unwrap();
-        backend.read(state.logits())[..DIMS.n_vocab].to_vec()
+        block_on(backend.read(state.logits()))[..DIMS.n_vocab].to_vec()
     };
     // Changing a later block token changes row 0 only without the causal mask.
     assert_eq!(run(&[4, 5, 6], true), run(&[4, 5, 7], true));

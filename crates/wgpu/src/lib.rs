@@ -4,7 +4,7 @@
 //! in the browser.
 //!
 //! Ops record dispatches into one command encoder; a readback (`read`,
-//! `argmax`) submits everything recorded since the last one and waits.
+//! `argmax`) submits everything recorded since the last one and awaits it.
 //! Plain decoding therefore costs one submit and one small readback per
 //! token. [`WgpuBackend::counters`] exposes what crossed the boundary.
 //!
@@ -266,8 +266,8 @@ impl Backend for WgpuBackend {
         self.dev.upload(&t.buffer, 0, bytemuck::cast_slice(data));
     }
 
-    fn read(&self, t: &WgpuTensor) -> Vec<f32> {
-        let bytes = self.dev.read_bytes(&t.buffer, 0, t.len() as u64 * 4);
+    async fn read(&self, t: &WgpuTensor) -> Vec<f32> {
+        let bytes = self.dev.read_bytes(&t.buffer, 0, t.len() as u64 * 4).await;
         bytemuck::pod_collect_to_vec(&bytes)
     }
 
@@ -527,7 +527,7 @@ impl Backend for WgpuBackend {
         );
     }
 
-    fn argmax(&self, x: &WgpuTensor) -> Vec<u32> {
+    async fn argmax(&self, x: &WgpuTensor) -> Vec<u32> {
         if x.rows == 0 {
             return Vec::new();
         }
@@ -538,7 +538,7 @@ impl Backend for WgpuBackend {
             &[x.binding(), Binding::whole(&ids)],
             grid(x.rows, 1),
         );
-        let bytes = self.dev.read_bytes(&ids, 0, x.rows as u64 * 4);
+        let bytes = self.dev.read_bytes(&ids, 0, x.rows as u64 * 4).await;
         bytemuck::pod_collect_to_vec(&bytes)
     }
 

@@ -4,7 +4,11 @@
 //! through an upload arena that is copied to the GPU once per submit.
 
 use crate::shaders::{Kernel, Pipelines};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 
 /// Bytes per arena chunk; a dispatch's parameters take one 256-byte slot.
 const CHUNK_BYTES: u64 = 1 << 20;
@@ -77,7 +81,7 @@ pub(crate) struct Device {
     pub queue: wgpu::Queue,
     pub pipelines: Pipelines,
     pub counters: AtomicCounters,
-    pub recorder: std::sync::Mutex<Recorder>,
+    pub recorder: Mutex<Recorder>,
     /// Output features per workgroup of the quantized matmul (64 / LANES of
     /// matmul_quant.wgsl).
     pub quant_features_per_group: usize,
@@ -95,7 +99,7 @@ impl Device {
             pipelines: Pipelines::with_constants(constants.into_iter().collect()),
             quant_features_per_group: 64 / lanes,
             counters: AtomicCounters::default(),
-            recorder: std::sync::Mutex::new(Recorder {
+            recorder: Mutex::new(Recorder {
                 encoder: None,
                 chunks: Vec::new(),
                 current: 0,
@@ -212,8 +216,8 @@ impl Device {
     }
 
     /// Submits the pending work plus a copy of `len` bytes of `src` from
-    /// `offset`, waits, and returns them.
-    pub fn read_bytes(&self, src: &wgpu::Buffer, offset: u64, len: u64) -> Vec<u8> {
+    /// `offset`, waits for it, and returns them.
+    pub async fn read_bytes(&self, src: &wgpu::Buffer, offset: u64, len: u64) -> Vec<u8> {
         let padded = len.max(4).next_multiple_of(4);
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
@@ -228,20 +232,55 @@ impl Device {
             self.submit(&mut rec);
         }
         let slice = staging.slice(..);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
+        let mapped = MapFuture::default();
+        let done = mapped.clone();
+        slice.map_async(wgpu::MapMode::Read, move |r| done.complete(r));
+        // Natively this blocks until the map callback has run; in the
+        // browser it returns at once and the callback comes from the event
+        // loop, which the await below yields to.
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .expect("device lost while waiting for a readback");
-        rx.recv()
-            .expect("map callback ran")
-            .expect("mapping the readback buffer");
+        mapped.await.expect("mapping the readback buffer");
         let bytes = slice.get_mapped_range().expect("mapped")[..len as usize].to_vec();
         staging.unmap();
         self.counters.readbacks.fetch_add(1, Ordering::Relaxed);
         bytes
+    }
+}
+
+/// Resolves when `map_async`'s callback has delivered its result.
+#[derive(Clone, Default)]
+struct MapFuture(Arc<Mutex<MapState>>);
+
+#[derive(Default)]
+struct MapState {
+    result: Option<Result<(), wgpu::BufferAsyncError>>,
+    waker: Option<Waker>,
+}
+
+impl MapFuture {
+    fn complete(&self, r: Result<(), wgpu::BufferAsyncError>) {
+        let mut st = self.0.lock().unwrap();
+        st.result = Some(r);
+        if let Some(w) = st.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+impl Future for MapFuture {
+    type Output = Result<(), wgpu::BufferAsyncError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut st = self.0.lock().unwrap();
+        match st.result.take() {
+            Some(r) => Poll::Ready(r),
+            None => {
+                st.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
     }
 }
 

@@ -98,8 +98,11 @@ fn activation_quantization_is_bit_exact() {
         be.write(&mut t, &x);
         let act = be.act_buffer(ActLayout::new(n, cols).words);
         let layout = quantize_activations(&be.dev, kind, &t.buffer, n, cols, &act);
-        let words: Vec<u32> =
-            bytemuck::pod_collect_to_vec(&be.dev.read_bytes(&act, 0, layout.words as u64 * 4));
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&pollster::block_on(be.dev.read_bytes(
+            &act,
+            0,
+            layout.words as u64 * 4,
+        )));
         let got_q: Vec<i8> = bytemuck::cast_slice(&words[..n * cols / 4]).to_vec();
         let (want_q, want_d, want_s): (Vec<i8>, Vec<f32>, Vec<u32>) = match kind {
             ActQuant::Q8_0 { q8_1_sums } => {

@@ -9,6 +9,7 @@ use blockdraft_core::speculative::{
     generate_speculative, DFlashDrafter, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter,
     OracleDrafter, PolicyConfig, SpecStats,
 };
+use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
     greedy_plain, greedy_speculative, real_model, synthetic_decoder, synthetic_dflash,
     synthetic_dflash2, synthetic_dfly, synthetic_dspark, SyntheticDFlash, SyntheticDFlash2,
@@ -54,7 +55,10 @@ fn every_architecture_decodes_like_the_cpu_backend() {
             .unwrap();
         c.forward(&mut sc, &prompt, LogitRows::All, true, None)
             .unwrap();
-        let err = rel_err(&g.backend.read(sg.logits()), &c.backend.read(sc.logits()));
+        let err = rel_err(
+            &block_on(g.backend.read(sg.logits())),
+            &block_on(c.backend.read(sc.logits())),
+        );
         assert!(err < 1e-4, "{arch}: prefill logits differ by {err}");
         assert_eq!(
             greedy_plain(&g, &prompt, 40),
@@ -147,16 +151,16 @@ fn device_drafts_equal_host_drafts_for_every_variant() {
             let mut history = vec![3u32, 14, 15, 9, 26, 5];
             dec.forward(&mut state, &history, LogitRows::Last, true, Some(&mut taps))
                 .unwrap();
-            d.observe(&history, 0, Some(taps.output())).unwrap();
+            block_on(d.observe(&history, 0, Some(taps.output()))).unwrap();
             for anchor in [7u32, 40, 2] {
                 history.push(anchor);
-                let host = d.propose(&history, 7, None).unwrap().tokens;
+                let host = block_on(d.propose(&history, 7, None)).unwrap().tokens;
                 let mut round = be.tensor(8, 2);
                 let n = d
                     .propose_on_device(&history, 7, &mut round)
                     .unwrap()
                     .expect("drafts on the device");
-                let ids = be.read(&round);
+                let ids = block_on(be.read(&round));
                 let device: Vec<u32> = (1..=n).map(|r| ids[r * 2] as u32).collect();
                 assert_eq!(device, host, "{kind} after {history:?} on {}", be.name());
                 assert_eq!(ids[0], anchor as f32, "{kind}: row 0 holds the anchor");
@@ -180,7 +184,7 @@ fn sampled_speculative(
     let mut sampler = Sampler::new(params.clone());
     let mut draft_sampler = Sampler::new(params.clone());
     let mut policy = DraftPolicy::new(PolicyConfig::fixed(7));
-    let (tokens, _, stats) = generate_speculative(
+    let (tokens, _, stats) = block_on(generate_speculative(
         dec,
         &mut state,
         drafter,
@@ -192,7 +196,7 @@ fn sampled_speculative(
         &|_| false,
         &mut |_| true,
         &mut |_| {},
-    )
+    ))
     .unwrap();
     (tokens, stats)
 }
@@ -357,7 +361,7 @@ fn all_logits<B: Backend>(dec: &Decoder<B>, seq: &[u32]) -> Vec<f32> {
     let mut state = dec.new_state(seq.len(), seq.len());
     dec.forward(&mut state, seq, LogitRows::All, true, None)
         .unwrap();
-    dec.backend.read(state.logits())
+    block_on(dec.backend.read(state.logits()))
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

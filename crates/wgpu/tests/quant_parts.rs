@@ -5,6 +5,7 @@
 
 use blockdraft_core::backend::{Backend, WeightSource};
 use blockdraft_core::sampling::Rng;
+use blockdraft_core::testing::block_on;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{quants, GgmlType, GgufFile, GgufWriter};
 use blockdraft_wgpu::{Gpu, WgpuBackend};
@@ -84,7 +85,7 @@ fn split_quantized_weights() {
             cpu.write(&mut xc, &x);
             let mut want = cpu.tensor(n, rows);
             cpu.matmul(&wc, &xc, &mut want);
-            let err = rel_err(&be.read(&out), &cpu.read(&want));
+            let err = rel_err(&block_on(be.read(&out)), &block_on(cpu.read(&want)));
             assert!(err <= 2e-4, "{ty} n={n}: relative error {err:e}");
         }
         let ids = [49u32, 0, 23, 49, 12];
@@ -92,6 +93,10 @@ fn split_quantized_weights() {
         be.embed(&w, &ids, &mut out);
         let mut want = cpu.tensor(ids.len(), cols);
         cpu.embed(&wc, &ids, &mut want);
-        assert_eq!(be.read(&out), cpu.read(&want), "{ty} embed");
+        assert_eq!(
+            block_on(be.read(&out)),
+            block_on(cpu.read(&want)),
+            "{ty} embed"
+        );
     }
 }

@@ -13,7 +13,10 @@ fn draws(be: &WgpuBackend, logits: &[f32], p: &SamplingParams, rows: usize) -> V
     be.write(&mut t, &x);
     let mut out = be.tensor(rows, 1);
     be.sample_to(&t, p, 0, &mut out, 0, 0);
-    be.read(&out).iter().map(|&v| v as usize).collect()
+    blockdraft_core::testing::block_on(be.read(&out))
+        .iter()
+        .map(|&v| v as usize)
+        .collect()
 }
 
 #[test]

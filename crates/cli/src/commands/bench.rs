@@ -95,7 +95,7 @@ fn time_forward<B: Backend>(
     for chunk in tokens.chunks(state.max_batch()) {
         dec.forward(state, chunk, logits, true, None)?;
     }
-    dec.backend.argmax(state.logits());
+    pollster::block_on(dec.backend.argmax(state.logits()));
     Ok(t.elapsed().as_secs_f64())
 }
 
@@ -150,7 +150,7 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<()> {
             let mut next = tokens[0];
             for _ in 0..args.n_gen {
                 dec.forward(&mut state, &[next], LogitRows::Last, true, None)?;
-                next = dec.backend.argmax(state.logits())[0];
+                next = pollster::block_on(dec.backend.argmax(state.logits()))[0];
             }
             decode.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
         }
@@ -264,7 +264,7 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
     let mut plain_tokens = Vec::new();
     for _ in 0..args.reps {
         let mut state = dec.new_state(n_ctx, max_batch);
-        let (tokens, _, st) = generate(
+        let (tokens, _, st) = pollster::block_on(generate(
             dec,
             &mut state,
             &prompt,
@@ -272,7 +272,7 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
             &mut greedy(),
             &|_| false,
             &mut |_| true,
-        )?;
+        ))?;
         plain_runs.push(st.decode_tokens_per_second());
         plain_tokens = tokens;
     }
@@ -294,7 +294,7 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
         }
         let mut state = dec.new_state(n_ctx, max_batch);
         let mut policy = DraftPolicy::new(args.draft.policy());
-        let (tokens, _, st) = generate_speculative(
+        let (tokens, _, st) = pollster::block_on(generate_speculative(
             dec,
             &mut state,
             drafter.as_mut(),
@@ -306,7 +306,7 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
             &|_| false,
             &mut |_| true,
             &mut |_| {},
-        )?;
+        ))?;
         identical &= tokens == plain_tokens;
         spec_runs.push((st.decode_tokens_per_second(), st));
     }

@@ -240,7 +240,7 @@ fn decode<B: Backend>(
     let is_eog = |t| tok.is_eog(t);
     let outcome = match draft {
         None => {
-            let (tokens, reason, st) = generate(
+            let (tokens, reason, st) = pollster::block_on(generate(
                 &loaded.decoder,
                 &mut state,
                 prompt,
@@ -248,7 +248,7 @@ fn decode<B: Backend>(
                 &mut sampler,
                 &is_eog,
                 &mut on_token,
-            )?;
+            ))?;
             let stats = json!({
                 "prompt_tokens": st.prompt_tokens,
                 "generated_tokens": st.generated_tokens,
@@ -275,7 +275,7 @@ fn decode<B: Backend>(
                 seed: params.seed ^ 0x5eed_d4af,
                 ..params.clone()
             });
-            let (tokens, reason, st) = generate_speculative(
+            let (tokens, reason, st) = pollster::block_on(generate_speculative(
                 &loaded.decoder,
                 &mut state,
                 drafter.as_mut(),
@@ -287,7 +287,7 @@ fn decode<B: Backend>(
                 &is_eog,
                 &mut on_token,
                 &mut |_| {},
-            )?;
+            ))?;
             let per_slot: Vec<f64> = st
                 .slot_tried
                 .iter()

@@ -57,7 +57,7 @@ fn score<B: Backend>(ids: &[u32], loaded: Loaded<B>) -> Result<()> {
     let mut nll = 0.0;
     for (c, chunk) in ids.chunks(batch).enumerate() {
         dec.forward(&mut state, chunk, LogitRows::All, true, None)?;
-        let logits = dec.backend.read(state.logits());
+        let logits = pollster::block_on(dec.backend.read(state.logits()));
         for (r, row) in logits.chunks_exact(n_vocab).enumerate() {
             let Some(&next) = ids.get(c * batch + r + 1) else {
                 break;

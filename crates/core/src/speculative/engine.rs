@@ -89,7 +89,7 @@ impl SpecStats {
 }
 
 /// The sampler's choice for every verify row, as the verifier needs it.
-fn accept<B: Backend>(
+async fn accept<B: Backend>(
     be: &B,
     logits: &B::Tensor,
     history: &[u32],
@@ -99,9 +99,9 @@ fn accept<B: Backend>(
 ) -> Verdict {
     let penalized = sampler.params.repeat_penalty != 1.0;
     if sampler.params.is_greedy() && !penalized {
-        return verify_greedy(&be.argmax(logits), &draft.tokens);
+        return verify_greedy(&be.argmax(logits).await, &draft.tokens);
     }
-    let rows = be.read(logits);
+    let rows = be.read(logits).await;
     let mut ctx = history.to_vec();
     let mut choices = Vec::new();
     let mut dists: Vec<Distribution> = Vec::new();
@@ -133,7 +133,7 @@ fn accept<B: Backend>(
 /// drafters sample at temperature > 0. `on_round` sees each round's
 /// statistics as it happens.
 #[allow(clippy::too_many_arguments)]
-pub fn generate_speculative<B: Backend>(
+pub async fn generate_speculative<B: Backend>(
     target: &Decoder<B>,
     state: &mut DecoderState<B>,
     drafter: &mut dyn Drafter<B>,
@@ -176,10 +176,12 @@ pub fn generate_speculative<B: Backend>(
             LogitRows::None
         };
         target.forward(state, chunk, logits, true, taps.as_mut())?;
-        drafter.observe(chunk, pos, taps.as_ref().map(Taps::output))?;
+        drafter
+            .observe(chunk, pos, taps.as_ref().map(Taps::output))
+            .await?;
     }
     let mut history = prompt.to_vec();
-    let first = sampler.sample(&be.read(state.logits()), &history);
+    let first = sampler.sample(&be.read(state.logits()).await, &history);
     stats.prefill_seconds = t0.elapsed().as_secs_f64();
 
     // Rounds of drafters that can draft on the device keep every id there:
@@ -252,7 +254,7 @@ pub fn generate_speculative<B: Backend>(
                 be.sample_to(state.logits(), p, pos as u64, &mut round, 0, 1);
             }
             be.reshape(&mut round, n + 1, 2);
-            let ids: Vec<u32> = be.read(&round).iter().map(|&v| v as u32).collect();
+            let ids: Vec<u32> = be.read(&round).await.iter().map(|&v| v as u32).collect();
             let batch: Vec<u32> = ids.iter().step_by(2).copied().collect();
             let choices: Vec<u32> = ids.iter().skip(1).step_by(2).copied().collect();
             let draft = super::Draft {
@@ -264,7 +266,7 @@ pub fn generate_speculative<B: Backend>(
         } else {
             let mut draft = if want > 0 {
                 let s = (!sampler.params.is_greedy()).then_some(&mut *draft_sampler);
-                drafter.propose(&history, want, s)?
+                drafter.propose(&history, want, s).await?
             } else {
                 Default::default()
             };
@@ -282,15 +284,17 @@ pub fn generate_speculative<B: Backend>(
             batch.push(last);
             batch.extend_from_slice(&draft.tokens);
             target.forward(state, &batch, LogitRows::All, true, taps.as_mut())?;
-            let verdict = accept(be, state.logits(), &history, &draft, sampler, cfg.n_vocab);
+            let verdict = accept(be, state.logits(), &history, &draft, sampler, cfg.n_vocab).await;
             (batch, draft, verdict, draft_seconds, tv)
         };
         state.truncate(pos + 1 + verdict.accepted);
-        drafter.observe(
-            &batch[..1 + verdict.accepted],
-            pos,
-            taps.as_ref().map(Taps::output),
-        )?;
+        drafter
+            .observe(
+                &batch[..1 + verdict.accepted],
+                pos,
+                taps.as_ref().map(Taps::output),
+            )
+            .await?;
         drafter.rollback(state.len());
         let verify_seconds = tv.elapsed().as_secs_f64();
 

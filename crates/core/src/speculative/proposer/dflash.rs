@@ -343,7 +343,12 @@ impl<B: Backend> DFlashDrafter<B> {
 
     /// Writes the context K/V of the first `n` rows of `taps` (the target's
     /// tapped hidden states, `[rows × T·d]`) at positions `pos0..pos0 + n`.
-    pub fn inject(&mut self, taps: &B::Tensor, pos0: usize, n: usize) -> Result<(), ModelError> {
+    pub async fn inject(
+        &mut self,
+        taps: &B::Tensor,
+        pos0: usize,
+        n: usize,
+    ) -> Result<(), ModelError> {
         let be = &*self.model.backend;
         let cfg = &self.model.config;
         let (rows, width) = be.shape(taps);
@@ -425,17 +430,18 @@ impl<B: Backend> DFlashDrafter<B> {
 
     /// The contexts of the last injection, `[rows × width]` (DFly: every
     /// layer's, layer-major within a row; otherwise the single shared one).
-    pub fn contexts(&self) -> Vec<f32> {
+    pub async fn contexts(&self) -> Vec<f32> {
         let s = &self.scratch;
         self.model
             .backend
             .read(s.contexts.as_ref().map_or(&s.c, |(wide, _)| wide))
+            .await
     }
 
     /// Final-normed hidden rows of the last block (what the head and DFly's
     /// correction read), `[rows × d]`.
-    pub fn block_hidden(&self) -> Vec<f32> {
-        self.model.backend.read(self.state.normed_hidden())
+    pub async fn block_hidden(&self) -> Vec<f32> {
+        self.model.backend.read(self.state.normed_hidden()).await
     }
 
     /// Base logits (before DFly's correction or DSpark's Markov bias) over
@@ -444,9 +450,9 @@ impl<B: Backend> DFlashDrafter<B> {
     /// for anchor-first DSpark `[anchor, MASK × (n − 1)]`, rows 0..n, all
     /// predictions. DFlash2 logits carry the target's output transforms.
     /// With `d2t` the draft rows are scattered into a −inf row.
-    pub fn block_logits(&mut self, anchor: u32, n: usize) -> Result<Vec<f32>, ModelError> {
+    pub async fn block_logits(&mut self, anchor: u32, n: usize) -> Result<Vec<f32>, ModelError> {
         let rows = self.block_forward(anchor, n)?;
-        let mut logits = self.model.backend.read(self.state.logits());
+        let mut logits = self.model.backend.read(self.state.logits()).await;
         if let Some(v2) = &self.config.v2 {
             v2.transform_logits(&mut logits);
         }
@@ -511,13 +517,13 @@ impl<B: Backend> DFlashDrafter<B> {
     /// prediction row), and with `p_min > 0` the draft stops at the first
     /// row whose confidence is below it. The rows are thus sequential.
     /// Returns the tokens and the logits of the rows up to the last drafted.
-    pub fn draft_block(
+    pub async fn draft_block(
         &mut self,
         anchor: u32,
         n: usize,
         pick: &mut dyn FnMut(&[f32]) -> Option<u32>,
     ) -> Result<(Vec<u32>, Vec<f32>), ModelError> {
-        let mut logits = self.block_logits(anchor, n)?;
+        let mut logits = self.block_logits(anchor, n).await?;
         let n_vocab = self.model.config.n_vocab;
         let eps = self.model.config.rms_eps;
         let first = self.config.first_row();
@@ -529,7 +535,7 @@ impl<B: Backend> DFlashDrafter<B> {
             }
         }
         let hidden = match self.markov {
-            Some(_) if self.p_min > 0.0 => self.block_hidden(),
+            Some(_) if self.p_min > 0.0 => self.block_hidden().await,
             _ => Vec::new(),
         };
         let d = self.model.config.n_embd;
@@ -539,15 +545,18 @@ impl<B: Backend> DFlashDrafter<B> {
             let row = &mut logits[i * n_vocab..(i + 1) * n_vocab];
             if let Some(c) = self.correction.as_mut() {
                 let w = &self.model.weights;
-                row.copy_from_slice(&c.row_logits(
-                    &*self.model.backend,
-                    self.state.normed_hidden(),
-                    i,
-                    prev,
-                    &w.tok_embd,
-                    w.head(),
-                    eps,
-                ));
+                row.copy_from_slice(
+                    &c.row_logits(
+                        &*self.model.backend,
+                        self.state.normed_hidden(),
+                        i,
+                        prev,
+                        &w.tok_embd,
+                        w.head(),
+                        eps,
+                    )
+                    .await,
+                );
             }
             let mut next = None;
             if let Some(m) = &self.markov {
@@ -575,11 +584,15 @@ impl<B: Backend> DFlashDrafter<B> {
 
     /// DFlash2: runs the block and returns the selector's candidates of
     /// rows 1..=n. `None` for a v1 drafter.
-    pub fn block_lattice(&mut self, anchor: u32, n: usize) -> Result<Option<Lattice>, ModelError> {
+    pub async fn block_lattice(
+        &mut self,
+        anchor: u32,
+        n: usize,
+    ) -> Result<Option<Lattice>, ModelError> {
         if self.v2.is_none() {
             return Ok(None);
         }
-        let logits = self.block_logits(anchor, n)?;
+        let logits = self.block_logits(anchor, n).await?;
         let be = &*self.model.backend;
         let v2 = self.v2.as_mut().expect("checked above");
         let hidden = self.state.normed_hidden();
@@ -587,7 +600,7 @@ impl<B: Backend> DFlashDrafter<B> {
         let rank = be.shape(&v2.gates).1;
         be.reshape(&mut v2.gates, rows, rank);
         be.matmul(&v2.selector.hidden, hidden, &mut v2.gates);
-        let gates = be.read(&v2.gates);
+        let gates = be.read(&v2.gates).await;
         let n_vocab = self.model.config.n_vocab;
         Ok(Some(v2.selector.lattice(
             &logits[n_vocab..],
@@ -598,9 +611,9 @@ impl<B: Backend> DFlashDrafter<B> {
 
     /// DSpark's confidence of block row `row` (of the last block) given the
     /// token `prev` chosen before it; `None` without a confidence head.
-    pub fn confidence(&self, row: usize, prev: u32) -> Option<f32> {
+    pub async fn confidence(&self, row: usize, prev: u32) -> Option<f32> {
         let d = self.model.config.n_embd;
-        let h = self.block_hidden();
+        let h = self.block_hidden().await;
         self.markov
             .as_ref()?
             .confidence(&h[row * d..(row + 1) * d], prev)
@@ -616,6 +629,7 @@ impl<B: Backend> DFlashDrafter<B> {
     }
 }
 
+#[async_trait::async_trait(?Send)]
 impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
     fn kind(&self) -> &'static str {
         "dflash"
@@ -629,7 +643,7 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
         self.config.block_size - self.config.first_row()
     }
 
-    fn observe(
+    async fn observe(
         &mut self,
         tokens: &[u32],
         pos0: usize,
@@ -637,10 +651,10 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
     ) -> Result<(), ModelError> {
         let taps =
             taps.ok_or_else(|| ModelError::Usage("DFlash needs the target's taps".into()))?;
-        self.inject(taps, pos0, tokens.len())
+        self.inject(taps, pos0, tokens.len()).await
     }
 
-    fn propose(
+    async fn propose(
         &mut self,
         history: &[u32],
         n_max: usize,
@@ -661,7 +675,7 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
         // DFlash2 walks its lattice greedily at any temperature (as
         // llama.cpp does); without draft probabilities the verifier
         // accepts by matching the target's samples.
-        if let Some(lattice) = self.block_lattice(anchor, n)? {
+        if let Some(lattice) = self.block_lattice(anchor, n).await? {
             return Ok(Draft {
                 tokens: self.walk(&lattice, anchor, self.p_min),
                 probs: None,
@@ -674,7 +688,7 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
             self.p_min
         };
         let mut probs = Vec::new();
-        let (tokens, _) = self.draft_block(anchor, n, &mut |row| match sampler.as_deref_mut() {
+        let pick = &mut |row: &[f32]| match sampler.as_deref_mut() {
             Some(s) if !s.params.is_greedy() => {
                 let dist = s.distribution(row);
                 let token = dist.sample(&mut s.rng);
@@ -685,7 +699,8 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
                 let best = argmax(row);
                 (p_min <= 0.0 || top_probability(row, best) >= p_min).then_some(best)
             }
-        })?;
+        };
+        let (tokens, _) = self.draft_block(anchor, n, pick).await?;
         let probs = (!probs.is_empty()).then_some(probs);
         Ok(Draft { tokens, probs })
     }

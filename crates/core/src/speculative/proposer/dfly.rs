@@ -175,7 +175,7 @@ impl<B: Backend> Correction<B> {
     /// the embedding of `prev`, the token drafted at the row before:
     /// `head(z + down(silu(gate u) ⊙ up u))`, `u = [rms(z) ; rms(embed(prev))]`.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn row_logits(
+    pub(super) async fn row_logits(
         &mut self,
         be: &B,
         hidden: &B::Tensor,
@@ -187,7 +187,7 @@ impl<B: Backend> Correction<B> {
     ) -> Vec<f32> {
         be.embed(embd, &[prev], &mut self.e);
         self.correct(be, hidden, row, head, eps);
-        be.read(&self.logits)
+        be.read(&self.logits).await
     }
 
     /// [`Self::row_logits`] on the device: `prev` is the id in column 0 of

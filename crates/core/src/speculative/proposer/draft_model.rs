@@ -48,12 +48,13 @@ impl<B: Backend> DraftModelDrafter<B> {
     }
 }
 
+#[async_trait::async_trait(?Send)]
 impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
     fn kind(&self) -> &'static str {
         "draft-model"
     }
 
-    fn propose(
+    async fn propose(
         &mut self,
         history: &[u32],
         n_max: usize,
@@ -69,12 +70,12 @@ impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
         loop {
             let next = match sampler.as_deref_mut() {
                 Some(s) if !s.params.is_greedy() => {
-                    let dist = s.distribution(&be.read(self.state.logits()));
+                    let dist = s.distribution(&be.read(self.state.logits()).await);
                     let t = dist.sample(&mut s.rng);
                     probs.push(dist);
                     t
                 }
-                _ => be.argmax(self.state.logits())[0],
+                _ => be.argmax(self.state.logits()).await[0],
             };
             tokens.push(next);
             if tokens.len() == n_max {

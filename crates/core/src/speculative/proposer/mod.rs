@@ -31,6 +31,9 @@ pub struct Draft {
     pub probs: Option<Vec<Distribution>>,
 }
 
+/// `propose` and `observe` may read back from the device, so they are
+/// async; their futures need not be `Send` (wasm's are not).
+#[async_trait::async_trait(?Send)]
 pub trait Drafter<B: Backend>: Send {
     /// Short name for statistics (`dflash`, `draft-model`, `ngram`).
     fn kind(&self) -> &'static str;
@@ -51,7 +54,7 @@ pub trait Drafter<B: Backend>: Send {
     /// is non-empty) the captured hidden states, of which the first
     /// `tokens.len()` rows are used. Drafters without per-position state
     /// ignore it.
-    fn observe(
+    async fn observe(
         &mut self,
         tokens: &[u32],
         pos0: usize,
@@ -65,7 +68,7 @@ pub trait Drafter<B: Backend>: Send {
     /// token; the last one is not yet in the target's cache). With
     /// `sampler`, a drafter that can sample from its own distribution does
     /// so and returns it.
-    fn propose(
+    async fn propose(
         &mut self,
         history: &[u32],
         n_max: usize,

@@ -50,12 +50,13 @@ impl Default for NgramDrafter {
     }
 }
 
+#[async_trait::async_trait(?Send)]
 impl<B: Backend> Drafter<B> for NgramDrafter {
     fn kind(&self) -> &'static str {
         "ngram"
     }
 
-    fn propose(
+    async fn propose(
         &mut self,
         history: &[u32],
         n_max: usize,

@@ -28,12 +28,13 @@ impl OracleDrafter {
     }
 }
 
+#[async_trait::async_trait(?Send)]
 impl<B: Backend> Drafter<B> for OracleDrafter {
     fn kind(&self) -> &'static str {
         "oracle"
     }
 
-    fn propose(
+    async fn propose(
         &mut self,
         history: &[u32],
         n_max: usize,
@@ -65,6 +66,7 @@ pub struct ForcedDrafter<B: Backend> {
     pub oracle: OracleDrafter,
 }
 
+#[async_trait::async_trait(?Send)]
 impl<B: Backend> Drafter<B> for ForcedDrafter<B> {
     fn kind(&self) -> &'static str {
         "forced"
@@ -78,23 +80,23 @@ impl<B: Backend> Drafter<B> for ForcedDrafter<B> {
         self.inner.max_draft()
     }
 
-    fn observe(
+    async fn observe(
         &mut self,
         tokens: &[u32],
         pos0: usize,
         taps: Option<&B::Tensor>,
     ) -> Result<(), ModelError> {
-        self.inner.observe(tokens, pos0, taps)
+        self.inner.observe(tokens, pos0, taps).await
     }
 
-    fn propose(
+    async fn propose(
         &mut self,
         history: &[u32],
         n_max: usize,
         sampler: Option<&mut crate::sampling::Sampler>,
     ) -> Result<Draft, ModelError> {
-        self.inner.propose(history, n_max, sampler)?;
-        Drafter::<B>::propose(&mut self.oracle, history, n_max, None)
+        self.inner.propose(history, n_max, sampler).await?;
+        Drafter::<B>::propose(&mut self.oracle, history, n_max, None).await
     }
 
     fn rollback(&mut self, len: usize) {

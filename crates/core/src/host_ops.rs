@@ -1,0 +1,121 @@
+//! The reference semantics of the trait ops that are not plain arithmetic
+//! kernels (top-k, seeded sampling, DFly's slice fusion, DFlash2's selector
+//! walk, softcapping), on host slices: what a backend whose tensors live in
+//! host memory (the CPU backend) runs, and what device kernels are tested
+//! against through the conformance suite.
+
+use crate::sampling::{device_uniform, sample_index, SamplingParams};
+
+/// `x = cap · tanh(x / cap)`.
+pub fn softcap(x: &mut [f32], cap: f32) {
+    for l in x {
+        *l = cap * (*l / cap).tanh();
+    }
+}
+
+/// The `k` largest values of each `cols`-wide row of `x`, best first, the
+/// smaller index first on ties, NaN counting as −∞: `(values, ids as f32)`,
+/// `k` per row.
+pub fn top_k(x: &[f32], cols: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
+    assert!(k <= cols, "top_k: k {k} > cols {cols}");
+    let n = x.len().checked_div(cols).unwrap_or(0);
+    let (mut vals, mut idx) = (Vec::with_capacity(n * k), Vec::with_capacity(n * k));
+    for row in x.chunks_exact(cols.max(1)) {
+        let key = |i: usize| {
+            if row[i].is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                row[i]
+            }
+        };
+        let mut order: Vec<usize> = (0..cols).collect();
+        // `partial_cmp` as a GPU compares: −0 equals 0 (no NaN is left).
+        let by_value = |a: &usize, b: &usize| {
+            let order = key(*b).partial_cmp(&key(*a));
+            order.unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(b))
+        };
+        if k > 0 && k < cols {
+            order.select_nth_unstable_by(k - 1, by_value);
+            order.truncate(k);
+        }
+        order.sort_by(by_value);
+        vals.extend(order.iter().map(|&i| row[i]));
+        idx.extend(order.iter().map(|&i| i as f32));
+    }
+    (vals, idx)
+}
+
+/// One seeded draw per `cols`-wide row of logits `x` (see
+/// `Backend::sample_to`): the picked ids as f32.
+pub fn sample_rows(x: &[f32], cols: usize, p: &SamplingParams, counter: u64) -> Vec<f32> {
+    if cols == 0 {
+        return Vec::new();
+    }
+    let k = p.top_k.min(cols);
+    let (values, ids) = if k > 0 {
+        let (v, i) = top_k(x, cols, k);
+        (v, Some(i))
+    } else {
+        (x.to_vec(), None)
+    };
+    let m = if k > 0 { k } else { cols };
+    values
+        .chunks_exact(m)
+        .enumerate()
+        .map(|(r, row)| {
+            let u = device_uniform(p.seed, counter.wrapping_add(r as u64));
+            let i = sample_index(row, k > 0, p, u);
+            ids.as_ref().map_or(i as f32, |ids| ids[r * m + i])
+        })
+        .collect()
+}
+
+/// `out[r][c] += Σ_j w[j] · x[r][j·d + c]` in order of `j`, `d` being
+/// `out`'s row width and `x`'s rows `w.len()·d` wide.
+pub fn add_slices(x: &[f32], w: &[f32], out: &mut [f32], d: usize) {
+    let width = w.len() * d;
+    for (orow, xrow) in out
+        .chunks_exact_mut(d.max(1))
+        .zip(x.chunks_exact(width.max(1)))
+    {
+        for (&wj, slice) in w.iter().zip(xrow.chunks_exact(d)) {
+            for (o, v) in orow.iter_mut().zip(slice) {
+                *o += wj * v;
+            }
+        }
+    }
+}
+
+/// DFlash2's selector walk (see `Backend::selector_walk`) over `n` rows of
+/// `k` candidates with rank `r`: the picked candidate ids of rows 1..n.
+#[allow(clippy::too_many_arguments)]
+pub fn selector_walk(
+    gates: &[f32],
+    pred: &[f32],
+    succ: &[f32],
+    unary: &[f32],
+    cand: &[f32],
+    n: usize,
+    k: usize,
+    r: usize,
+) -> Vec<f32> {
+    let mut p = 0;
+    let mut walk = Vec::with_capacity(n.saturating_sub(1));
+    for row in 1..n {
+        let ap: Vec<f32> = (0..r)
+            .map(|j| pred[p * r + j] * gates[row * r + j])
+            .collect();
+        let mut best = (f32::NEG_INFINITY, 0);
+        for c in 0..k {
+            let bs = &succ[(row * k + c) * r..][..r];
+            let dot: f32 = ap.iter().zip(bs).map(|(x, y)| x * y).sum();
+            let s = unary[row * k + c] + dot;
+            if s > best.0 || c == 0 {
+                best = (s, c);
+            }
+        }
+        walk.push(cand[row * k + best.1]);
+        p = row * k + best.1;
+    }
+    walk
+}
