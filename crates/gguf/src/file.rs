@@ -16,6 +16,7 @@ use crate::GgmlType;
 enum Backing {
     Mmap(memmap2::Mmap),
     Bytes(Arc<[u8]>),
+    Vec(Vec<u8>),
 }
 
 impl Backing {
@@ -23,6 +24,7 @@ impl Backing {
         match self {
             Backing::Mmap(m) => m,
             Backing::Bytes(b) => b,
+            Backing::Vec(v) => v,
         }
     }
 }
@@ -73,6 +75,13 @@ impl GgufFile {
     /// Parses a file held in memory (e.g. fetched over the network).
     pub fn from_bytes(bytes: impl Into<Arc<[u8]>>) -> Result<GgufFile> {
         Self::from_backing(Backing::Bytes(bytes.into()), None)
+    }
+
+    /// [`Self::from_bytes`] without the copy into an `Arc` (a browser
+    /// assembles a model from chunks into one `Vec`; copying it would
+    /// double the peak memory).
+    pub fn from_vec(bytes: Vec<u8>) -> Result<GgufFile> {
+        Self::from_backing(Backing::Vec(bytes), None)
     }
 
     fn from_backing(backing: Backing, path: Option<Arc<Path>>) -> Result<GgufFile> {

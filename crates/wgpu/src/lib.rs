@@ -97,7 +97,9 @@ fn u(x: usize) -> u32 {
 }
 
 impl WgpuBackend {
-    /// The platform's default adapter (blocking).
+    /// The platform's default adapter (blocking, so native only; the
+    /// browser awaits [`Gpu::request`] and calls [`Self::with_gpu`]).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Self, BackendError> {
         Ok(Self::with_gpu(pollster::block_on(Gpu::request())?))
     }

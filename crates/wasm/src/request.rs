@@ -1,0 +1,152 @@
+//! A generation request as JS sends it (JSON), checked field by field.
+
+use crate::error::ApiError;
+use blockdraft_core::chat_template::ChatMessage;
+use blockdraft_core::sampling::SamplingParams;
+use serde::{Deserialize, Serialize};
+
+/// Tokens generated when the request does not say.
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    prompt: Option<String>,
+    messages: Option<Vec<Message>>,
+    max_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<usize>,
+    min_p: Option<f32>,
+    seed: Option<u64>,
+    #[serde(default)]
+    stop: Vec<String>,
+    /// Use the drafter loaded with the model (default: when there is one).
+    speculative: Option<bool>,
+    /// Most tokens drafted per round.
+    draft_max: Option<usize>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    /// Raw text, tokenized as is.
+    Text(String),
+    /// A conversation rendered with the model's chat template.
+    Chat(Vec<ChatMessage>),
+}
+
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Prompt,
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub speculative: Option<bool>,
+    pub draft_max: usize,
+}
+
+fn check_range(name: &str, v: f32, lo: f32, hi: f32) -> Result<f32, ApiError> {
+    if v.is_finite() && (lo..=hi).contains(&v) {
+        Ok(v)
+    } else {
+        Err(ApiError::invalid(format!(
+            "{name} must be a number within {lo}..={hi}, got {v}"
+        )))
+    }
+}
+
+impl Request {
+    pub fn from_json(json: &str) -> Result<Request, ApiError> {
+        let raw: Raw = serde_json::from_str(json)
+            .map_err(|e| ApiError::invalid(format!("bad generation request: {e}")))?;
+        let prompt = match (raw.prompt, raw.messages) {
+            (Some(p), None) => Prompt::Text(p),
+            (None, Some(m)) if !m.is_empty() => Prompt::Chat(
+                m.into_iter()
+                    .map(|m| ChatMessage::new(m.role, m.content))
+                    .collect(),
+            ),
+            (None, Some(_)) => return Err(ApiError::invalid("messages must not be empty")),
+            _ => {
+                return Err(ApiError::invalid(
+                    "give exactly one of prompt (raw text) or messages (chat)",
+                ))
+            }
+        };
+        if raw.max_tokens == Some(0) {
+            return Err(ApiError::invalid("max_tokens must be at least 1"));
+        }
+        let temperature = check_range("temperature", raw.temperature.unwrap_or(1.0), 0.0, 2.0)?;
+        let sampling = SamplingParams {
+            temperature,
+            top_k: raw.top_k.unwrap_or(0),
+            top_p: check_range("top_p", raw.top_p.unwrap_or(1.0), 0.0, 1.0)?,
+            min_p: check_range("min_p", raw.min_p.unwrap_or(0.0), 0.0, 1.0)?,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: raw.seed.unwrap_or_else(clock_seed),
+        };
+        let draft_max = raw.draft_max.unwrap_or(8);
+        if !(1..=64).contains(&draft_max) {
+            return Err(ApiError::invalid(format!(
+                "draft_max must be within 1..=64, got {draft_max}"
+            )));
+        }
+        if raw.stop.len() > 16 {
+            return Err(ApiError::invalid("at most 16 stop strings"));
+        }
+        Ok(Request {
+            prompt,
+            max_tokens: raw.max_tokens,
+            sampling,
+            stop: raw.stop,
+            speculative: raw.speculative,
+            draft_max,
+        })
+    }
+}
+
+/// A seed for requests that give none.
+fn clock_seed() -> u64 {
+    web_time::SystemTime::now()
+        .duration_since(web_time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_checked() {
+        let r = Request::from_json(r#"{"prompt":"hi","temperature":0,"seed":3}"#).unwrap();
+        assert!(r.sampling.is_greedy());
+        assert_eq!(r.sampling.seed, 3);
+        let chat = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":4}"#;
+        assert!(matches!(
+            Request::from_json(chat).unwrap().prompt,
+            Prompt::Chat(_)
+        ));
+        for bad in [
+            r#"{}"#,
+            r#"{"prompt":"a","messages":[{"role":"user","content":"b"}]}"#,
+            r#"{"prompt":"a","temperature":-1}"#,
+            r#"{"prompt":"a","top_p":2}"#,
+            r#"{"prompt":"a","max_tokens":0}"#,
+            r#"{"prompt":"a","max_tokens":-3}"#,
+            r#"{"prompt":"a","bogus":1}"#,
+            r#"{"messages":[]}"#,
+            r#"not json"#,
+        ] {
+            let e = Request::from_json(bad).unwrap_err();
+            assert_eq!(e.code, crate::error::Code::InvalidArgument, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! One model loaded on one backend, and generation with it: the browser's
+//! counterpart of the CLI's `run` (same tokenization, stop strings and
+//! engine, so the same greedy text).
+
+use crate::error::{ApiError, Code};
+use crate::request::{Prompt, Request, DEFAULT_MAX_TOKENS};
+use blockdraft_core::chat_template::ChatTemplate;
+use blockdraft_core::generate::{generate, StopReason, StopStrings};
+use blockdraft_core::model::Decoder;
+use blockdraft_core::sampling::{Sampler, SamplingParams};
+use blockdraft_core::speculative::{
+    generate_speculative, DFlashDrafter, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter,
+    PolicyConfig,
+};
+use blockdraft_core::tokenizer::{StreamDecoder, Tokenizer};
+use blockdraft_core::Backend;
+use blockdraft_gguf::GgufFile;
+use serde::Serialize;
+use std::sync::Arc;
+
+/// Rows per forward pass (prefill chunk, verify batch), as the CLI uses.
+const MAX_BATCH: usize = 256;
+
+/// Where drafts come from.
+pub enum DrafterSpec<B: Backend> {
+    None,
+    Ngram,
+    /// A DFlash block drafter: loaded per request (its caches are sized to
+    /// the request), from its file and the target's.
+    DFlash {
+        file: GgufFile,
+        target: GgufFile,
+    },
+    /// A smaller model of the same vocabulary, resident once.
+    Model(Arc<Decoder<B>>),
+}
+
+pub struct Session<B: Backend> {
+    decoder: Decoder<B>,
+    tokenizer: Tokenizer,
+    /// The chat template, or why chat requests cannot be served.
+    template: Result<ChatTemplate, String>,
+    drafter: DrafterSpec<B>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SpeculativeUsage {
+    pub drafter: String,
+    pub rounds: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+    pub acceptance_rate: f64,
+    /// Tokens committed per speculative round (accepted + 1).
+    pub tau: f64,
+}
+
+/// What a request produced besides its text.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+    /// `stop` (end of generation or a stop string), `length`, or `abort`.
+    pub finish_reason: &'static str,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    pub prefill_tokens_per_second: f64,
+    /// After the first token (which comes from prefill).
+    pub decode_tokens_per_second: f64,
+    pub speculative: Option<SpeculativeUsage>,
+}
+
+impl<B: Backend> Session<B> {
+    /// Loads `file` onto `backend`; `on_progress(done, total)` sees the
+    /// weight bytes made resident.
+    pub fn load(
+        backend: Arc<B>,
+        file: GgufFile,
+        drafter: DrafterSource,
+        on_progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self, ApiError> {
+        let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| {
+            ApiError::new(
+                Code::UnsupportedModel,
+                format!("cannot build the model's tokenizer: {e}"),
+            )
+        })?;
+        let template = match ChatTemplate::from_gguf(&file) {
+            Ok(Some(t)) => Ok(t),
+            Ok(None) => {
+                Err("the model has no chat template; use completions with a raw prompt".into())
+            }
+            Err(e) => Err(format!(
+                "the model's chat template cannot be used ({e}); use completions with a raw prompt"
+            )),
+        };
+        let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
+        let decoder = Decoder::load(&file, backend.clone(), &mut |done| on_progress(done, total))
+            .map_err(|e| ApiError::model("model", e))?;
+        let drafter = match drafter {
+            DrafterSource::None => DrafterSpec::None,
+            DrafterSource::Ngram => DrafterSpec::Ngram,
+            DrafterSource::Gguf(d) => {
+                let arch = d
+                    .architecture()
+                    .map_err(|e| ApiError::model("drafter", e.into()))?;
+                if arch == "dflash" {
+                    // Loaded once here so a bad drafter fails now, not at the first request.
+                    DFlashDrafter::load(&d, &decoder, &file, MAX_BATCH, MAX_BATCH)
+                        .map_err(|e| ApiError::model("drafter", e))?;
+                    DrafterSpec::DFlash {
+                        file: d,
+                        target: file,
+                    }
+                } else {
+                    let m = Decoder::load(&d, backend, &mut |_| {})
+                        .map_err(|e| ApiError::model("drafter", e))?;
+                    if m.config.n_vocab != decoder.config.n_vocab {
+                        return Err(ApiError::new(
+                            Code::UnsupportedModel,
+                            format!(
+                                "the draft model's vocabulary ({}) differs from the model's ({}); \
+                                 use a drafter made for this model",
+                                m.config.n_vocab, decoder.config.n_vocab
+                            ),
+                        ));
+                    }
+                    DrafterSpec::Model(Arc::new(m))
+                }
+            }
+        };
+        Ok(Session {
+            decoder,
+            tokenizer,
+            template,
+            drafter,
+        })
+    }
+
+    pub fn backend_name(&self) -> String {
+        self.decoder.backend_name()
+    }
+
+    pub fn drafter_kind(&self) -> &'static str {
+        match &self.drafter {
+            DrafterSpec::None => "none",
+            DrafterSpec::Ngram => "ngram",
+            DrafterSpec::DFlash { .. } => "dflash",
+            DrafterSpec::Model(_) => "draft-model",
+        }
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.template.is_ok()
+    }
+
+    pub fn n_ctx_train(&self) -> usize {
+        self.decoder.config.n_ctx_train
+    }
+
+    fn build_drafter(&self, n_ctx: usize) -> Result<Option<Box<dyn Drafter<B>>>, ApiError> {
+        Ok(match &self.drafter {
+            DrafterSpec::None => None,
+            DrafterSpec::Ngram => Some(Box::new(NgramDrafter::default())),
+            DrafterSpec::DFlash { file, target } => Some(Box::new(
+                DFlashDrafter::load(file, &self.decoder, target, n_ctx, MAX_BATCH)
+                    .map_err(|e| ApiError::model("drafter", e))?,
+            )),
+            DrafterSpec::Model(m) => Some(Box::new(
+                DraftModelDrafter::new(m.clone(), self.decoder.config.n_vocab, n_ctx)
+                    .map_err(|e| ApiError::model("drafter", e))?,
+            )),
+        })
+    }
+
+    /// Runs `req`; `on_text` receives the text as it is generated (stop
+    /// strings held back and cut) and returns `false` to abort.
+    pub async fn generate(
+        &self,
+        req: &Request,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Usage, ApiError> {
+        let text = match &req.prompt {
+            Prompt::Text(t) => t.clone(),
+            Prompt::Chat(messages) => {
+                let template = self
+                    .template
+                    .as_ref()
+                    .map_err(|e| ApiError::new(Code::UnsupportedModel, e.clone()))?;
+                template.render(messages, true).map_err(|e| {
+                    ApiError::invalid(format!("cannot render the chat template: {e}"))
+                })?
+            }
+        };
+        let prompt = self
+            .tokenizer
+            .encode(&text, true, true)
+            .map_err(|e| ApiError::invalid(format!("cannot tokenize the prompt: {e}")))?;
+        if prompt.is_empty() {
+            return Err(ApiError::invalid("the prompt tokenizes to nothing"));
+        }
+        let n_ctx_train = self.decoder.config.n_ctx_train;
+        let room = n_ctx_train.saturating_sub(prompt.len());
+        let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS.min(room));
+        if max_tokens == 0 || max_tokens > room {
+            return Err(ApiError::invalid(format!(
+                "the prompt ({} tokens) plus max_tokens ({max_tokens}) exceed the model's \
+                 context of {n_ctx_train}; shorten the prompt or lower max_tokens",
+                prompt.len()
+            )));
+        }
+        let n_ctx = prompt.len() + max_tokens;
+
+        let mut detok = StreamDecoder::new(&self.tokenizer);
+        let mut stops = StopStrings::new(req.stop.clone());
+        let mut stopped = false;
+        let mut aborted = false;
+        let mut failure = None;
+        let mut on_token = |t: u32| {
+            let piece = match detok.push(t) {
+                Ok(p) => p,
+                Err(e) => {
+                    failure = Some(ApiError::new(
+                        Code::Generation,
+                        format!("cannot decode token {t}: {e}"),
+                    ));
+                    return false;
+                }
+            };
+            let (emit, hit) = stops.push(&piece);
+            stopped = hit;
+            if !emit.is_empty() && !on_text(&emit) {
+                aborted = true;
+                return false;
+            }
+            !hit
+        };
+        let is_eog = |t| self.tokenizer.is_eog(t);
+        let mut state = self.decoder.new_state(n_ctx, MAX_BATCH);
+        let mut sampler = Sampler::new(req.sampling.clone());
+        let drafter = match req.speculative {
+            Some(false) => None,
+            _ => self.build_drafter(n_ctx)?,
+        };
+        if req.speculative == Some(true) && drafter.is_none() {
+            return Err(ApiError::invalid(
+                "speculative: true needs a drafter; load the engine with one (or \"ngram\")",
+            ));
+        }
+        let mut usage = Usage::default();
+        let reason = match drafter {
+            None => {
+                let (_, reason, st) = generate(
+                    &self.decoder,
+                    &mut state,
+                    &prompt,
+                    max_tokens,
+                    &mut sampler,
+                    &is_eog,
+                    &mut on_token,
+                )
+                .await
+                .map_err(ApiError::generation)?;
+                usage.completion_tokens = st.generated_tokens;
+                usage.prefill_seconds = st.prefill_seconds;
+                usage.decode_seconds = st.decode_seconds;
+                usage.prefill_tokens_per_second = st.prefill_tokens_per_second();
+                usage.decode_tokens_per_second = st.decode_tokens_per_second();
+                reason
+            }
+            Some(mut drafter) => {
+                let mut policy = DraftPolicy::new(PolicyConfig {
+                    n_max: req.draft_max,
+                    ..PolicyConfig::default()
+                });
+                // A separate RNG stream for drafters that sample.
+                let mut draft_sampler = Sampler::new(SamplingParams {
+                    seed: req.sampling.seed ^ 0x5eed_d4af,
+                    ..req.sampling.clone()
+                });
+                let (_, reason, st) = generate_speculative(
+                    &self.decoder,
+                    &mut state,
+                    drafter.as_mut(),
+                    &mut policy,
+                    &prompt,
+                    max_tokens,
+                    &mut sampler,
+                    &mut draft_sampler,
+                    &is_eog,
+                    &mut on_token,
+                    &mut |_| {},
+                )
+                .await
+                .map_err(ApiError::generation)?;
+                usage.completion_tokens = st.generated_tokens;
+                usage.prefill_seconds = st.prefill_seconds;
+                usage.decode_seconds = st.decode_seconds;
+                usage.prefill_tokens_per_second = if st.prefill_seconds > 0.0 {
+                    st.prompt_tokens as f64 / st.prefill_seconds
+                } else {
+                    0.0
+                };
+                usage.decode_tokens_per_second = st.decode_tokens_per_second();
+                usage.speculative = Some(SpeculativeUsage {
+                    drafter: st.drafter.clone(),
+                    rounds: st.rounds,
+                    drafted: st.drafted,
+                    accepted: st.accepted,
+                    acceptance_rate: st.acceptance_rate(),
+                    tau: st.tau(),
+                });
+                reason
+            }
+        };
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        if !stopped && !aborted {
+            let tail = stops.push(&detok.finish()).0 + &stops.finish();
+            if !tail.is_empty() {
+                on_text(&tail);
+            }
+        }
+        usage.prompt_tokens = prompt.len();
+        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
+        usage.finish_reason = match reason {
+            _ if aborted => "abort",
+            StopReason::Length => "length",
+            StopReason::EndOfGeneration | StopReason::Caller => "stop",
+        };
+        Ok(usage)
+    }
+}
+
+/// The drafter a model is loaded with.
+pub enum DrafterSource {
+    None,
+    Ngram,
+    Gguf(GgufFile),
+}

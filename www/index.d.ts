@@ -1,0 +1,168 @@
+// Types of the blockdraft npm package (index.js).
+
+/** A GGUF model: a URL (fetched as a stream), a Blob/File, or bytes. */
+export type ModelSource = string | URL | Blob | ArrayBuffer | ArrayBufferView;
+
+export interface LoadProgress {
+  /** `download`: bytes of a file read; `upload`: weight bytes made resident on the device. */
+  phase: 'download' | 'upload';
+  what: 'model' | 'drafter' | 'weights';
+  loaded: number;
+  /** `null` when the server gives no length. */
+  total: number | null;
+}
+
+export interface EngineOptions {
+  model: ModelSource;
+  /** A drafter GGUF (DFlash, or a small model of the same vocabulary) or `"ngram"` (prompt lookup). */
+  drafter?: ModelSource | 'ngram';
+  /** `auto` (default): WebGPU, else the CPU. `webgpu` fails with code `no_webgpu` when there is no adapter. */
+  backend?: 'auto' | 'webgpu' | 'cpu';
+  onProgress?: (p: LoadProgress) => void;
+  /** Run in a dedicated Web Worker (default true); false runs on the calling thread. */
+  worker?: boolean;
+  /** Aborts loading (download included). */
+  signal?: AbortSignal;
+  /** The `model` field of responses (default `blockdraft`). */
+  modelName?: string;
+  /** Where blockdraft_wasm_bg.wasm is, if not beside pkg/blockdraft_wasm.js. */
+  wasmUrl?: string | URL;
+}
+
+export interface EngineInfo {
+  backend: 'webgpu' | 'cpu';
+  /** Backend and adapter description. */
+  device: string;
+  drafter: 'none' | 'ngram' | 'dflash' | 'draft-model';
+  has_chat_template: boolean;
+  n_ctx_train: number;
+  /** Seconds from the first byte in WebAssembly to the engine being ready (weights uploaded). */
+  load_seconds: number;
+}
+
+export interface ChatMessage {
+  role: 'system' | 'user' | 'assistant' | string;
+  content: string;
+}
+
+interface CommonParams {
+  /** Default 256 (bounded by the model's context). */
+  max_tokens?: number;
+  /** 0 is greedy; default 1. */
+  temperature?: number;
+  top_p?: number;
+  top_k?: number;
+  min_p?: number;
+  /** Seeds the sampler (same seed, same text). */
+  seed?: number;
+  stop?: string | string[];
+  /** Use the engine's drafter (default: when it has one). */
+  speculative?: boolean;
+  /** Most tokens drafted per round (default 8). */
+  draft_max?: number;
+  /** Aborts promptly: a stream ends, a non-streamed call rejects with an AbortError. */
+  signal?: AbortSignal;
+}
+
+export interface ChatParams extends CommonParams {
+  messages: ChatMessage[];
+  stream?: boolean;
+}
+
+export interface CompletionParams extends CommonParams {
+  prompt: string;
+  stream?: boolean;
+}
+
+export interface SpeculativeUsage {
+  drafter: string;
+  rounds: number;
+  drafted: number;
+  accepted: number;
+  acceptance_rate: number;
+  /** Tokens committed per speculative round (accepted + 1). */
+  tau: number;
+}
+
+export interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  speculative: SpeculativeUsage | null;
+  timings: {
+    prefill_seconds: number;
+    decode_seconds: number;
+    prefill_tokens_per_second: number;
+    decode_tokens_per_second: number;
+  };
+}
+
+export type FinishReason = 'stop' | 'length' | 'abort';
+
+export interface ChatCompletionChunk {
+  id: string;
+  object: 'chat.completion.chunk';
+  created: number;
+  model: string;
+  choices: [{ index: 0; delta: { role?: 'assistant'; content?: string }; finish_reason: FinishReason | null }];
+  /** Only on the last chunk. */
+  usage?: Usage;
+}
+
+export interface ChatCompletion {
+  id: string;
+  object: 'chat.completion';
+  created: number;
+  model: string;
+  choices: [{ index: 0; message: { role: 'assistant'; content: string }; finish_reason: FinishReason }];
+  usage: Usage;
+}
+
+export interface Completion {
+  id: string;
+  object: 'text_completion';
+  created: number;
+  model: string;
+  choices: [{ index: 0; text: string; finish_reason: FinishReason | null }];
+  /** Only on the last chunk of a stream; always when not streamed. */
+  usage?: Usage;
+}
+
+export interface Engine {
+  readonly info: EngineInfo;
+  chat: {
+    completions: {
+      create(params: ChatParams & { stream: true }): Promise<AsyncIterableIterator<ChatCompletionChunk>>;
+      create(params: ChatParams & { stream?: false }): Promise<ChatCompletion>;
+    };
+  };
+  completions: {
+    create(params: CompletionParams & { stream: true }): Promise<AsyncIterableIterator<Completion>>;
+    create(params: CompletionParams & { stream?: false }): Promise<Completion>;
+  };
+  /** Frees the model (ends the worker). The engine is unusable afterwards. */
+  unload(): Promise<void>;
+}
+
+export type ErrorCode =
+  | 'invalid_argument'
+  | 'bad_gguf'
+  | 'unsupported_model'
+  | 'no_webgpu'
+  | 'device'
+  | 'out_of_memory'
+  | 'busy'
+  | 'generation'
+  | 'network'
+  | 'aborted'
+  | 'unloaded'
+  | 'internal';
+
+/** Every failure is one of these; `message` says what to do. */
+export class BlockdraftError extends Error {
+  readonly name: 'BlockdraftError';
+  readonly code: ErrorCode;
+  constructor(code: ErrorCode, message: string);
+}
+
+export function createEngine(options: EngineOptions): Promise<Engine>;

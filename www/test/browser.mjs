@@ -1,0 +1,125 @@
+// Drives headless Chromium (playwright-core, system Chromium) through the
+// package: usage: node browser.mjs MODEL PROMPT N EXPECTED_JSON BACKEND...
+// EXPECTED_JSON is the native CLI's `run --json` output for PROMPT.
+// Serves www/ plus the model at /model.gguf from a tiny static server.
+import { chromium } from 'playwright-core';
+import { createServer } from 'node:http';
+import { createReadStream, mkdtempSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+
+const [model, prompt, nArg, expectedJson, ...backends] = process.argv.slice(2);
+const n = Number(nArg);
+const expected = JSON.parse(expectedJson).text;
+const www = path.resolve(path.dirname(new URL(import.meta.url).pathname), '..');
+const TYPES = { '.js': 'text/javascript', '.html': 'text/html', '.wasm': 'application/wasm', '.gguf': 'application/octet-stream' };
+
+const server = createServer((req, res) => {
+  const url = new URL(req.url, 'http://x');
+  const file = url.pathname === '/model.gguf' ? model : path.join(www, path.normalize(url.pathname));
+  if (url.pathname !== '/model.gguf' && !file.startsWith(www + path.sep)) { res.writeHead(403).end(); return; }
+  let size;
+  try { size = statSync(file).size; } catch { res.writeHead(404).end(); return; }
+  res.writeHead(200, { 'content-type': TYPES[path.extname(file)] ?? 'application/octet-stream', 'content-length': size });
+  createReadStream(file).pipe(res);
+});
+await new Promise((r) => server.listen(0, '127.0.0.1', r));
+const origin = `http://127.0.0.1:${server.address().port}`;
+
+const FLAGS = ['--headless=new', '--no-sandbox', '--disable-quic', '--no-first-run', '--disable-background-networking',
+  '--disable-component-update', '--disable-sync', '--disable-default-apps', '--disable-extensions', '--no-default-browser-check',
+  '--enable-unsafe-webgpu', '--enable-features=Vulkan', '--use-vulkan=swiftshader', '--use-webgpu-adapter=swiftshader',
+  '--use-angle=swiftshader'];
+
+// Runs in the page: one engine (n-gram drafter) per backend, three requests.
+async function scenario({ backend, prompt, n }) {
+  const { createEngine, BlockdraftError } = await import('/index.js');
+  const out = { backend };
+  let t = performance.now();
+  const engine = await createEngine({ model: '/model.gguf', drafter: 'ngram', backend });
+  out.load_ms = performance.now() - t;
+  out.info = engine.info;
+
+  const collect = async (params) => {
+    const start = performance.now();
+    let text = '';
+    let last = null;
+    for await (const chunk of await engine.completions.create({ ...params, stream: true })) {
+      text += chunk.choices[0].text;
+      last = chunk;
+    }
+    return { text, usage: last?.usage, finish_reason: last?.choices[0].finish_reason, ms: performance.now() - start };
+  };
+  out.plain = await collect({ prompt, max_tokens: n, temperature: 0, speculative: false });
+  out.ngram = await collect({ prompt, max_tokens: n, temperature: 0, speculative: true });
+
+  // Abort after the third chunk of a long stream: the loop must end at once.
+  const ac = new AbortController();
+  let chunks = 0;
+  let abortedAt = 0;
+  for await (const chunk of await engine.completions.create({ prompt, max_tokens: 200, temperature: 0, stream: true, signal: ac.signal, speculative: false })) {
+    chunks += 1;
+    if (chunk.usage) break;
+    if (chunks === 3) { abortedAt = performance.now(); ac.abort(); }
+  }
+  out.abort = { chunks, ended_ms_after_abort: performance.now() - abortedAt };
+  // The engine serves the next request after an abort.
+  t = performance.now();
+  const next = await engine.completions.create({ prompt, max_tokens: 2, temperature: 0 });
+  out.after_abort = { text: next.choices[0].text, ms: performance.now() - t };
+
+  // Typed errors for bad calls.
+  try {
+    await engine.completions.create({ prompt, max_tokens: 0 });
+    out.bad_request = 'no error';
+  } catch (e) {
+    out.bad_request = e instanceof BlockdraftError ? e.code : `untyped: ${e}`;
+  }
+  await engine.unload();
+  return out;
+}
+
+let failures = 0;
+const check = (ok, what) => { console.log(`${ok ? 'ok  ' : 'FAIL'} ${what}`); if (!ok) failures += 1; };
+const udd = mkdtempSync(path.join(tmpdir(), 'blockdraft-chromium-'));
+const browser = await chromium.launchPersistentContext(udd, { executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+  headless: true, args: FLAGS, ignoreDefaultArgs: ['--headless'] });
+try {
+  const page = browser.pages()[0] ?? await browser.newPage();
+  page.on('console', (m) => { if (m.type() === 'error' || m.type() === 'warning') console.log(`  [browser ${m.type()}] ${m.text()}`); });
+  page.on('pageerror', (e) => console.log(`  [pageerror] ${e.message}`));
+  page.on('worker', (w) => w.on('console', (m) => { if (m.type() === 'error' || m.type() === 'warning') console.log(`  [worker ${m.type()}] ${m.text().slice(0, 400)}`); }));
+  page.setDefaultTimeout(600_000);
+  await page.goto(`${origin}/test/blank.html`);
+  console.log(`expected (native CLI): ${JSON.stringify(expected)}`);
+  for (const backend of backends) {
+    let r;
+    try {
+      r = await page.evaluate(scenario, { backend, prompt, n });
+    } catch (e) {
+      check(false, `${backend}: ${e.message.split('\n')[0]}`);
+      continue;
+    }
+    const tps = (u) => u?.timings.decode_tokens_per_second.toFixed(2);
+    console.log(`${backend}: ${r.info.device}`);
+    console.log(`  load ${(r.load_ms / 1000).toFixed(2)} s; plain ${(r.plain.ms / 1000).toFixed(2)} s, ${tps(r.plain.usage)} tok/s decode, `
+      + `prefill ${r.plain.usage?.timings.prefill_tokens_per_second.toFixed(1)} tok/s; `
+      + `ngram ${(r.ngram.ms / 1000).toFixed(2)} s, ${tps(r.ngram.usage)} tok/s, spec ${JSON.stringify(r.ngram.usage?.speculative)}`);
+    check(r.info.backend === backend, `${backend}: engine runs on ${r.info.backend}`);
+    check(r.plain.text === expected, `${backend}: greedy text equals the CLI's (${JSON.stringify(r.plain.text)})`);
+    check(r.plain.usage?.completion_tokens === n && r.plain.finish_reason === 'length', `${backend}: ${n} tokens, finish_reason length`);
+    check(r.ngram.text === expected, `${backend}: n-gram speculative text equals the CLI's (${JSON.stringify(r.ngram.text)})`);
+    check(r.ngram.usage?.speculative?.drafter === 'ngram', `${backend}: n-gram stats reported`);
+    check(r.abort.chunks === 3 && r.abort.ended_ms_after_abort < 100,
+      `${backend}: abort ends the stream at once (${r.abort.chunks} chunks, ${r.abort.ended_ms_after_abort.toFixed(1)} ms)`);
+    check(expected.startsWith(r.after_abort.text) && r.after_abort.text.length > 0,
+      `${backend}: next request after the abort works (${(r.after_abort.ms / 1000).toFixed(2)} s)`);
+    check(r.bad_request === 'invalid_argument', `${backend}: max_tokens 0 is a typed invalid_argument error (${r.bad_request})`);
+  }
+} finally {
+  await browser.close();
+  rmSync(udd, { recursive: true, force: true });
+  server.close();
+}
+console.log(failures ? `${failures} check(s) failed` : 'all checks passed');
+process.exit(failures ? 1 : 0);

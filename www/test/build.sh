@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds the wasm module into www/pkg/ (the package's pkg/ is generated,
+# never committed). Needs the wasm32-unknown-unknown target and the
+# wasm-bindgen CLI at exactly the crate's wasm-bindgen version.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+want=$(sed -n 's/^wasm-bindgen = "=\(.*\)"$/\1/p' "$ROOT/crates/wasm/Cargo.toml")
+have=$(wasm-bindgen --version 2>/dev/null | awk '{print $2}') || true
+if [ "$have" != "$want" ]; then
+    echo "build.sh: wasm-bindgen CLI $want is needed (found: ${have:-none});" \
+         "run: cargo install wasm-bindgen-cli --version $want" >&2
+    exit 1
+fi
+cargo build --release --locked -p blockdraft-wasm --target wasm32-unknown-unknown \
+    --manifest-path "$ROOT/Cargo.toml"
+wasm-bindgen --target web --out-dir "$ROOT/www/pkg" \
+    "$TARGET_DIR/wasm32-unknown-unknown/release/blockdraft_wasm.wasm"
