@@ -37,7 +37,7 @@ fn argmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     if row >= p.n_rows {
         return;
     }
-    var bv = -3.4028235e38;
+    var bv = -3.40282346638528859812e38;
     var bi = 0xffffffffu;
     for (var c = lid; c < p.cols; c += WG) {
         let v = x[row * p.cols + c];

@@ -29,7 +29,7 @@ struct Params {
 const WG: u32 = 64u;
 const MAX_HEAD_DIM: u32 = 256u;
 const DIMS_PER_THREAD: u32 = MAX_HEAD_DIM / WG;
-const NEG_MAX: f32 = -3.4028235e38;
+const NEG_MAX: f32 = -3.40282346638528859812e38;
 
 var<workgroup> qh: array<f32, MAX_HEAD_DIM>;
 var<workgroup> probs: array<f32, WG>;

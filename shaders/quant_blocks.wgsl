@@ -100,7 +100,8 @@ fn offset4(v: u32, bits: u32) -> u32 {
     let top = 0x01010101u << (bits - 1u);
     let t = v ^ top;
     let fill = (0xffu << bits) & 0xffu; // bits above `bits` in one byte
-    return t | ((t & top) >> (bits - 1u)) * fill;
+    // WGSL (Tint) requires the parentheses when mixing `|` and `*`; naga does not.
+    return t | (((t & top) >> (bits - 1u)) * fill);
 }
 
 // Bits 0..3 of `x` to bit 4 of bytes 0..3 (Q5_0/Q5_1 high bits).

@@ -4,6 +4,8 @@
 # wasm-bindgen CLI at exactly the crate's wasm-bindgen version.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+# From the root, so .cargo/config.toml (simd128 for wasm) applies.
+cd "$ROOT"
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 want=$(sed -n 's/^wasm-bindgen = "=\(.*\)"$/\1/p' "$ROOT/crates/wasm/Cargo.toml")
 have=$(wasm-bindgen --version 2>/dev/null | awk '{print $2}') || true

@@ -9,6 +9,7 @@ use blockdraft_core::backend::{
     AttentionMask, AttentionParams, Backend, BackendError, ConvParams, GatedActivation, RopeParams,
     WeightSource,
 };
+use blockdraft_core::sampling::SamplingParams;
 
 pub struct Yielding<B>(pub B);
 
@@ -128,5 +129,41 @@ impl<B: Backend> Backend for Yielding<B> {
     }
     fn embed_from(&self, table: &B::Weight, ids: &B::Tensor, row0: usize, out: &mut B::Tensor) {
         self.0.embed_from(table, ids, row0, out)
+    }
+    fn host_memory(&self) -> bool {
+        self.0.host_memory()
+    }
+    fn softcap(&self, x: &mut B::Tensor, cap: f32) {
+        self.0.softcap(x, cap)
+    }
+    fn top_k(&self, x: &B::Tensor, k: usize, values: &mut B::Tensor, ids: &mut B::Tensor) {
+        self.0.top_k(x, k, values, ids)
+    }
+    fn sample_to(
+        &self,
+        x: &B::Tensor,
+        p: &SamplingParams,
+        counter: u64,
+        out: &mut B::Tensor,
+        row: usize,
+        col: usize,
+    ) {
+        self.0.sample_to(x, p, counter, out, row, col)
+    }
+    fn add_slices(&self, x: &B::Tensor, w: &[f32], out: &mut B::Tensor) {
+        self.0.add_slices(x, w, out)
+    }
+    fn selector_walk(
+        &self,
+        gates: &B::Tensor,
+        pred: &B::Tensor,
+        succ: &B::Tensor,
+        unary: &B::Tensor,
+        cand: &B::Tensor,
+        out: &mut B::Tensor,
+        col: usize,
+    ) {
+        self.0
+            .selector_walk(gates, pred, succ, unary, cand, out, col)
     }
 }

@@ -127,6 +127,8 @@ macro_rules! per_row {
         per_row_kernel as $crate::kernels::Kernel
     }};
 }
+// Used by the SIMD kernel modules (targets without one leave it unused).
+#[allow(unused_imports)]
 pub(crate) use per_row;
 
 /// Activation rows handled per kernel call.
