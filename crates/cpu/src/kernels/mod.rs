@@ -131,6 +131,28 @@ macro_rules! per_row {
 #[allow(unused_imports)]
 pub(crate) use per_row;
 
+/// The [`Kernel`] running the row kernel `$f::<NR>` (NR = `x.len()`, up to
+/// `MAX_NR`) on each weight row: the dispatch every SIMD module shares.
+macro_rules! by_nr {
+    ($f:ident) => {{
+        unsafe fn row(w: *const u8, nb: usize, x: &[$crate::kernels::Act], out: &mut [f32]) {
+            match x.len() {
+                1 => $f::<1>(w, nb, x, out),
+                2 => $f::<2>(w, nb, x, out),
+                3 => $f::<3>(w, nb, x, out),
+                4 => $f::<4>(w, nb, x, out),
+                5 => $f::<5>(w, nb, x, out),
+                6 => $f::<6>(w, nb, x, out),
+                7 => $f::<7>(w, nb, x, out),
+                _ => $f::<8>(w, nb, x, out),
+            }
+        }
+        $crate::kernels::per_row!(row)
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use by_nr;
+
 /// Activation rows handled per kernel call.
 pub(crate) const MAX_NR: usize = 8;
 

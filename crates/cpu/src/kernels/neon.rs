@@ -7,29 +7,9 @@
 //! match it within float reassociation. Every weight type has one.
 
 use super::scalar::{f16_at, q3k_scales, scale_min_k4};
-use super::{per_row, Act, Kernel};
+use super::{by_nr, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use core::arch::aarch64::*;
-
-/// The [`Kernel`] running the row kernel `$f::<NR>` (NR = `x.len()`) on
-/// each weight row.
-macro_rules! by_nr {
-    ($f:ident) => {{
-        unsafe fn row(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
-            match x.len() {
-                1 => $f::<1>(w, nb, x, out),
-                2 => $f::<2>(w, nb, x, out),
-                3 => $f::<3>(w, nb, x, out),
-                4 => $f::<4>(w, nb, x, out),
-                5 => $f::<5>(w, nb, x, out),
-                6 => $f::<6>(w, nb, x, out),
-                7 => $f::<7>(w, nb, x, out),
-                _ => $f::<8>(w, nb, x, out),
-            }
-        }
-        per_row!(row)
-    }};
-}
 
 /// `BLOCKDRAFT_NO_SIMD` is set: the scalar kernels are wanted (read once).
 pub(crate) fn disabled() -> bool {

@@ -1,6 +1,6 @@
 //! x86-64 AVX2 + FMA (+ F16C) kernels, selected at runtime.
 
-use super::{per_row, Act, Kernel};
+use super::{by_nr, per_row, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -179,26 +179,6 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
 // 1..=MAX_NR): the weight block is loaded and unpacked once, then dotted
 // with every row. On AVX2 the integer dot is maddubs (u8 x i8 pairs -> i16)
 // then madd (-> i32, applying a sub-block scale when there is one).
-
-/// The [`Kernel`] running the row kernel `$f::<NR>` (NR = `x.len()`) on
-/// each weight row.
-macro_rules! by_nr {
-    ($f:ident) => {{
-        unsafe fn row(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
-            match x.len() {
-                1 => $f::<1>(w, nb, x, out),
-                2 => $f::<2>(w, nb, x, out),
-                3 => $f::<3>(w, nb, x, out),
-                4 => $f::<4>(w, nb, x, out),
-                5 => $f::<5>(w, nb, x, out),
-                6 => $f::<6>(w, nb, x, out),
-                7 => $f::<7>(w, nb, x, out),
-                _ => $f::<8>(w, nb, x, out),
-            }
-        }
-        per_row!(row)
-    }};
-}
 
 /// Like `by_nr!` for the float kernels, which keep two accumulators per row
 /// and would spill beyond 4 rows: more rows are done 4 at a time (the weight
