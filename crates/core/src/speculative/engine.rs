@@ -15,6 +15,10 @@ use web_time::Instant;
 pub struct RoundStats {
     pub drafted: usize,
     pub accepted: usize,
+    /// Tokens the drafter caught up on before drafting, and the time it
+    /// took ([`super::Drafter::catch_up`]).
+    pub caught_up: usize,
+    pub catch_up_seconds: f64,
     pub draft_seconds: f64,
     pub verify_seconds: f64,
 }
@@ -36,6 +40,7 @@ pub struct SpecStats {
     /// Per draft slot: how often it was verified and accepted.
     pub slot_tried: Vec<usize>,
     pub slot_accepted: Vec<usize>,
+    /// Drafting, catch-up included.
     pub draft_seconds: f64,
     pub verify_seconds: f64,
 }
@@ -73,7 +78,7 @@ impl SpecStats {
         }
         self.drafted += r.drafted;
         self.accepted += r.accepted;
-        self.draft_seconds += r.draft_seconds;
+        self.draft_seconds += r.catch_up_seconds + r.draft_seconds;
         self.verify_seconds += r.verify_seconds;
         if self.slot_tried.len() < r.drafted {
             self.slot_tried.resize(r.drafted, 0);
@@ -220,6 +225,13 @@ pub async fn generate_speculative<B: Backend>(
             .min(state.max_batch() - 1);
 
         let last = *history.last().expect("history holds the prompt");
+        let tc = Instant::now();
+        let caught_up = if want > 0 {
+            drafter.catch_up(&history)?
+        } else {
+            0
+        };
+        let catch_up_seconds = tc.elapsed().as_secs_f64();
         let td = Instant::now();
         let device_draft = if !on_device {
             None
@@ -298,17 +310,15 @@ pub async fn generate_speculative<B: Backend>(
         drafter.rollback(state.len());
         let verify_seconds = tv.elapsed().as_secs_f64();
 
-        policy.record_verify(batch.len(), verify_seconds);
-        if want > 0 {
-            policy.record_draft(want, draft_seconds);
-            policy.record_acceptance(draft.tokens.len(), verdict.accepted);
-        }
         let round = RoundStats {
             drafted: draft.tokens.len(),
             accepted: verdict.accepted,
+            caught_up,
+            catch_up_seconds,
             draft_seconds,
             verify_seconds,
         };
+        policy.record(want, &round);
         stats.record_round(&round);
         on_round(&round);
         pending = verdict.tokens;

@@ -30,11 +30,18 @@ impl<B: Backend> DraftModelDrafter<B> {
         Ok(DraftModelDrafter { model, state })
     }
 
-    /// Feeds the committed tokens this model has not seen, leaving the
-    /// logits of the last one; returns how many tokens may be drafted.
-    fn catch_up(&mut self, history: &[u32], n_max: usize) -> Result<usize, ModelError> {
+    /// Forgets positions at or beyond `history.len() − 1` that were
+    /// drafts, and returns how many tokens of `history` the cache holds.
+    fn seen(&mut self, history: &[u32]) -> usize {
         let seen = self.state.len().min(history.len().saturating_sub(1));
         self.state.truncate(seen);
+        seen
+    }
+
+    /// Feeds the committed tokens this model has not seen, leaving the
+    /// logits of the last one; returns how many tokens may be drafted.
+    fn feed_unseen(&mut self, history: &[u32], n_max: usize) -> Result<usize, ModelError> {
+        let seen = self.seen(history);
         let n_ctx = self.state.kv.capacity();
         let n_max = n_max.min(n_ctx.saturating_sub(history.len()));
         if n_max == 0 {
@@ -54,13 +61,32 @@ impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
         "draft-model"
     }
 
+    /// Feeds all but the last two committed tokens: a round after a fully
+    /// accepted one leaves the model two behind, and its draft takes both
+    /// in one batch, so a steady round's cost stays in the draft.
+    fn catch_up(&mut self, history: &[u32]) -> Result<usize, ModelError> {
+        let seen = self.seen(history);
+        let upto = history
+            .len()
+            .saturating_sub(2)
+            .min(self.state.kv.capacity());
+        if upto <= seen {
+            return Ok(0);
+        }
+        for chunk in history[seen..upto].chunks(self.state.max_batch()) {
+            self.model
+                .forward(&mut self.state, chunk, LogitRows::Last, true, None)?;
+        }
+        Ok(upto - seen)
+    }
+
     async fn propose(
         &mut self,
         history: &[u32],
         n_max: usize,
         mut sampler: Option<&mut Sampler>,
     ) -> Result<Draft, ModelError> {
-        let n_max = self.catch_up(history, n_max)?;
+        let n_max = self.feed_unseen(history, n_max)?;
         if n_max == 0 {
             return Ok(Draft::default());
         }
@@ -94,7 +120,7 @@ impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
         n_max: usize,
         round: &mut B::Tensor,
     ) -> Result<Option<usize>, ModelError> {
-        let n = self.catch_up(history, n_max)?;
+        let n = self.feed_unseen(history, n_max)?;
         if n == 0 {
             return Ok(None);
         }

@@ -64,6 +64,17 @@ pub trait Drafter<B: Backend>: Send {
         Ok(())
     }
 
+    /// Brings the drafter's own cache up to date with `history` before a
+    /// draft, short of the last few tokens that a draft processes anyway;
+    /// returns how many tokens it processed. The engine times this apart
+    /// from drafting: a drafter that was idle while speculation was off
+    /// pays once for every token it missed, which says nothing about what
+    /// its drafts cost.
+    fn catch_up(&mut self, history: &[u32]) -> Result<usize, ModelError> {
+        let _ = history;
+        Ok(0)
+    }
+
     /// Drafts up to `n_max` tokens following `history` (every committed
     /// token; the last one is not yet in the target's cache). With
     /// `sampler`, a drafter that can sample from its own distribution does

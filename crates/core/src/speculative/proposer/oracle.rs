@@ -89,6 +89,10 @@ impl<B: Backend> Drafter<B> for ForcedDrafter<B> {
         self.inner.observe(tokens, pos0, taps).await
     }
 
+    fn catch_up(&mut self, history: &[u32]) -> Result<usize, ModelError> {
+        self.inner.catch_up(history)
+    }
+
     async fn propose(
         &mut self,
         history: &[u32],
