@@ -48,7 +48,7 @@ fn matmul_float(ty: u32, wid: vec3<u32>, nwg: vec3<u32>, lid: u32) {
     }
     for (var g = 0u; g < p.n; g += NR) {
         let nr = min(NR, p.n - g);
-        var acc: array<f32, NR>;
+        var acc = array<f32, NR>();
         for (var c = lid; c < p.cols; c += WG) {
             let wv = weight(ty, o * p.cols + c);
             for (var r = 0u; r < nr; r++) {

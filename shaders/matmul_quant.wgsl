@@ -73,7 +73,7 @@ fn matmul_quant(ty: u32, wid: vec3<u32>, nwg: vec3<u32>, lid: u32) {
     let units = p.cols / 32u;
     for (var g = 0u; g < p.n; g += NR) {
         let nr = min(NR, p.n - g);
-        var acc: array<f32, NR>;
+        var acc = array<f32, NR>();
         if live {
             for (var i = lane; i < units; i += LANES) {
                 let u = decode_unit(ty, o * p.row_bytes, i);

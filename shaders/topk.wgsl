@@ -24,10 +24,12 @@ var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
 
 // The ranking key: NaN (tested on the bits, which compilers cannot fold
-// away) counts as -inf.
+// away) counts as -inf. The -inf is built from the runtime bits, since
+// Chrome's Tint rejects a constant bitcast that yields an infinity.
 fn key(v: f32) -> f32 {
-    if (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u {
-        return bitcast<f32>(0xff800000u);
+    let bits = bitcast<u32>(v);
+    if (bits & 0x7fffffffu) > 0x7f800000u {
+        return bitcast<f32>((bits & 0u) | 0xff800000u);
     }
     return v;
 }

@@ -19,3 +19,11 @@ CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $PWD/tests/wasi/run.mjs" \
     cargo test -p blockdraft-cpu --lib --target wasm32-wasip1 -- "${simd_tests[@]}"
 CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" \
     cargo test -p blockdraft-cpu --lib --target aarch64-unknown-linux-gnu -- "${simd_tests[@]}"
+# The browser (headless Chromium, WebGPU on SwiftShader): the wgpu backend
+# under wasm-bindgen-test, then the npm package end to end with Playwright
+# on the CPU fallback (SwiftShader is too slow for a real model on WebGPU).
+export CHROMEDRIVER="${CHROMEDRIVER:-/usr/bin/chromedriver}"
+WASM_BINDGEN_TEST_WEBDRIVER_JSON="$PWD/crates/wasm/webdriver.json" WASM_BINDGEN_TEST_TIMEOUT=900 \
+    CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
+    cargo test -p blockdraft-wasm --target wasm32-unknown-unknown
+PROFILE=dev CLI_PROFILE=dev BACKENDS=cpu www/test/run.sh

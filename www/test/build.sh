@@ -14,7 +14,10 @@ if [ "$have" != "$want" ]; then
          "run: cargo install wasm-bindgen-cli --version $want" >&2
     exit 1
 fi
-cargo build --release --locked -p blockdraft-wasm --target wasm32-unknown-unknown \
+# PROFILE=dev shares the build with the wasm-bindgen tests (tests/run.sh).
+PROFILE=${PROFILE:-release}
+cargo build --profile "$PROFILE" --locked -p blockdraft-wasm --target wasm32-unknown-unknown \
     --manifest-path "$ROOT/Cargo.toml"
+[ "$PROFILE" = dev ] && out=debug || out=$PROFILE
 wasm-bindgen --target web --out-dir "$ROOT/www/pkg" \
-    "$TARGET_DIR/wasm32-unknown-unknown/release/blockdraft_wasm.wasm"
+    "$TARGET_DIR/wasm32-unknown-unknown/$out/blockdraft_wasm.wasm"

@@ -622,8 +622,16 @@ pub async fn device_ids<B: Backend, R: Backend>(be: &B, reference: &R) {
 
 /// One `#[test]` per op family for a backend, each against the reference.
 /// `$backend` and `$reference` are expressions building fresh backends.
+/// With `async $attr` first, each test is an `async fn` under that test
+/// attribute instead (e.g. `wasm_bindgen_test` in a browser, where a
+/// read-back can only be awaited) and `$backend` may `.await`.
 #[macro_export]
 macro_rules! backend_conformance_tests {
+    (async $attr:path, $backend:expr, $reference:expr) => {
+        $crate::backend_conformance_tests!(@async $attr, $backend, $reference;
+            matmul, embed, rms_norm, rope, elementwise, copy_rows, attention, grouped_conv, argmax,
+            top_k, add_slices, selector_walk, sample_to, device_ids);
+    };
     ($backend:expr, $reference:expr) => {
         $crate::backend_conformance_tests!(@each $backend, $reference;
             matmul, embed, rms_norm, rope, elementwise, copy_rows, attention, grouped_conv, argmax,
@@ -634,6 +642,14 @@ macro_rules! backend_conformance_tests {
             #[test]
             fn $op() {
                 $crate::testing::block_on($crate::conformance::$op(&$backend, &$reference));
+            }
+        )*
+    };
+    (@async $attr:path, $backend:expr, $reference:expr; $($op:ident),*) => {
+        $(
+            #[$attr]
+            async fn $op() {
+                $crate::conformance::$op(&$backend, &$reference).await;
             }
         )*
     };

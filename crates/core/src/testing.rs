@@ -409,9 +409,18 @@ pub fn greedy_plain<B: crate::Backend>(
     prompt: &[u32],
     n: usize,
 ) -> Vec<u32> {
+    block_on(greedy_plain_async(dec, prompt, n))
+}
+
+/// [`greedy_plain`] for callers that can only await (a browser).
+pub async fn greedy_plain_async<B: crate::Backend>(
+    dec: &crate::model::Decoder<B>,
+    prompt: &[u32],
+    n: usize,
+) -> Vec<u32> {
     let mut state = dec.new_state(prompt.len() + n + 1, 32);
     let mut sampler = crate::sampling::Sampler::new(crate::sampling::SamplingParams::greedy());
-    block_on(crate::generate::generate(
+    crate::generate::generate(
         dec,
         &mut state,
         prompt,
@@ -419,7 +428,8 @@ pub fn greedy_plain<B: crate::Backend>(
         &mut sampler,
         &|_| false,
         &mut |_| true,
-    ))
+    )
+    .await
     .expect("plain greedy decoding")
     .0
 }
@@ -432,12 +442,23 @@ pub fn greedy_speculative<B: crate::Backend>(
     n: usize,
     policy: crate::speculative::PolicyConfig,
 ) -> (Vec<u32>, crate::speculative::SpecStats) {
+    block_on(greedy_speculative_async(dec, drafter, prompt, n, policy))
+}
+
+/// [`greedy_speculative`] for callers that can only await (a browser).
+pub async fn greedy_speculative_async<B: crate::Backend>(
+    dec: &crate::model::Decoder<B>,
+    drafter: &mut dyn crate::speculative::Drafter<B>,
+    prompt: &[u32],
+    n: usize,
+    policy: crate::speculative::PolicyConfig,
+) -> (Vec<u32>, crate::speculative::SpecStats) {
     use crate::sampling::{Sampler, SamplingParams};
     let mut state = dec.new_state(prompt.len() + n + 32, 32);
     let mut sampler = Sampler::new(SamplingParams::greedy());
     let mut draft_sampler = Sampler::new(SamplingParams::greedy());
     let mut policy = crate::speculative::DraftPolicy::new(policy);
-    let (tokens, _, stats) = block_on(crate::speculative::generate_speculative(
+    let (tokens, _, stats) = crate::speculative::generate_speculative(
         dec,
         &mut state,
         drafter,
@@ -449,7 +470,8 @@ pub fn greedy_speculative<B: crate::Backend>(
         &|_| false,
         &mut |_| true,
         &mut |_| {},
-    ))
+    )
+    .await
     .expect("speculative greedy decoding");
     (tokens, stats)
 }

@@ -215,6 +215,17 @@ impl Engine {
             };
             let result = with_session!(&inner.loaded, s => s.generate(&request, &mut emit).await);
             inner.busy.set(false);
+            // A device error leaves the output meaningless even when the
+            // run itself went through.
+            if let Loaded::WebGpu(s) = &inner.loaded {
+                if let Some(e) = s.backend().take_device_error() {
+                    return Err(ApiError::new(
+                        Code::Device,
+                        format!("the GPU reported an error ({e}); reload, or use backend \"cpu\""),
+                    )
+                    .into());
+                }
+            }
             let usage = result?;
             Ok(serde_json::to_string(&usage)
                 .expect("plain data serializes")

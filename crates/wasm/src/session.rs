@@ -137,6 +137,10 @@ impl<B: Backend> Session<B> {
         })
     }
 
+    pub fn backend(&self) -> &B {
+        &self.decoder.backend
+    }
+
     pub fn backend_name(&self) -> String {
         self.decoder.backend_name()
     }

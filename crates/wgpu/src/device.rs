@@ -11,6 +11,25 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
+    pub errors: DeviceErrors,
+}
+
+/// The first error the device reported outside any error scope (a shader
+/// the browser's compiler rejects, a validation failure); later ones
+/// usually follow from it.
+#[derive(Clone, Default)]
+pub struct DeviceErrors(std::sync::Arc<std::sync::Mutex<Option<String>>>);
+
+impl DeviceErrors {
+    #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+    fn record(&self, message: String) {
+        self.0.lock().unwrap().get_or_insert(message);
+    }
+
+    /// The first error since the last call, if any.
+    pub fn take(&self) -> Option<String> {
+        self.0.lock().unwrap().take()
+    }
 }
 
 impl Gpu {
@@ -48,12 +67,22 @@ impl Gpu {
             })
             .await
             .map_err(|e| BackendError::Device(format!("requesting a device: {e}")))?;
+        let errors = DeviceErrors::default();
+        // Natively wgpu's own handler panics at the faulty call, which
+        // tests rely on. A browser page must not die: there the first error
+        // is kept for the caller to turn into a typed error.
+        #[cfg(target_arch = "wasm32")]
+        {
+            let first = errors.clone();
+            device.on_uncaptured_error(std::sync::Arc::new(move |e| first.record(e.to_string())));
+        }
         Ok(Gpu {
             device,
             queue,
             info,
             limits,
             features,
+            errors,
         })
     }
 

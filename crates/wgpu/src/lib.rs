@@ -24,7 +24,7 @@ pub mod shaders;
 mod tests;
 mod weights;
 
-pub use device::Gpu;
+pub use device::{DeviceErrors, Gpu};
 pub use recorder::Counters;
 use weights::IdsLayout;
 pub use weights::WgpuWeight;
@@ -68,6 +68,7 @@ impl WgpuTensor {
 pub struct WgpuBackend {
     dev: Device,
     gpu_info: String,
+    errors: DeviceErrors,
     max_binding: u64,
     /// Token ids of `embed` calls, and argmax results.
     ids: Mutex<Option<wgpu::Buffer>>,
@@ -124,6 +125,7 @@ impl WgpuBackend {
         WgpuBackend {
             dev: Device::new(gpu.device, gpu.queue, tuning == Tuning::CpuAdapter),
             gpu_info,
+            errors: gpu.errors,
             max_binding,
             ids: Mutex::new(None),
             act: Mutex::new(None),
@@ -134,6 +136,12 @@ impl WgpuBackend {
     /// Adapter, driver and limits, for logs and `bench`.
     pub fn adapter_info(&self) -> &str {
         &self.gpu_info
+    }
+
+    /// The first device error since the last call (kept in the browser;
+    /// natively wgpu panics at the faulty call instead).
+    pub fn take_device_error(&self) -> Option<String> {
+        self.errors.take()
     }
 
     /// Dispatches, submits and readbacks so far.

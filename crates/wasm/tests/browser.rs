@@ -1,0 +1,100 @@
+//! The wgpu backend inside a real browser: headless Chromium's WebGPU (on
+//! SwiftShader in CI) through wasm-bindgen-test. The shared op conformance
+//! suite against the CPU backend compiled to the same wasm module; greedy
+//! generation of synthetic models of every architecture token-identical to
+//! the CPU backend; and greedy DFlash speculative decoding, drafted on the
+//! device, identical to plain decoding. `tests/run.sh` runs it with
+//! `wasm-bindgen-test-runner` and chromedriver (flags in webdriver.json).
+#![cfg(target_arch = "wasm32")]
+
+use blockdraft_core::model::Decoder;
+use blockdraft_core::speculative::{DFlashDrafter, PolicyConfig};
+use blockdraft_core::testing::{
+    greedy_plain_async, greedy_speculative_async, synthetic_decoder, synthetic_dflash,
+    SyntheticDFlash, SyntheticDims,
+};
+use blockdraft_core::Backend;
+use blockdraft_cpu::CpuBackend;
+use blockdraft_gguf::{GgmlType, GgufFile};
+use blockdraft_wgpu::{Gpu, WgpuBackend};
+use std::sync::Arc;
+use wasm_bindgen_test::{wasm_bindgen_test, wasm_bindgen_test_configure};
+
+wasm_bindgen_test_configure!(run_in_browser);
+
+async fn webgpu() -> WgpuBackend {
+    let gpu = Gpu::request()
+        .await
+        .expect("WebGPU (Chromium needs --enable-unsafe-webgpu; see webdriver.json)");
+    WgpuBackend::with_gpu(gpu)
+}
+
+fn load<B: Backend>(file: &GgufFile, be: B) -> Decoder<B> {
+    Decoder::load(file, Arc::new(be), &mut |_| {}).expect("load")
+}
+
+/// Every op: a shader that Chrome's compiler rejects shows as wrong
+/// results (the browser skips the dispatch), besides the kept error.
+mod conformance {
+    use super::*;
+    blockdraft_core::backend_conformance_tests!(
+        async wasm_bindgen_test,
+        webgpu().await,
+        CpuBackend::new(1)
+    );
+}
+
+#[wasm_bindgen_test]
+async fn every_architecture_generates_what_the_cpu_backend_generates() {
+    let prompt = [3u32, 14, 15, 9, 26, 5, 35, 8, 9, 7];
+    for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
+        let m = synthetic_decoder(arch, SyntheticDims::default(), 21);
+        let file = GgufFile::from_bytes(m.bytes).unwrap();
+        let gpu = load(&file, webgpu().await);
+        let cpu = load(&file, CpuBackend::new(1));
+        assert_eq!(
+            greedy_plain_async(&gpu, &prompt, 24).await,
+            greedy_plain_async(&cpu, &prompt, 24).await,
+            "{arch}"
+        );
+        assert_eq!(gpu.backend.take_device_error(), None, "{arch}");
+    }
+}
+
+#[wasm_bindgen_test]
+async fn dflash_speculative_decoding_is_identical_to_plain() {
+    let m = synthetic_decoder("qwen3", SyntheticDims::default(), 11);
+    let file = GgufFile::from_bytes(m.bytes).unwrap();
+    let dec = load(&file, webgpu().await);
+    let prompt = [3u32, 14, 15, 9, 26, 5, 3, 14, 15, 9];
+    let n = 24;
+    let want = greedy_plain_async(&dec, &prompt, n).await;
+    let spec = SyntheticDFlash {
+        dims: SyntheticDims {
+            n_layer: 2,
+            n_embd: 48,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 16,
+            n_ff: 64,
+            n_vocab: 0,
+            window: 0,
+        },
+        target_layers: vec![1, 4, 7],
+        block_size: 8,
+        mask_token: 0,
+        matrix_type: GgmlType::Q8_0,
+    };
+    let drafter = GgufFile::from_bytes(synthetic_dflash(&spec, 5).bytes).unwrap();
+    let mut d = DFlashDrafter::load(&drafter, &dec, &file, prompt.len() + n + 32, 32).unwrap();
+    let before = dec.backend.counters();
+    let (got, stats) =
+        greedy_speculative_async(&dec, &mut d, &prompt, n, PolicyConfig::fixed(7)).await;
+    let c = dec.backend.counters();
+    assert_eq!(got, want);
+    assert!(stats.rounds > 0);
+    // Drafting on the device: one readback per pass, as natively.
+    let passes = (1 + stats.rounds + stats.plain_steps) as u64;
+    assert_eq!(c.readbacks - before.readbacks, passes, "{c:?}");
+    assert_eq!(dec.backend.take_device_error(), None);
+}
