@@ -26,4 +26,4 @@ export CHROMEDRIVER="${CHROMEDRIVER:-/usr/bin/chromedriver}"
 WASM_BINDGEN_TEST_WEBDRIVER_JSON="$PWD/crates/wasm/webdriver.json" WASM_BINDGEN_TEST_TIMEOUT=900 \
     CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
     cargo test -p blockdraft-wasm --target wasm32-unknown-unknown
-PROFILE=dev CLI_PROFILE=dev BACKENDS=cpu www/test/run.sh
+PROFILE=dev CLI="${CARGO_TARGET_DIR:-$PWD/target}/debug/blockdraft" BACKENDS=cpu www/test/run.sh

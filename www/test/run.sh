@@ -8,7 +8,8 @@
 # Needs (see www/README.md): chromium, node + npm, the wasm32-unknown-unknown
 # target, wasm-bindgen-cli 0.2.130, and the model (tests/fetch_models.sh).
 # Env: MODEL (default: tests/fetch_models.sh smollm2), BACKENDS ("cpu webgpu"),
-#      CLI_PROFILE (cargo profile of the reference CLI run, default release).
+#      CLI (a blockdraft binary for the reference run) or CLI_PROFILE (cargo
+#      profile to build one with, default release), PROFILE (of the wasm).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 WWW=$(dirname "$HERE")
@@ -19,7 +20,15 @@ N=16
 
 "$HERE/build.sh"
 [ -d "$WWW/node_modules/playwright-core" ] || (cd "$WWW" && npm ci --no-audit --no-fund)
-EXPECTED=$(cargo run -q --locked --profile "${CLI_PROFILE:-release}" -p blockdraft-cli \
-    --manifest-path "$ROOT/Cargo.toml" -- \
-    run -m "$MODEL" -p "$PROMPT" -n "$N" --temp 0 --json)
+# CLI: a built blockdraft binary (tests/run.sh passes the one its tests
+# built); otherwise cargo builds one.
+cli() {
+    if [ -n "${CLI:-}" ]; then
+        "$CLI" "$@"
+    else
+        cargo run -q --locked --profile "${CLI_PROFILE:-release}" -p blockdraft-cli \
+            --manifest-path "$ROOT/Cargo.toml" -- "$@"
+    fi
+}
+EXPECTED=$(cli run -m "$MODEL" -p "$PROMPT" -n "$N" --temp 0 --json)
 node "$HERE/browser.mjs" "$MODEL" "$PROMPT" "$N" "$EXPECTED" ${BACKENDS:-cpu webgpu}

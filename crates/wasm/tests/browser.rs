@@ -1,8 +1,8 @@
 //! The wgpu backend inside a real browser: headless Chromium's WebGPU (on
 //! SwiftShader in CI) through wasm-bindgen-test. The shared op conformance
 //! suite against the CPU backend compiled to the same wasm module; greedy
-//! generation of synthetic models of every architecture token-identical to
-//! the CPU backend; and greedy DFlash speculative decoding, drafted on the
+//! generation of synthetic qwen2 and gemma3 models token-identical to the
+//! CPU backend; and greedy DFlash speculative decoding, drafted on the
 //! device, identical to plain decoding. `tests/run.sh` runs it with
 //! `wasm-bindgen-test-runner` and chromedriver (flags in webdriver.json).
 #![cfg(target_arch = "wasm32")]
@@ -45,16 +45,18 @@ mod conformance {
 }
 
 #[wasm_bindgen_test]
-async fn every_architecture_generates_what_the_cpu_backend_generates() {
+async fn synthetic_models_generate_what_the_cpu_backend_generates() {
     let prompt = [3u32, 14, 15, 9, 26, 5, 35, 8, 9, 7];
-    for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
+    // The two norm/rope families (SwiftShader is slow; the native tests
+    // cover every architecture).
+    for arch in ["qwen2", "gemma3"] {
         let m = synthetic_decoder(arch, SyntheticDims::default(), 21);
         let file = GgufFile::from_bytes(m.bytes).unwrap();
         let gpu = load(&file, webgpu().await);
         let cpu = load(&file, CpuBackend::new(1));
         assert_eq!(
-            greedy_plain_async(&gpu, &prompt, 24).await,
-            greedy_plain_async(&cpu, &prompt, 24).await,
+            greedy_plain_async(&gpu, &prompt, 16).await,
+            greedy_plain_async(&cpu, &prompt, 16).await,
             "{arch}"
         );
         assert_eq!(gpu.backend.take_device_error(), None, "{arch}");
