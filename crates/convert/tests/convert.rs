@@ -40,22 +40,7 @@ fn target() -> Target {
 }
 
 fn spec() -> SyntheticDFlash {
-    SyntheticDFlash {
-        dims: SyntheticDims {
-            n_layer: 2,
-            n_embd: 48,
-            n_head: 4,
-            n_head_kv: 2,
-            head_dim: 16,
-            n_ff: 64,
-            n_vocab: 0,
-            window: 0,
-        },
-        target_layers: vec![1, 4, 7],
-        block_size: 8,
-        mask_token: 0,
-        matrix_type: GgmlType::F32,
-    }
+    SyntheticDFlash::small(48, vec![1, 4, 7], GgmlType::F32)
 }
 
 /// The geometry fields of `spec()` as a Qwen3 config.json.

@@ -180,6 +180,29 @@ pub struct SyntheticDFlash {
     pub matrix_type: GgmlType,
 }
 
+impl SyntheticDFlash {
+    /// The tests' usual drafter: two layers of 4 heads (2 KV heads) of 16,
+    /// block 8, mask token 0, no vocabulary of its own.
+    pub fn small(n_embd: usize, target_layers: Vec<i32>, matrix_type: GgmlType) -> Self {
+        SyntheticDFlash {
+            dims: SyntheticDims {
+                n_layer: 2,
+                n_embd,
+                n_head: 4,
+                n_head_kv: 2,
+                head_dim: 16,
+                n_ff: 64,
+                n_vocab: 0,
+                window: 0,
+            },
+            target_layers,
+            block_size: 8,
+            mask_token: 0,
+            matrix_type,
+        }
+    }
+}
+
 /// A random DFlash (v1) drafter without embeddings or head (borrowed from
 /// the target). `dims.n_vocab` is not written.
 pub fn synthetic_dflash(spec: &SyntheticDFlash, seed: u64) -> SyntheticModel {

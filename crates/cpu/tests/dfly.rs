@@ -33,25 +33,6 @@ fn synthetic_target() -> (Target, SyntheticModel) {
     (Target { file, dec }, m)
 }
 
-fn spec(n_embd: usize, target_layers: Vec<i32>, matrix_type: GgmlType) -> SyntheticDFlash {
-    SyntheticDFlash {
-        dims: SyntheticDims {
-            n_layer: 2,
-            n_embd,
-            n_head: 4,
-            n_head_kv: 2,
-            head_dim: 16,
-            n_ff: 64,
-            n_vocab: 0,
-            window: 0,
-        },
-        target_layers,
-        block_size: 8,
-        mask_token: 0,
-        matrix_type,
-    }
-}
-
 fn rms(x: &[f64], w: &[f32]) -> Vec<f64> {
     let s = (x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64 + EPS).sqrt();
     x.iter().zip(w).map(|(v, &w)| v / s * w as f64).collect()
@@ -90,7 +71,7 @@ fn prefill(t: &Target, file: &GgufFile, prompt: &[u32]) -> (DFlashDrafter<CpuBac
 #[test]
 fn fused_contexts_follow_layer_fusion_per_draft_layer() {
     let (t, _) = synthetic_target();
-    let s = spec(48, vec![1, 4, 7], GgmlType::F32);
+    let s = SyntheticDFlash::small(48, vec![1, 4, 7], GgmlType::F32);
     let m = synthetic_dfly(&s, false, 3);
     let file = GgufFile::from_bytes(m.bytes).unwrap();
     let prompt = [5u32, 17, 3, 42, 8];
@@ -139,7 +120,7 @@ fn fused_contexts_follow_layer_fusion_per_draft_layer() {
 #[test]
 fn correction_chain_matches_the_reference() {
     let (t, tm) = synthetic_target();
-    let s = spec(48, vec![1, 4, 7], GgmlType::F32);
+    let s = SyntheticDFlash::small(48, vec![1, 4, 7], GgmlType::F32);
     let m = synthetic_dfly(&s, true, 4);
     let file = GgufFile::from_bytes(m.bytes).unwrap();
     let prompt = [9u32, 2, 33, 14];
@@ -241,7 +222,7 @@ fn dfly_loading_rejects_broken_exports() {
         .map(|d| d.config.dfly.clone().unwrap().hidden_correction)
         .map_err(|e| e.to_string())
     };
-    let s = spec(48, vec![1, 4, 7], GgmlType::F32);
+    let s = SyntheticDFlash::small(48, vec![1, 4, 7], GgmlType::F32);
     let with = synthetic_dfly(&s, true, 5).bytes;
     assert_eq!(load(with.clone()), Ok(true));
     assert_eq!(load(synthetic_dfly(&s, false, 5).bytes), Ok(false));
@@ -288,7 +269,7 @@ fn greedy_matches_plain(t: &Target, drafter: &GgufFile, prompt: &[u32], n: usize
 fn dfly_greedy_is_identical_to_plain_on_a_synthetic_target() {
     let (t, _) = synthetic_target();
     for correction in [false, true] {
-        let s = spec(48, vec![1, 4, 7], GgmlType::F32);
+        let s = SyntheticDFlash::small(48, vec![1, 4, 7], GgmlType::F32);
         let file = GgufFile::from_bytes(synthetic_dfly(&s, correction, 6).bytes).unwrap();
         greedy_matches_plain(&t, &file, &[3, 14, 15, 9, 26, 5], 20);
     }
@@ -302,7 +283,7 @@ fn dfly_greedy_is_identical_to_plain_on_smollm2() {
     let file = GgufFile::open(path).unwrap();
     let dec = Decoder::load(&file, Arc::new(CpuBackend::new(2)), &mut |_| {}).unwrap();
     let t = Target { file, dec };
-    let s = spec(576, vec![1, 15, 30], GgmlType::Q8_0);
+    let s = SyntheticDFlash::small(576, vec![1, 15, 30], GgmlType::Q8_0);
     let drafter = GgufFile::from_bytes(synthetic_dfly(&s, true, 7).bytes).unwrap();
     greedy_matches_plain(&t, &drafter, &[1, 504, 3458, 282, 4649, 314], 16);
 }

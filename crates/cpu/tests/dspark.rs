@@ -33,22 +33,9 @@ fn synthetic_target() -> Target {
 }
 
 fn spec(n_embd: usize, n_vocab: usize, target_layers: Vec<i32>, ty: GgmlType) -> SyntheticDFlash {
-    SyntheticDFlash {
-        dims: SyntheticDims {
-            n_layer: 2,
-            n_embd,
-            n_head: 4,
-            n_head_kv: 2,
-            head_dim: 16,
-            n_ff: 64,
-            n_vocab,
-            window: 0,
-        },
-        target_layers,
-        block_size: 8,
-        mask_token: 0,
-        matrix_type: ty,
-    }
+    let mut spec = SyntheticDFlash::small(n_embd, target_layers, ty);
+    spec.dims.n_vocab = n_vocab;
+    spec
 }
 
 fn dspark(sample_from_anchor: bool, d2t: Option<Vec<i64>>) -> SyntheticDSpark {

@@ -71,22 +71,7 @@ async fn dflash_speculative_decoding_is_identical_to_plain() {
     let prompt = [3u32, 14, 15, 9, 26, 5, 3, 14, 15, 9];
     let n = 24;
     let want = greedy_plain_async(&dec, &prompt, n).await;
-    let spec = SyntheticDFlash {
-        dims: SyntheticDims {
-            n_layer: 2,
-            n_embd: 48,
-            n_head: 4,
-            n_head_kv: 2,
-            head_dim: 16,
-            n_ff: 64,
-            n_vocab: 0,
-            window: 0,
-        },
-        target_layers: vec![1, 4, 7],
-        block_size: 8,
-        mask_token: 0,
-        matrix_type: GgmlType::Q8_0,
-    };
+    let spec = SyntheticDFlash::small(48, vec![1, 4, 7], GgmlType::Q8_0);
     let drafter = GgufFile::from_bytes(synthetic_dflash(&spec, 5).bytes).unwrap();
     let mut d = DFlashDrafter::load(&drafter, &dec, &file, prompt.len() + n + 32, 32).unwrap();
     let before = dec.backend.counters();

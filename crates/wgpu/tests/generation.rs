@@ -87,29 +87,10 @@ fn plain_decoding_submits_once_and_reads_back_once_per_token() {
     eprintln!("dispatches per decoded token (7 layers): {per_token:.1}");
 }
 
-fn drafter_spec(n_embd: usize, target_layers: Vec<i32>, ty: GgmlType) -> SyntheticDFlash {
-    SyntheticDFlash {
-        dims: SyntheticDims {
-            n_layer: 2,
-            n_embd,
-            n_head: 4,
-            n_head_kv: 2,
-            head_dim: 16,
-            n_ff: 64,
-            n_vocab: 0,
-            window: 0,
-        },
-        target_layers,
-        block_size: 8,
-        mask_token: 0,
-        matrix_type: ty,
-    }
-}
-
 /// A tiny random drafter of every block variant for a synthetic target
 /// of `n_vocab` tokens.
 fn block_drafters(n_vocab: usize) -> [(&'static str, Vec<u8>); 4] {
-    let spec = drafter_spec(48, vec![1, 4, 7], GgmlType::F32);
+    let spec = SyntheticDFlash::small(48, vec![1, 4, 7], GgmlType::F32);
     let mut spec_v = spec.clone();
     spec_v.dims.n_vocab = n_vocab;
     let v2 = SyntheticDFlash2 {
@@ -432,7 +413,7 @@ fn speculative_decoding_of_a_real_model_is_identical_to_plain() {
     let prompt = PROMPTS[1];
     let n = 24;
     let want = greedy_plain(&dec, prompt, n);
-    let spec = drafter_spec(dec.config.n_embd, vec![1, 15, 30], GgmlType::Q8_0);
+    let spec = SyntheticDFlash::small(dec.config.n_embd, vec![1, 15, 30], GgmlType::Q8_0);
     let drafter = GgufFile::from_bytes(synthetic_dflash(&spec, 9).bytes).unwrap();
     let mut d = DFlashDrafter::load(&drafter, &dec, &file, prompt.len() + n + 32, 32).unwrap();
     let (got, stats) = greedy_speculative(&dec, &mut d, prompt, n, PolicyConfig::fixed(7));

@@ -155,29 +155,21 @@ impl DraftPolicy {
         }
     }
 
-    /// Estimated acceptance rate of slot `i` (0-based), Laplace-smoothed.
-    pub fn slot_rate(&self, i: usize) -> f64 {
-        let (a, t) = self.slots[i];
-        (a + 1.0) / (t + 2.0)
-    }
-
-    /// `slot_rate` plus one standard deviation of its Beta posterior.
+    /// Estimated acceptance rate of slot `i` (0-based): the Laplace-smoothed
+    /// mean plus `OPTIMISM` standard deviations of its Beta posterior.
     fn optimistic_slot_rate(&self, i: usize) -> f64 {
-        let (_, t) = self.slots[i];
-        let p = self.slot_rate(i);
+        let (a, t) = self.slots[i];
+        let p = (a + 1.0) / (t + 2.0);
         (p + OPTIMISM * (p * (1.0 - p) / (t + 3.0)).sqrt()).min(1.0)
     }
 
-    /// Expected tokens per round (accepted + 1) of a `k`-token draft.
-    pub fn expected_tokens(&self, k: usize) -> f64 {
-        self.expected_with(k, Self::slot_rate)
-    }
-
-    fn expected_with(&self, k: usize, rate: fn(&Self, usize) -> f64) -> f64 {
+    /// Expected tokens per round (accepted + 1) of a `k`-token draft, at
+    /// the optimistic rates.
+    fn expected_tokens(&self, k: usize) -> f64 {
         let mut e = 1.0;
         let mut p = 1.0;
         for i in 0..k.min(self.slots.len()) {
-            p *= rate(self, i);
+            p *= self.optimistic_slot_rate(i);
             e += p;
         }
         e
@@ -231,7 +223,7 @@ impl DraftPolicy {
         }
         let mut best = (0, 1.0 / t1);
         for k in self.config.n_min.max(1)..=n_max {
-            let rate = self.expected_with(k, Self::optimistic_slot_rate)
+            let rate = self.expected_tokens(k)
                 / (self.draft_estimate(k) + self.verify_estimate(k + 1, t1));
             if rate > best.1 {
                 best = (k, rate);

@@ -38,18 +38,27 @@ impl<B: Backend> DraftModelDrafter<B> {
         seen
     }
 
-    /// Feeds the committed tokens this model has not seen, leaving the
-    /// logits of the last one; returns how many tokens may be drafted.
-    fn feed_unseen(&mut self, history: &[u32], n_max: usize) -> Result<usize, ModelError> {
+    /// Feeds the committed tokens before `upto` that this model has not
+    /// seen; returns how many.
+    fn feed_upto(&mut self, history: &[u32], upto: usize) -> Result<usize, ModelError> {
         let seen = self.seen(history);
-        let n_ctx = self.state.kv.capacity();
-        let n_max = n_max.min(n_ctx.saturating_sub(history.len()));
-        if n_max == 0 {
+        if upto <= seen {
             return Ok(0);
         }
-        for chunk in history[seen..].chunks(self.state.max_batch()) {
+        for chunk in history[seen..upto].chunks(self.state.max_batch()) {
             self.model
                 .forward(&mut self.state, chunk, LogitRows::Last, true, None)?;
+        }
+        Ok(upto - seen)
+    }
+
+    /// Feeds every committed token this model has not seen, leaving the
+    /// logits of the last one; returns how many tokens may be drafted.
+    fn feed_unseen(&mut self, history: &[u32], n_max: usize) -> Result<usize, ModelError> {
+        let n_ctx = self.state.kv.capacity();
+        let n_max = n_max.min(n_ctx.saturating_sub(history.len()));
+        if n_max > 0 {
+            self.feed_upto(history, history.len())?;
         }
         Ok(n_max)
     }
@@ -65,19 +74,11 @@ impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
     /// accepted one leaves the model two behind, and its draft takes both
     /// in one batch, so a steady round's cost stays in the draft.
     fn catch_up(&mut self, history: &[u32]) -> Result<usize, ModelError> {
-        let seen = self.seen(history);
         let upto = history
             .len()
             .saturating_sub(2)
             .min(self.state.kv.capacity());
-        if upto <= seen {
-            return Ok(0);
-        }
-        for chunk in history[seen..upto].chunks(self.state.max_batch()) {
-            self.model
-                .forward(&mut self.state, chunk, LogitRows::Last, true, None)?;
-        }
-        Ok(upto - seen)
+        self.feed_upto(history, upto)
     }
 
     async fn propose(
