@@ -1,7 +1,7 @@
 // The engine on this thread, over the wasm module. The Web Worker runs this
 // file's LocalEngine; `createEngine({ worker: false })` runs it in the page.
 
-import init, { Engine, GgufBytes, take_panic_message } from '../pkg/blockdraft_wasm.js';
+import init, { EngineBuilder, take_panic_message } from '../pkg/blockdraft_wasm.js';
 import { BlockdraftError, toBlockdraftError } from './errors.js';
 import { readSource } from './source.js';
 
@@ -14,22 +14,37 @@ function initWasm(wasmUrl) {
 
 const asError = (e) => toBlockdraftError(e, take_panic_message);
 
-// A model source as GgufBytes, reporting { phase: 'download', what, loaded, total }.
-async function toGgufBytes(source, what, signal, onProgress) {
-  let bytes = null;
-  try {
-    await readSource(source, {
+const SPLIT = /^(.*)-00001-of-(\d{5})\.gguf((?:[?#].*)?)$/;
+
+// The files of a source, in order: an array is a split set's parts; the
+// URL of a first part (`…-00001-of-0000N.gguf`) stands for all N parts,
+// named as llama.cpp's gguf-split names them.
+export function sourceParts(source) {
+  if (Array.isArray(source)) {
+    if (source.length === 0) throw new BlockdraftError('invalid_argument', 'an array of model parts must not be empty');
+    return source;
+  }
+  const url = typeof source === 'string' ? source : (source instanceof URL ? source.href : null);
+  const m = url === null ? null : SPLIT.exec(url);
+  if (!m) return [source];
+  const count = Number(m[2]);
+  return Array.from({ length: count }, (_, i) => `${m[1]}-${String(i + 1).padStart(5, '0')}-of-${m[2]}.gguf${m[3]}`);
+}
+
+// Streams every part of `source` into the builder as `what`, reporting
+// { phase: 'download', what, loaded, total, part, parts }.
+async function streamInto(builder, what, source, signal, onProgress) {
+  const parts = sourceParts(source);
+  for (const [i, part] of parts.entries()) {
+    await readSource(part, {
       what,
       signal,
-      onStart: (total) => { bytes = new GgufBytes(total ?? undefined); },
-      push: (chunk) => bytes.push(chunk),
-      onBytes: (loaded, total) => onProgress({ phase: 'download', what, loaded, total }),
+      onStart: (total) => builder.begin(what, total ?? undefined),
+      push: (chunk) => builder.push(chunk),
+      onBytes: (loaded, total) => onProgress({ phase: 'download', what, loaded, total, part: i + 1, parts: parts.length }),
     });
-  } catch (e) {
-    bytes?.free();
-    throw e.name === 'AbortError' ? e : asError(e);
+    builder.end();
   }
-  return bytes;
 }
 
 export class LocalEngine {
@@ -51,22 +66,26 @@ export class LocalEngine {
     } catch (e) {
       throw new BlockdraftError('internal', `cannot load blockdraft's WebAssembly module: ${e.message}`);
     }
-    const modelBytes = await toGgufBytes(model, 'model', signal, onProgress);
-    let drafterBytes;
+    let builder;
     try {
-      if (drafter !== undefined && drafter !== null && drafter !== 'ngram') {
-        drafterBytes = await toGgufBytes(drafter, 'drafter', signal, onProgress);
-      }
-    } catch (e) {
-      modelBytes.free();
-      throw e;
-    }
-    try {
-      const engine = await Engine.load(modelBytes, backend, drafterBytes, drafter === 'ngram',
-        (loaded, total) => onProgress({ phase: 'upload', what: 'weights', loaded, total }));
-      return new LocalEngine(engine);
+      builder = await EngineBuilder.create(backend);
     } catch (e) {
       throw asError(e);
+    }
+    try {
+      // Weights go to the backend tensor by tensor as they arrive.
+      await streamInto(builder, 'model', model, signal, onProgress);
+      const ngram = drafter === 'ngram';
+      if (drafter !== undefined && drafter !== null && !ngram) {
+        await streamInto(builder, 'drafter', drafter, signal, onProgress);
+      }
+      // build() consumes the builder, also when it fails.
+      const b = builder;
+      builder = null;
+      return new LocalEngine(b.build(ngram));
+    } catch (e) {
+      builder?.free();
+      throw e.name === 'AbortError' ? e : asError(e);
     }
   }
 

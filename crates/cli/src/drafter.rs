@@ -61,7 +61,7 @@ pub fn build<B: Backend>(
             None => anyhow::bail!("unknown drafter `{spec}`"),
         };
         let file = random_dflash(&target.decoder.config, layers);
-        let d = DFlashDrafter::load(&file, &target.decoder, &target.file, n_ctx, max_batch)?;
+        let d = DFlashDrafter::load(&file, &target.decoder, n_ctx, max_batch)?;
         return Ok(Box::new(d));
     }
     if !(0.0..=1.0).contains(&args.p_min) {
@@ -74,7 +74,7 @@ pub fn build<B: Backend>(
         .get_str("general.architecture")
         .with_context(|| format!("drafter {spec}"))?;
     if arch == "dflash" {
-        let mut d = DFlashDrafter::load(&file, &target.decoder, &target.file, n_ctx, max_batch)
+        let mut d = DFlashDrafter::load(&file, &target.decoder, n_ctx, max_batch)
             .with_context(|| format!("cannot load DFlash drafter {spec}"))?;
         d.p_min = args.p_min;
         return Ok(Box::new(d));

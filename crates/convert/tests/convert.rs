@@ -28,7 +28,6 @@ const TARGET: TargetGeometry = TargetGeometry {
 };
 
 struct Target {
-    file: GgufFile,
     dec: Decoder<CpuBackend>,
 }
 
@@ -36,7 +35,7 @@ fn target() -> Target {
     let m = synthetic_decoder("qwen3", SyntheticDims::default(), 11);
     let file = GgufFile::from_bytes(m.bytes).unwrap();
     let dec = Decoder::load(&file, Arc::new(CpuBackend::new(2)), &mut |_| {}).unwrap();
-    Target { file, dec }
+    Target { dec }
 }
 
 fn spec() -> SyntheticDFlash {
@@ -200,7 +199,7 @@ fn assert_same_file(converted: &GgufFile, direct: &GgufFile) {
 
 /// Block logits of a drafter after a prefill of the target.
 fn block_logits(t: &Target, file: &GgufFile) -> Vec<f32> {
-    let mut d = DFlashDrafter::load(file, &t.dec, &t.file, 64, 16).unwrap();
+    let mut d = DFlashDrafter::load(file, &t.dec, 64, 16).unwrap();
     let be = &*t.dec.backend;
     let mut taps = Taps::new(be, &t.dec.config, &d.config.target_layers, 16).unwrap();
     let mut state = t.dec.new_state(64, 16);
@@ -315,7 +314,7 @@ fn dflash2_equals_the_directly_written_gguf() {
     assert_eq!(md.get_u32("dflash.conv_group_size").unwrap(), 16);
     assert_eq!(md.get_u32("dflash.selector_rank").unwrap(), 8);
     assert_eq!(md.get_u32("dflash.selector_top_k").unwrap(), 2);
-    let d = DFlashDrafter::load(&converted, &t.dec, &t.file, 64, 16).unwrap();
+    let d = DFlashDrafter::load(&converted, &t.dec, 64, 16).unwrap();
     assert!(d.config.v2.is_some());
     assert_eq!(block_logits(&t, &converted), block_logits(&t, &direct));
 }
@@ -689,7 +688,7 @@ fn golden_round_trip(gguf: &str, json_file: &str, v2_fields: Option<Value>) {
 
     let tfile = GgufFile::open(fixtures.join("target-qwen3.gguf")).unwrap();
     let target = Decoder::load(&tfile, Arc::new(CpuBackend::new(1)), &mut |_| {}).unwrap();
-    let mut d = DFlashDrafter::load(&converted, &target, &tfile, 64, 16).unwrap();
+    let mut d = DFlashDrafter::load(&converted, &target, 64, 16).unwrap();
     assert_eq!(d.config.v2.is_some(), json_file.contains("v2"));
     let be = &*target.backend;
     let mut taps = Taps::new(be, &target.config, &d.config.target_layers, 16).unwrap();

@@ -29,6 +29,8 @@ pub enum ModelError {
     TapOutOfRange { layer: usize, n_layer: usize },
     #[error("{0}")]
     Usage(String),
+    #[error("out of memory: {what} needs {bytes} bytes")]
+    OutOfMemory { what: String, bytes: u64 },
 }
 
 impl ModelError {

@@ -29,7 +29,7 @@ fn dflash2_matches_the_pytorch_reference() {
     let target = Decoder::load(&tfile, be.clone(), &mut |_| {}).unwrap();
     let prompt = ids(&g["prompt_ids"]);
 
-    let mut drafter = DFlashDrafter::load(&dfile, &target, &tfile, 64, 16).unwrap();
+    let mut drafter = DFlashDrafter::load(&dfile, &target, 64, 16).unwrap();
     let v2 = drafter.config.v2.clone().expect("detected as DFlash2");
     assert_eq!(
         (
@@ -93,7 +93,7 @@ fn dflash2_matches_the_pytorch_reference() {
     // The reference's end-to-end greedy run, round by round.
     let e2e = &g["e2e"];
     let n_new = e2e["max_new_tokens"].as_u64().unwrap() as usize;
-    let mut drafter = DFlashDrafter::load(&dfile, &target, &tfile, 64, 16).unwrap();
+    let mut drafter = DFlashDrafter::load(&dfile, &target, 64, 16).unwrap();
     let mut state = target.new_state(64, 16);
     let mut policy = DraftPolicy::new(PolicyConfig::fixed(7));
     let mut rounds = Vec::new();
@@ -213,7 +213,7 @@ fn dflash2_loading_rejects_bad_conv_and_selector_metadata() {
             w.add_tensor(t.name.clone(), &t.dims, t.ty, data).unwrap();
         }
         let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
-        DFlashDrafter::load(&file, &target, &tfile, 64, 16)
+        DFlashDrafter::load(&file, &target, 64, 16)
             .map(|_| ())
             .map_err(|e| e.to_string())
     };

@@ -29,7 +29,7 @@ fn dflash_v1_matches_the_pytorch_reference() {
     let p = prompt.len();
 
     // Target prefill with taps at the drafter's layers.
-    let mut drafter = DFlashDrafter::load(&dfile, &target, &tfile, 64, 16).unwrap();
+    let mut drafter = DFlashDrafter::load(&dfile, &target, 64, 16).unwrap();
     assert_eq!(drafter.config.target_layers, vec![2, 4]);
     let mut taps = Taps::new(&*be, &target.config, &drafter.config.target_layers, 16).unwrap();
     let mut state = target.new_state(64, 16);
@@ -58,7 +58,7 @@ fn dflash_v1_matches_the_pytorch_reference() {
     // The reference's end-to-end greedy run, round by round.
     let e2e = &g["e2e"];
     let n_new = e2e["max_new_tokens"].as_u64().unwrap() as usize;
-    let mut drafter = DFlashDrafter::load(&dfile, &target, &tfile, 64, 16).unwrap();
+    let mut drafter = DFlashDrafter::load(&dfile, &target, 64, 16).unwrap();
     let mut state = target.new_state(64, 16);
     let mut policy = DraftPolicy::new(PolicyConfig::fixed(7));
     let mut rounds = Vec::new();

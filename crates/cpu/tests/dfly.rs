@@ -22,7 +22,6 @@ use std::sync::Arc;
 const EPS: f64 = 1e-6;
 
 struct Target {
-    file: GgufFile,
     dec: Decoder<CpuBackend>,
 }
 
@@ -30,7 +29,7 @@ fn synthetic_target() -> (Target, SyntheticModel) {
     let m = synthetic_decoder("qwen3", SyntheticDims::default(), 11);
     let file = GgufFile::from_bytes(m.bytes.clone()).unwrap();
     let dec = Decoder::load(&file, Arc::new(CpuBackend::new(2)), &mut |_| {}).unwrap();
-    (Target { file, dec }, m)
+    (Target { dec }, m)
 }
 
 fn rms(x: &[f64], w: &[f32]) -> Vec<f64> {
@@ -57,7 +56,7 @@ fn max_err(a: &[f32], b: &[f64]) -> f64 {
 
 /// Prefills the target with taps and injects them into a fresh drafter.
 fn prefill(t: &Target, file: &GgufFile, prompt: &[u32]) -> (DFlashDrafter<CpuBackend>, Vec<f32>) {
-    let mut d = DFlashDrafter::load(file, &t.dec, &t.file, 64, 16).unwrap();
+    let mut d = DFlashDrafter::load(file, &t.dec, 64, 16).unwrap();
     let be = &*t.dec.backend;
     let mut taps = Taps::new(be, &t.dec.config, &d.config.target_layers, 16).unwrap();
     let mut state = t.dec.new_state(64, 16);
@@ -212,15 +211,9 @@ fn rewrite(base: &GgufFile, drop: &[&str], add: &[(&str, Vec<u64>)]) -> Vec<u8> 
 fn dfly_loading_rejects_broken_exports() {
     let (t, _) = synthetic_target();
     let load = |bytes: Vec<u8>| {
-        DFlashDrafter::load(
-            &GgufFile::from_bytes(bytes).unwrap(),
-            &t.dec,
-            &t.file,
-            64,
-            16,
-        )
-        .map(|d| d.config.dfly.clone().unwrap().hidden_correction)
-        .map_err(|e| e.to_string())
+        DFlashDrafter::load(&GgufFile::from_bytes(bytes).unwrap(), &t.dec, 64, 16)
+            .map(|d| d.config.dfly.clone().unwrap().hidden_correction)
+            .map_err(|e| e.to_string())
     };
     let s = SyntheticDFlash::small(48, vec![1, 4, 7], GgmlType::F32);
     let with = synthetic_dfly(&s, true, 5).bytes;
@@ -259,7 +252,7 @@ fn dfly_loading_rejects_broken_exports() {
 
 fn greedy_matches_plain(t: &Target, drafter: &GgufFile, prompt: &[u32], n: usize) {
     let want = greedy_plain(&t.dec, prompt, n);
-    let mut d = DFlashDrafter::load(drafter, &t.dec, &t.file, prompt.len() + n + 32, 32).unwrap();
+    let mut d = DFlashDrafter::load(drafter, &t.dec, prompt.len() + n + 32, 32).unwrap();
     let (got, stats) = greedy_speculative(&t.dec, &mut d, prompt, n, PolicyConfig::fixed(16));
     assert_eq!(got, want);
     assert!(stats.rounds > 0);
@@ -282,7 +275,7 @@ fn dfly_greedy_is_identical_to_plain_on_smollm2() {
     };
     let file = GgufFile::open(path).unwrap();
     let dec = Decoder::load(&file, Arc::new(CpuBackend::new(2)), &mut |_| {}).unwrap();
-    let t = Target { file, dec };
+    let t = Target { dec };
     let s = SyntheticDFlash::small(576, vec![1, 15, 30], GgmlType::Q8_0);
     let drafter = GgufFile::from_bytes(synthetic_dfly(&s, true, 7).bytes).unwrap();
     greedy_matches_plain(&t, &drafter, &[1, 504, 3458, 282, 4649, 314], 16);

@@ -21,7 +21,6 @@ use std::sync::Arc;
 const N_VOCAB: usize = 61;
 
 struct Target {
-    file: GgufFile,
     dec: Decoder<CpuBackend>,
 }
 
@@ -29,7 +28,7 @@ fn synthetic_target() -> Target {
     let m = synthetic_decoder("qwen3", SyntheticDims::default(), 11);
     let file = GgufFile::from_bytes(m.bytes).unwrap();
     let dec = Decoder::load(&file, Arc::new(CpuBackend::new(2)), &mut |_| {}).unwrap();
-    Target { file, dec }
+    Target { dec }
 }
 
 fn spec(n_embd: usize, n_vocab: usize, target_layers: Vec<i32>, ty: GgmlType) -> SyntheticDFlash {
@@ -67,7 +66,7 @@ fn close(a: f32, b: f64) -> bool {
 
 fn load(t: &Target, bytes: Vec<u8>) -> Result<DFlashDrafter<CpuBackend>, String> {
     let file = GgufFile::from_bytes(bytes).unwrap();
-    DFlashDrafter::load(&file, &t.dec, &t.file, 64, 16).map_err(|e| e.to_string())
+    DFlashDrafter::load(&file, &t.dec, 64, 16).map_err(|e| e.to_string())
 }
 
 /// Prefills the target with taps and injects them into `d`.
@@ -287,7 +286,7 @@ fn d2t_scatters_draft_rows_to_target_ids() {
 fn greedy_matches_plain(t: &Target, drafter: SyntheticModel, prompt: &[u32], n: usize) {
     let drafter = GgufFile::from_bytes(drafter.bytes).unwrap();
     let want = greedy_plain(&t.dec, prompt, n);
-    let mut d = DFlashDrafter::load(&drafter, &t.dec, &t.file, prompt.len() + n + 32, 32).unwrap();
+    let mut d = DFlashDrafter::load(&drafter, &t.dec, prompt.len() + n + 32, 32).unwrap();
     let (got, stats) = greedy_speculative(&t.dec, &mut d, prompt, n, PolicyConfig::fixed(16));
     assert_eq!(got, want);
     assert!(stats.rounds > 0);
@@ -316,7 +315,7 @@ fn greedy_is_identical_to_plain_on_smollm2() {
     let file = GgufFile::open(path).unwrap();
     let dec = Decoder::load(&file, Arc::new(CpuBackend::new(2)), &mut |_| {}).unwrap();
     let n_vocab = dec.config.n_vocab;
-    let t = Target { file, dec };
+    let t = Target { dec };
     let s = spec(576, n_vocab, vec![1, 15, 30], GgmlType::Q8_0);
     let prompt = [1, 504, 3458, 282, 4649, 314];
     let m = synthetic_dspark(&s, &dspark(true, None), 11);

@@ -26,14 +26,13 @@ const QWEN05: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 const QWEN15: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
 
 struct Target {
-    file: GgufFile,
     dec: Arc<Decoder<CpuBackend>>,
 }
 
 fn load(path: &std::path::Path) -> Target {
     let file = GgufFile::open(path).unwrap();
     let dec = Arc::new(Decoder::load(&file, Arc::new(CpuBackend::new(2)), &mut |_| {}).unwrap());
-    Target { file, dec }
+    Target { dec }
 }
 
 /// Prompts as token ids; some repetitive so n-gram lookup has something to find.
@@ -173,8 +172,7 @@ fn dflash_greedy_is_identical_to_plain_on_llama_and_qwen2_targets() {
             {
                 let want = greedy_plain(&t.dec, prompt, 16);
                 let mut d =
-                    DFlashDrafter::load(&drafter_file, &t.dec, &t.file, prompt.len() + 64, 32)
-                        .unwrap();
+                    DFlashDrafter::load(&drafter_file, &t.dec, prompt.len() + 64, 32).unwrap();
                 let (got, stats) =
                     greedy_speculative(&t.dec, &mut d, prompt, 16, PolicyConfig::fixed(16));
                 assert_eq!(got, want, "{model}, block {block}");
@@ -212,8 +210,7 @@ fn dflash2_greedy_is_identical_to_plain_on_smollm2_with_full_and_reduced_heads()
     ];
     for (drafter_file, prompt) in files.iter().zip(prompts(t.dec.config.n_vocab).iter()) {
         let want = greedy_plain(&t.dec, prompt, 16);
-        let mut d =
-            DFlashDrafter::load(drafter_file, &t.dec, &t.file, prompt.len() + 64, 32).unwrap();
+        let mut d = DFlashDrafter::load(drafter_file, &t.dec, prompt.len() + 64, 32).unwrap();
         assert!(d.config.v2.is_some());
         let reduced = std::ptr::eq(drafter_file, &files[1]);
         assert_eq!(d.config.d2t.as_ref().map(Vec::len), reduced.then_some(4096));
@@ -243,7 +240,7 @@ fn dflash_loading_rejects_mismatches() {
         matrix_type: GgmlType::F32,
     };
     let load = |bytes: Vec<u8>| {
-        DFlashDrafter::load(&GgufFile::from_bytes(bytes).unwrap(), &tdec, &tfile, 64, 16)
+        DFlashDrafter::load(&GgufFile::from_bytes(bytes).unwrap(), &tdec, 64, 16)
             .map(|_| ())
             .map_err(|e| e.to_string())
     };

@@ -14,11 +14,12 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum GgufError {
     /// Wraps any other error with the path of the file it came from.
-    #[error("{}: {source}", path.display())]
+    /// (The inner error is in the message, not a `source()`, so that error
+    /// chains do not print it twice.)
+    #[error("{}: {error}", path.display())]
     File {
         path: PathBuf,
-        #[source]
-        source: Box<GgufError>,
+        error: Box<GgufError>,
     },
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
@@ -107,6 +108,8 @@ pub enum GgufError {
     UnsupportedType { what: String, ty: crate::GgmlType },
     #[error("stream: {0}")]
     Stream(String),
+    #[error("split GGUF: {0}")]
+    Split(String),
 }
 
 /// A coarse, `Copy` classification of [`GgufError`], handy for tests and for
@@ -141,11 +144,12 @@ pub enum ErrorKind {
     BadLength,
     UnsupportedType,
     Stream,
+    Split,
 }
 
 impl ErrorKind {
     /// All kinds, for lookups by name.
-    pub const ALL: [ErrorKind; 27] = [
+    pub const ALL: [ErrorKind; 28] = [
         ErrorKind::Io,
         ErrorKind::Truncated,
         ErrorKind::BadMagic,
@@ -173,6 +177,7 @@ impl ErrorKind {
         ErrorKind::BadLength,
         ErrorKind::UnsupportedType,
         ErrorKind::Stream,
+        ErrorKind::Split,
     ];
 
     /// snake_case name, used e.g. in the malformed-file corpus file names.
@@ -206,6 +211,7 @@ impl ErrorKind {
             BadLength => "bad_length",
             UnsupportedType => "unsupported_type",
             Stream => "stream",
+            Split => "split",
         }
     }
 
@@ -219,7 +225,7 @@ impl GgufError {
     pub fn kind(&self) -> ErrorKind {
         use GgufError as E;
         match self {
-            E::File { source, .. } => source.kind(),
+            E::File { error, .. } => error.kind(),
             E::Io(_) => ErrorKind::Io,
             E::Truncated { .. } => ErrorKind::Truncated,
             E::BadMagic { .. } => ErrorKind::BadMagic,
@@ -247,6 +253,7 @@ impl GgufError {
             E::BadLength { .. } => ErrorKind::BadLength,
             E::UnsupportedType { .. } => ErrorKind::UnsupportedType,
             E::Stream(_) => ErrorKind::Stream,
+            E::Split(_) => ErrorKind::Split,
         }
     }
 
@@ -257,7 +264,7 @@ impl GgufError {
             (_, e @ GgufError::File { .. }) => e,
             (Some(p), e) => GgufError::File {
                 path: p.to_path_buf(),
-                source: Box::new(e),
+                error: Box::new(e),
             },
             (None, e) => e,
         }

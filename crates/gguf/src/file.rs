@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crate::error::{GgufError, Result};
 use crate::parse::{parse_header, validate_layout, GgufHeader, Halt, TensorInfo};
+use crate::split::{check_split_set, split_paths, SplitInfo};
 use crate::value::Metadata;
 use crate::GgmlType;
 
@@ -29,15 +30,27 @@ impl Backing {
     }
 }
 
-struct Inner {
+/// One file of a model: the whole model, or one part of a split set.
+#[derive(Clone)]
+struct Part {
     backing: Arc<Backing>,
     path: Option<Arc<Path>>,
+    data_offset: u64,
+}
+
+#[derive(Clone)]
+struct Inner {
+    parts: Vec<Part>,
+    /// The first part's header, with the tensors of every part.
     header: GgufHeader,
+    /// Index in `parts` of each tensor in `header.tensors`.
+    tensor_part: Vec<usize>,
     /// Tensor name → index in `header.tensors`.
     by_name: HashMap<String, usize>,
 }
 
-/// A parsed GGUF file (v2 or v3, little-endian).
+/// A parsed GGUF file (v2 or v3, little-endian), or a split set of them
+/// read as one.
 ///
 /// Cloning is cheap (one `Arc`). The header is parsed and every tensor's
 /// placement validated up front, so [`GgufFile::tensor_data`] only slices.
@@ -49,7 +62,8 @@ pub struct GgufFile {
 impl fmt::Debug for GgufFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GgufFile")
-            .field("path", &self.inner.path)
+            .field("path", &self.path())
+            .field("n_parts", &self.inner.parts.len())
             .field("version", &self.inner.header.version)
             .field("n_metadata", &self.inner.header.metadata.len())
             .field("n_tensors", &self.inner.header.tensors.len())
@@ -58,18 +72,79 @@ impl fmt::Debug for GgufFile {
 }
 
 impl GgufFile {
-    /// Memory-maps and parses the file at `path`.
+    /// Memory-maps and parses the file at `path`. For the first part of a
+    /// split set (`model-00001-of-00003.gguf`) the other parts, named the
+    /// same way beside it, are opened too and read as one file.
     ///
     /// The map is read-only; as with any mmap, the file must not be truncated
     /// or rewritten while this value (or any [`TensorData`]) is alive.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref();
+        let first = Self::open_one(path)?;
+        let Some(info) = SplitInfo::from_metadata(first.metadata()).map_err(|e| first.err(e))?
+        else {
+            return Ok(first);
+        };
+        let wrap = |m: String| GgufError::Split(m).in_file(Some(path));
+        if info.no != 0 {
+            return Err(wrap(format!(
+                "this is part {} of {}; open the first part (…-00001-of-{:05}.gguf)",
+                info.no + 1,
+                info.count,
+                info.count
+            )));
+        }
+        let paths = split_paths(path).ok_or_else(|| {
+            wrap("the file name does not follow the split naming (name-00001-of-0000N.gguf), so the other parts cannot be found".into())
+        })?;
+        let mut parts = vec![first];
+        for p in &paths[1..] {
+            parts.push(Self::open_one(p)?);
+        }
+        Self::from_parts(parts)
+    }
+
+    fn open_one(path: &Path) -> Result<GgufFile> {
         let wrap = |e: GgufError| e.in_file(Some(path));
         let file = std::fs::File::open(path).map_err(|e| wrap(e.into()))?;
         // SAFETY: the map is read-only and we never hand out `&mut`; the
         // caller is told not to modify the file while it is open.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| wrap(e.into()))?;
         Self::from_backing(Backing::Mmap(map), Some(Arc::from(path)))
+    }
+
+    /// Reads the parts of a split set, in order, as one file.
+    pub fn from_parts(parts: Vec<GgufFile>) -> Result<GgufFile> {
+        let mut keys = Vec::with_capacity(parts.len());
+        for p in &parts {
+            if p.inner.parts.len() != 1 {
+                return Err(GgufError::Split("a part is itself a split set".into()));
+            }
+            let info = SplitInfo::from_metadata(p.metadata()).map_err(|e| p.err(e))?;
+            keys.push((info, p.tensors().len()));
+        }
+        check_split_set(&keys)?;
+        let mut parts = parts.into_iter();
+        let Some(first) = parts.next() else {
+            return Err(GgufError::Split("no files".into()));
+        };
+        let mut merged = Arc::unwrap_or_clone(first.inner);
+        for part in parts {
+            let inner = Arc::unwrap_or_clone(part.inner);
+            let at = merged.parts.len();
+            for t in inner.header.tensors {
+                let index = merged.header.tensors.len();
+                if merged.by_name.insert(t.name.clone(), index).is_some() {
+                    return Err(GgufError::DuplicateTensor { tensor: t.name });
+                }
+                merged.header.tensors.push(t);
+                merged.tensor_part.push(at);
+            }
+            merged.parts.extend(inner.parts);
+        }
+        Ok(GgufFile {
+            inner: Arc::new(merged),
+        })
     }
 
     /// Parses a file held in memory (e.g. fetched over the network).
@@ -111,10 +186,15 @@ impl GgufFile {
             .enumerate()
             .map(|(i, t)| (t.name.clone(), i))
             .collect();
+        let data_offset = header.data_offset;
         Ok(GgufFile {
             inner: Arc::new(Inner {
-                backing: Arc::new(backing),
-                path,
+                parts: vec![Part {
+                    backing: Arc::new(backing),
+                    path,
+                    data_offset,
+                }],
+                tensor_part: vec![0; header.tensors.len()],
                 header,
                 by_name,
             }),
@@ -123,7 +203,12 @@ impl GgufFile {
 
     /// The path given to [`GgufFile::open`], if any.
     pub fn path(&self) -> Option<&Path> {
-        self.inner.path.as_deref()
+        self.inner.parts[0].path.as_deref()
+    }
+
+    /// Files read as this one: 1, or the parts of a split set.
+    pub fn n_parts(&self) -> usize {
+        self.inner.parts.len()
     }
 
     pub fn version(&self) -> u32 {
@@ -166,14 +251,14 @@ impl GgufFile {
         &self.inner.header
     }
 
-    /// Absolute file offset of the data section.
+    /// Absolute file offset of the data section (of the first part).
     pub fn data_offset(&self) -> u64 {
         self.inner.header.data_offset
     }
 
-    /// The whole file's bytes (mapped or owned).
+    /// The whole file's bytes, mapped or owned (the first part's).
     pub fn bytes(&self) -> &[u8] {
-        self.inner.backing.bytes()
+        self.inner.parts[0].backing.bytes()
     }
 
     fn err(&self, e: GgufError) -> GgufError {
@@ -182,54 +267,54 @@ impl GgufFile {
 
     /// The bytes of tensor `name`, without copying.
     pub fn tensor_data(&self, name: &str) -> Result<TensorData> {
-        let info = self.tensor(name).ok_or_else(|| {
+        let index = self.tensor_index(name).ok_or_else(|| {
             self.err(GgufError::MissingTensor {
                 tensor: name.to_string(),
             })
         })?;
-        self.data_for(info)
+        self.tensor_data_at(index)
     }
 
     /// The bytes of the tensor at `index` in [`GgufFile::tensors`].
     pub fn tensor_data_at(&self, index: usize) -> Result<TensorData> {
-        let info = self.tensors().get(index).ok_or_else(|| {
-            self.err(GgufError::MissingTensor {
+        let (Some(info), Some(&part)) =
+            (self.tensors().get(index), self.inner.tensor_part.get(index))
+        else {
+            return Err(self.err(GgufError::MissingTensor {
                 tensor: format!("#{index}"),
-            })
-        })?;
-        self.data_for(info)
-    }
-
-    fn data_for(&self, info: &TensorInfo) -> Result<TensorData> {
+            }));
+        };
+        let part = &self.inner.parts[part];
+        let err = |e: GgufError| e.in_file(part.path.as_deref());
         // Layout was validated at open; recheck with checked ops anyway so a
         // hand-edited TensorInfo can never slice out of bounds.
-        let len = self.bytes().len() as u64;
+        let len = part.backing.bytes().len() as u64;
         if info.n_bytes == 0 {
             // A zero-size tensor may sit past the end of a file that has no
             // data section at all; it is an empty slice either way.
-            let at = self.data_offset().saturating_add(info.offset).min(len) as usize;
+            let at = part.data_offset.saturating_add(info.offset).min(len) as usize;
             return Ok(TensorData {
-                backing: self.inner.backing.clone(),
+                backing: part.backing.clone(),
                 range: at..at,
                 ty: info.ty,
                 dims: info.dims.clone(),
             });
         }
-        let range = self
-            .data_offset()
+        let range = part
+            .data_offset
             .checked_add(info.offset)
             .and_then(|s| s.checked_add(info.n_bytes).map(|e| s..e))
             .filter(|r| r.end <= len)
             .ok_or_else(|| {
-                self.err(GgufError::TensorOutOfBounds {
+                err(GgufError::TensorOutOfBounds {
                     tensor: info.name.clone(),
                     offset: info.offset,
                     end: info.offset.saturating_add(info.n_bytes),
-                    data_len: len.saturating_sub(self.data_offset()),
+                    data_len: len.saturating_sub(part.data_offset),
                 })
             })?;
         Ok(TensorData {
-            backing: self.inner.backing.clone(),
+            backing: part.backing.clone(),
             range: range.start as usize..range.end as usize,
             ty: info.ty,
             dims: info.dims.clone(),
@@ -260,6 +345,28 @@ impl fmt::Debug for TensorData {
 }
 
 impl TensorData {
+    /// A tensor held on its own, e.g. assembled from a stream: `bytes` must
+    /// be exactly the size that `ty` and `dims` imply.
+    pub fn from_vec(ty: GgmlType, dims: Vec<u64>, bytes: Vec<u8>) -> Result<TensorData> {
+        let n = dims
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .and_then(|n| ty.bytes_for(n));
+        if n != Some(bytes.len() as u64) {
+            return Err(GgufError::BadLength {
+                what: format!("{ty} tensor of dims {dims:?}"),
+                expected: n.unwrap_or(u64::MAX),
+                found: bytes.len() as u64,
+            });
+        }
+        Ok(TensorData {
+            range: 0..bytes.len(),
+            backing: Arc::new(Backing::Vec(bytes)),
+            ty,
+            dims,
+        })
+    }
+
     pub fn ty(&self) -> GgmlType {
         self.ty
     }

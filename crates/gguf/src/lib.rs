@@ -30,6 +30,7 @@ mod error;
 mod file;
 mod parse;
 pub mod quants;
+mod split;
 mod stream;
 mod types;
 mod value;
@@ -38,6 +39,10 @@ mod writer;
 pub use error::{ErrorKind, GgufError, Result};
 pub use file::{GgufFile, TensorData};
 pub use parse::{GgufHeader, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAX_DIMS};
+pub use split::{
+    check_split_set, parse_split_name, split_name, split_paths, SplitInfo, SPLIT_COUNT, SPLIT_NO,
+    SPLIT_TENSORS_COUNT,
+};
 pub use stream::{GgufStreamReader, StreamEnd, TensorChunk};
 pub use types::GgmlType;
 pub use value::{ArrayValue, Metadata, Value, ValueType};

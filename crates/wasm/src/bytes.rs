@@ -1,13 +1,11 @@
-//! A GGUF file arriving from JS in chunks (a `fetch` body stream, slices
-//! of a `File`), so no single JS buffer has to hold it. The stream reader
-//! checks the header as soon as it is complete, so a wrong file fails
-//! before the rest of it is downloaded.
+//! A GGUF file kept whole in wasm memory (a drafter), arriving from JS in
+//! chunks (a `fetch` body stream, slices of a `File`), so no single JS
+//! buffer has to hold it. The stream reader checks the header as soon as
+//! it is complete, so a wrong file fails before the rest of it downloads.
 
 use crate::error::{ApiError, Code};
 use blockdraft_gguf::{GgufFile, GgufStreamReader};
-use wasm_bindgen::prelude::*;
 
-#[wasm_bindgen]
 pub struct GgufBytes {
     reader: GgufStreamReader,
     bytes: Vec<u8>,
@@ -34,12 +32,10 @@ fn too_big(len: usize) -> ApiError {
     )
 }
 
-#[wasm_bindgen]
 impl GgufBytes {
     /// `total_len`: the file's size when known (Blob.size, Content-Length);
     /// the memory is then reserved once and the stream checked against it.
-    #[wasm_bindgen(constructor)]
-    pub fn new(total_len: Option<f64>) -> Result<GgufBytes, JsValue> {
+    pub fn new(total_len: Option<f64>) -> Result<GgufBytes, ApiError> {
         let total_len = match total_len {
             None => None,
             Some(n) if n.is_finite() && n >= 0.0 && n.fract() == 0.0 => {
@@ -49,8 +45,7 @@ impl GgufBytes {
             Some(n) => {
                 return Err(ApiError::invalid(format!(
                     "total_len must be a whole number of bytes, got {n}"
-                ))
-                .into())
+                )))
             }
         };
         let mut bytes = Vec::new();
@@ -67,18 +62,7 @@ impl GgufBytes {
     }
 
     /// Appends the next chunk of the file.
-    pub fn push(&mut self, chunk: &[u8]) -> Result<(), JsValue> {
-        Ok(self.append(chunk)?)
-    }
-
-    /// Bytes received so far.
-    pub fn received(&self) -> f64 {
-        self.bytes.len() as f64
-    }
-}
-
-impl GgufBytes {
-    fn append(&mut self, chunk: &[u8]) -> Result<(), ApiError> {
+    pub fn push(&mut self, chunk: &[u8]) -> Result<(), ApiError> {
         // The reader's pieces are these same bytes, kept whole below.
         self.reader.push(chunk).map_err(bad_gguf)?;
         let len = self.bytes.len() + chunk.len();
@@ -121,7 +105,7 @@ mod tests {
         for total in [Some(bytes.len() as f64), None] {
             let mut b = GgufBytes::new(total).unwrap();
             for c in bytes.chunks(7) {
-                b.append(c).unwrap();
+                b.push(c).unwrap();
             }
             let f = b.into_file().unwrap();
             assert_eq!(
@@ -130,11 +114,11 @@ mod tests {
             );
         }
         let mut b = GgufBytes::new(Some(bytes.len() as f64)).unwrap();
-        b.append(&bytes[..bytes.len() - 1]).unwrap();
+        b.push(&bytes[..bytes.len() - 1]).unwrap();
         assert_eq!(b.into_file().unwrap_err().code, Code::BadGguf);
         let mut b = GgufBytes::new(None).unwrap();
-        assert_eq!(b.append(&[0u8; 64]).unwrap_err().code, Code::BadGguf);
+        assert_eq!(b.push(&[0u8; 64]).unwrap_err().code, Code::BadGguf);
         let mut b = GgufBytes::new(Some(4.0)).unwrap();
-        assert_eq!(b.append(&bytes).unwrap_err().code, Code::BadGguf);
+        assert_eq!(b.push(&bytes).unwrap_err().code, Code::BadGguf);
     }
 }

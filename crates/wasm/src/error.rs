@@ -65,6 +65,7 @@ impl ApiError {
         let code = match &e {
             ModelError::Gguf(_) => Code::BadGguf,
             ModelError::Backend(BackendError::Device(_)) => Code::Device,
+            ModelError::OutOfMemory { .. } => Code::OutOfMemory,
             _ => Code::UnsupportedModel,
         };
         ApiError::new(code, format!("cannot load the {what}: {e}"))

@@ -1,6 +1,7 @@
 //! The JS API of blockdraft (wasm-bindgen): load a GGUF model, optionally
-//! with a drafter, on WebGPU or the CPU, and generate with streamed text.
-//! `www/` wraps it in the npm package; its `.d.ts` documents the JS side.
+//! with a drafter, on WebGPU or the CPU ([`EngineBuilder`], fed the files
+//! in chunks), and generate with streamed text ([`Engine`]). `www/` wraps
+//! it in the npm package; its `.d.ts` documents the JS side.
 //!
 //! Every failure reaches JS as a typed error (see [`error`]). A panic is a
 //! bug: the hook keeps its message for [`take_panic_message`] so the JS
@@ -8,21 +9,22 @@
 
 mod bytes;
 mod error;
+mod loader;
 mod request;
 mod session;
 mod yielding;
 
-pub use bytes::GgufBytes;
+pub use loader::EngineBuilder;
 
 use blockdraft_cpu::CpuBackend;
-use blockdraft_wgpu::{Gpu, WgpuBackend};
+use blockdraft_wgpu::WgpuBackend;
 use error::{ApiError, Code};
 use request::Request;
 use serde::Serialize;
-use session::{DrafterSource, Session};
+use session::Session;
 use std::cell::Cell;
 use std::rc::Rc;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use wasm_bindgen::prelude::*;
 use yielding::Yielding;
 
@@ -52,7 +54,7 @@ pub fn take_panic_message() -> Option<String> {
     PANIC_MESSAGE.lock().ok().and_then(|mut m| m.take())
 }
 
-enum Loaded {
+pub(crate) enum Loaded {
     Cpu(Session<Yielding<CpuBackend>>),
     WebGpu(Session<WgpuBackend>),
 }
@@ -89,91 +91,20 @@ struct Info {
     load_seconds: f64,
 }
 
-fn parse_backend(s: &str) -> Result<Option<bool>, ApiError> {
-    // Some(true): WebGPU required; Some(false): CPU; None: WebGPU, else CPU.
-    match s {
-        "auto" => Ok(None),
-        "webgpu" => Ok(Some(true)),
-        "cpu" => Ok(Some(false)),
-        _ => Err(ApiError::invalid(format!(
-            "backend must be \"auto\", \"webgpu\" or \"cpu\", got {s:?}"
-        ))),
+impl Engine {
+    pub(crate) fn new(loaded: Loaded, load_seconds: f64) -> Engine {
+        Engine {
+            inner: Rc::new(Inner {
+                loaded,
+                busy: Cell::new(false),
+                load_seconds,
+            }),
+        }
     }
-}
-
-async fn request_gpu() -> Result<Gpu, ApiError> {
-    Gpu::request().await.map_err(|e| {
-        ApiError::new(
-            Code::NoWebGpu,
-            format!(
-                "WebGPU is not available here ({e}); use backend \"cpu\" or \"auto\", \
-                 or a browser with WebGPU enabled"
-            ),
-        )
-    })
 }
 
 #[wasm_bindgen]
 impl Engine {
-    /// Loads `model` on `backend` ("auto", "webgpu" or "cpu"). `drafter`
-    /// is a GGUF drafter, or none; `ngram` selects prompt-lookup drafting
-    /// instead. `on_progress(done, total)` sees the weight bytes loaded.
-    pub async fn load(
-        model: GgufBytes,
-        backend: String,
-        drafter: Option<GgufBytes>,
-        ngram: bool,
-        on_progress: Option<js_sys::Function>,
-    ) -> Result<Engine, JsValue> {
-        let t0 = web_time::Instant::now();
-        let want_gpu = parse_backend(&backend)?;
-        let drafter = match (drafter, ngram) {
-            (Some(_), true) => {
-                return Err(ApiError::invalid("give a drafter file or ngram, not both").into())
-            }
-            (Some(d), false) => DrafterSource::Gguf(d.into_file()?),
-            (None, true) => DrafterSource::Ngram,
-            (None, false) => DrafterSource::None,
-        };
-        let file = model.into_file()?;
-        let mut progress = |done: u64, total: u64| {
-            if let Some(f) = &on_progress {
-                // A throwing progress callback must not fail the load.
-                let _ = f.call2(
-                    &JsValue::NULL,
-                    &(done as f64).into(),
-                    &(total as f64).into(),
-                );
-            }
-        };
-        let gpu = match want_gpu {
-            Some(false) => None,
-            Some(true) => Some(request_gpu().await?),
-            None => request_gpu().await.ok(),
-        };
-        let loaded = match gpu {
-            Some(gpu) => Loaded::WebGpu(Session::load(
-                Arc::new(WgpuBackend::with_gpu(gpu)),
-                file,
-                drafter,
-                &mut progress,
-            )?),
-            None => Loaded::Cpu(Session::load(
-                Arc::new(Yielding(CpuBackend::new(1))),
-                file,
-                drafter,
-                &mut progress,
-            )?),
-        };
-        Ok(Engine {
-            inner: Rc::new(Inner {
-                loaded,
-                busy: Cell::new(false),
-                load_seconds: t0.elapsed().as_secs_f64(),
-            }),
-        })
-    }
-
     /// JSON: backend, device, drafter, has_chat_template, n_ctx_train, load_seconds.
     pub fn info(&self) -> String {
         let backend = match &self.inner.loaded {

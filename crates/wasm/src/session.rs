@@ -6,7 +6,7 @@ use crate::error::{ApiError, Code};
 use crate::request::{Prompt, Request, DEFAULT_MAX_TOKENS};
 use blockdraft_core::chat_template::ChatTemplate;
 use blockdraft_core::generate::{generate, StopReason, StopStrings};
-use blockdraft_core::model::Decoder;
+use blockdraft_core::model::{Decoder, ModelConfig, StreamedModel};
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{
     generate_speculative, DFlashDrafter, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter,
@@ -26,11 +26,8 @@ pub enum DrafterSpec<B: Backend> {
     None,
     Ngram,
     /// A DFlash block drafter: loaded per request (its caches are sized to
-    /// the request), from its file and the target's.
-    DFlash {
-        file: GgufFile,
-        target: GgufFile,
-    },
+    /// the request) from its file, sharing the target's embeddings.
+    DFlash(GgufFile),
     /// A smaller model of the same vocabulary, resident once.
     Model(Arc<Decoder<B>>),
 }
@@ -71,21 +68,20 @@ pub struct Usage {
 }
 
 impl<B: Backend> Session<B> {
-    /// Loads `file` onto `backend`; `on_progress(done, total)` sees the
-    /// weight bytes made resident.
+    /// The session of `model`, whose weights are already resident on
+    /// `backend`, with `drafter`.
     pub fn load(
         backend: Arc<B>,
-        file: GgufFile,
+        mut model: StreamedModel<B>,
         drafter: DrafterSource,
-        on_progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Self, ApiError> {
-        let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| {
+        let tokenizer = Tokenizer::from_metadata(&model.metadata).map_err(|e| {
             ApiError::new(
                 Code::UnsupportedModel,
                 format!("cannot build the model's tokenizer: {e}"),
             )
         })?;
-        let template = match ChatTemplate::from_gguf(&file) {
+        let template = match ChatTemplate::from_metadata(&model.metadata) {
             Ok(Some(t)) => Ok(t),
             Ok(None) => {
                 Err("the model has no chat template; use completions with a raw prompt".into())
@@ -94,8 +90,10 @@ impl<B: Backend> Session<B> {
                 "the model's chat template cannot be used ({e}); use completions with a raw prompt"
             )),
         };
-        let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
-        let decoder = Decoder::load(&file, backend.clone(), &mut |done| on_progress(done, total))
+        let decoder = ModelConfig::from_metadata(&model.metadata)
+            .and_then(|config| {
+                Decoder::load_with_config(config, &mut model, None, backend.clone(), &mut |_| {})
+            })
             .map_err(|e| ApiError::model("model", e))?;
         let drafter = match drafter {
             DrafterSource::None => DrafterSpec::None,
@@ -106,12 +104,9 @@ impl<B: Backend> Session<B> {
                     .map_err(|e| ApiError::model("drafter", e.into()))?;
                 if arch == "dflash" {
                     // Loaded once here so a bad drafter fails now, not at the first request.
-                    DFlashDrafter::load(&d, &decoder, &file, MAX_BATCH, MAX_BATCH)
+                    DFlashDrafter::load(&d, &decoder, MAX_BATCH, MAX_BATCH)
                         .map_err(|e| ApiError::model("drafter", e))?;
-                    DrafterSpec::DFlash {
-                        file: d,
-                        target: file,
-                    }
+                    DrafterSpec::DFlash(d)
                 } else {
                     let m = Decoder::load(&d, backend, &mut |_| {})
                         .map_err(|e| ApiError::model("drafter", e))?;
@@ -149,7 +144,7 @@ impl<B: Backend> Session<B> {
         match &self.drafter {
             DrafterSpec::None => "none",
             DrafterSpec::Ngram => "ngram",
-            DrafterSpec::DFlash { .. } => "dflash",
+            DrafterSpec::DFlash(_) => "dflash",
             DrafterSpec::Model(_) => "draft-model",
         }
     }
@@ -166,8 +161,8 @@ impl<B: Backend> Session<B> {
         Ok(match &self.drafter {
             DrafterSpec::None => None,
             DrafterSpec::Ngram => Some(Box::new(NgramDrafter::default())),
-            DrafterSpec::DFlash { file, target } => Some(Box::new(
-                DFlashDrafter::load(file, &self.decoder, target, n_ctx, MAX_BATCH)
+            DrafterSpec::DFlash(file) => Some(Box::new(
+                DFlashDrafter::load(file, &self.decoder, n_ctx, MAX_BATCH)
                     .map_err(|e| ApiError::model("drafter", e))?,
             )),
             DrafterSpec::Model(m) => Some(Box::new(

@@ -3,11 +3,12 @@
 //! suite against the CPU backend compiled to the same wasm module; greedy
 //! generation of synthetic qwen2 and gemma3 models token-identical to the
 //! CPU backend; and greedy DFlash speculative decoding, drafted on the
-//! device, identical to plain decoding. `tests/run.sh` runs it with
+//! device, identical to plain decoding; a model streamed onto WebGPU
+//! tensor by tensor, never whole in wasm memory. `tests/run.sh` runs it with
 //! `wasm-bindgen-test-runner` and chromedriver (flags in webdriver.json).
 #![cfg(target_arch = "wasm32")]
 
-use blockdraft_core::model::Decoder;
+use blockdraft_core::model::{Decoder, ModelConfig, StreamingLoad};
 use blockdraft_core::speculative::{DFlashDrafter, PolicyConfig};
 use blockdraft_core::testing::{
     greedy_plain_async, greedy_speculative_async, synthetic_decoder, synthetic_dflash,
@@ -17,6 +18,8 @@ use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile};
 use blockdraft_wgpu::{Gpu, WgpuBackend};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use wasm_bindgen_test::{wasm_bindgen_test, wasm_bindgen_test_configure};
 
@@ -28,6 +31,32 @@ async fn webgpu() -> WgpuBackend {
         .expect("WebGPU (Chromium needs --enable-unsafe-webgpu; see webdriver.json)");
     WgpuBackend::with_gpu(gpu)
 }
+
+/// Counts live heap bytes and their peak, to see what a load keeps in
+/// wasm memory.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = System.alloc(layout);
+        if !p.is_null() {
+            let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(live, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        System.dealloc(p, layout);
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
 
 fn load<B: Backend>(file: &GgufFile, be: B) -> Decoder<B> {
     Decoder::load(file, Arc::new(be), &mut |_| {}).expect("load")
@@ -73,7 +102,7 @@ async fn dflash_speculative_decoding_is_identical_to_plain() {
     let want = greedy_plain_async(&dec, &prompt, n).await;
     let spec = SyntheticDFlash::small(48, vec![1, 4, 7], GgmlType::Q8_0);
     let drafter = GgufFile::from_bytes(synthetic_dflash(&spec, 5).bytes).unwrap();
-    let mut d = DFlashDrafter::load(&drafter, &dec, &file, prompt.len() + n + 32, 32).unwrap();
+    let mut d = DFlashDrafter::load(&drafter, &dec, prompt.len() + n + 32, 32).unwrap();
     let before = dec.backend.counters();
     let (got, stats) =
         greedy_speculative_async(&dec, &mut d, &prompt, n, PolicyConfig::fixed(7)).await;
@@ -84,4 +113,54 @@ async fn dflash_speculative_decoding_is_identical_to_plain() {
     let passes = (1 + stats.rounds + stats.plain_steps) as u64;
     assert_eq!(c.readbacks - before.readbacks, passes, "{c:?}");
     assert_eq!(dec.backend.take_device_error(), None);
+}
+
+#[wasm_bindgen_test]
+async fn a_model_streams_onto_webgpu_without_sitting_whole_in_wasm_memory() {
+    // About 12 MB of F32 weights in tensors of at most 1 MiB.
+    let dims = SyntheticDims {
+        n_layer: 3,
+        n_embd: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_ff: 1024,
+        n_vocab: 1024,
+        window: 3,
+    };
+    let bytes = synthetic_decoder("qwen2", dims, 8).bytes;
+    let file = GgufFile::from_bytes(bytes.clone()).unwrap();
+    let largest = file.tensors().iter().map(|t| t.n_bytes).max().unwrap() as usize;
+
+    let gpu = Arc::new(webgpu().await);
+    let before = LIVE.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    let mut stream = StreamingLoad::new(gpu.clone());
+    stream.begin_part(Some(bytes.len() as u64)).unwrap();
+    for chunk in bytes.chunks(64 << 10) {
+        stream.push(chunk).unwrap();
+    }
+    stream.end_part().unwrap();
+    let mut model = stream.finish().unwrap();
+    let held = PEAK.load(Ordering::Relaxed) - before;
+    wasm_bindgen_test::console_log!(
+        "streaming a {}-byte model held at most {held} bytes in wasm memory",
+        bytes.len()
+    );
+    // One tensor being assembled, plus the header and bookkeeping.
+    assert!(
+        held < largest + (1 << 20) && held < bytes.len() / 4,
+        "streaming held {held} bytes of a {}-byte model (largest tensor {largest})",
+        bytes.len()
+    );
+
+    let config = ModelConfig::from_metadata(&model.metadata).unwrap();
+    let streamed = Decoder::load_with_config(config, &mut model, None, gpu, &mut |_| {}).unwrap();
+    let cpu = load(&file, CpuBackend::new(1));
+    let prompt = [3u32, 14, 15, 9, 26, 5, 35, 8];
+    assert_eq!(
+        greedy_plain_async(&streamed, &prompt, 8).await,
+        greedy_plain_async(&cpu, &prompt, 8).await
+    );
+    assert_eq!(streamed.backend.take_device_error(), None);
 }

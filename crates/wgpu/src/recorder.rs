@@ -122,14 +122,30 @@ impl Device {
     /// A storage buffer holding `bytes` (padded to 4).
     pub fn storage_init(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
         let size = (bytes.len() as u64).max(4).next_multiple_of(4);
+        // Natively a buffer mapped at creation is written in place. On the
+        // web its mapped range is a copy in wasm memory, which would double
+        // what a streamed model holds there; `writeBuffer` reads the bytes
+        // where they are.
+        let on_web = cfg!(target_arch = "wasm32");
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
             usage: wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::COPY_SRC
                 | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: true,
+            mapped_at_creation: !on_web,
         });
+        if on_web {
+            // writeBuffer takes whole 4-byte words: the tail goes padded.
+            let whole = bytes.len() / 4 * 4;
+            self.queue.write_buffer(&buffer, 0, &bytes[..whole]);
+            if whole < bytes.len() {
+                let mut tail = [0u8; 4];
+                tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+                self.queue.write_buffer(&buffer, whole as u64, &tail);
+            }
+            return buffer;
+        }
         buffer
             .slice(..)
             .get_mapped_range_mut()

@@ -126,7 +126,7 @@ fn device_drafts_equal_host_drafts_for_every_variant() {
         let dec = load(&file, be.clone());
         for (kind, bytes) in block_drafters(dec.config.n_vocab) {
             let f = GgufFile::from_bytes(bytes).unwrap();
-            let mut d = DFlashDrafter::load(&f, &dec, &file, 64, 32).unwrap();
+            let mut d = DFlashDrafter::load(&f, &dec, 64, 32).unwrap();
             let mut state = dec.new_state(64, 32);
             let mut taps = Taps::new(&*be, &dec.config, d.tap_layers(), 32).unwrap();
             let mut history = vec![3u32, 14, 15, 9, 26, 5];
@@ -206,7 +206,7 @@ fn sampled_rounds_read_back_once_and_do_not_depend_on_the_drafter() {
     let mut outputs = Vec::new();
     for (kind, bytes) in block_drafters(dec.config.n_vocab) {
         let f = GgufFile::from_bytes(bytes).unwrap();
-        let mut d = DFlashDrafter::load(&f, &dec, &file, prompt.len() + n + 32, 32).unwrap();
+        let mut d = DFlashDrafter::load(&f, &dec, prompt.len() + n + 32, 32).unwrap();
         let before = be.counters();
         let (got, stats) = sampled_speculative(&dec, &mut d, &prompt, n, &params);
         let c = be.counters();
@@ -267,7 +267,7 @@ fn every_drafter_kind_is_identical_to_plain_on_a_synthetic_target() {
     let be = dec.backend.clone();
     for (kind, bytes) in block_files {
         let f = GgufFile::from_bytes(bytes).unwrap();
-        let mut d = DFlashDrafter::load(&f, &dec, &file, ctx, 32).unwrap();
+        let mut d = DFlashDrafter::load(&f, &dec, ctx, 32).unwrap();
         let before = be.counters();
         let (got, stats) = greedy_speculative(&dec, &mut d, &prompt, n, PolicyConfig::fixed(7));
         let c = be.counters();
@@ -415,7 +415,7 @@ fn speculative_decoding_of_a_real_model_is_identical_to_plain() {
     let want = greedy_plain(&dec, prompt, n);
     let spec = SyntheticDFlash::small(dec.config.n_embd, vec![1, 15, 30], GgmlType::Q8_0);
     let drafter = GgufFile::from_bytes(synthetic_dflash(&spec, 9).bytes).unwrap();
-    let mut d = DFlashDrafter::load(&drafter, &dec, &file, prompt.len() + n + 32, 32).unwrap();
+    let mut d = DFlashDrafter::load(&drafter, &dec, prompt.len() + n + 32, 32).unwrap();
     let (got, stats) = greedy_speculative(&dec, &mut d, prompt, n, PolicyConfig::fixed(7));
     assert_eq!(got, want, "dflash");
     assert!(stats.rounds > 0);

@@ -4,7 +4,12 @@ mod config;
 mod weights;
 
 pub use config::{Architecture, ModelConfig};
-pub use weights::{DecoderWeights, LayerWeights, TensorLoader};
+mod streamed;
+
+pub use streamed::{StreamedModel, StreamingLoad};
+pub use weights::{
+    Borrowed, DecoderWeights, FileTensors, LayerWeights, TensorLoader, TensorSource,
+};
 
 use crate::backend::{AttentionMask, AttentionParams, Backend, RopeParams};
 use crate::error::ModelError;
@@ -133,24 +138,27 @@ impl<B: Backend> Decoder<B> {
         on_progress: &mut dyn FnMut(u64),
     ) -> Result<Self, ModelError> {
         let config = ModelConfig::from_metadata(file.metadata())?;
-        Self::load_with_config(config, file, None, backend, on_progress)
+        Self::load_with_config(config, &mut FileTensors(file), None, backend, on_progress)
     }
 
-    /// Loads with an explicit config; embeddings and head missing from
-    /// `file` are taken from `borrow_from` (a drafter's target).
+    /// Loads with an explicit config from `source`; embeddings and head
+    /// missing there are the ones of `borrow_from` (a drafter's target).
     pub fn load_with_config(
         config: ModelConfig,
-        file: &GgufFile,
-        borrow_from: Option<&GgufFile>,
+        source: &mut dyn TensorSource<B>,
+        borrow_from: Option<&Decoder<B>>,
         backend: Arc<B>,
         on_progress: &mut dyn FnMut(u64),
     ) -> Result<Self, ModelError> {
         let mut loader = TensorLoader {
-            file,
+            source,
             backend: &*backend,
             on_progress,
             loaded_bytes: 0,
-            borrow_from,
+            borrow_from: borrow_from.map(|t| Borrowed {
+                config: &t.config,
+                weights: &t.weights,
+            }),
         };
         let weights = DecoderWeights::load(&config, &mut loader)?;
         Ok(Decoder {

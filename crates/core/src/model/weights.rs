@@ -1,9 +1,11 @@
-//! Loading a decoder's tensors from GGUF onto a backend, with shape checks.
+//! Loading a decoder's tensors onto a backend, with shape checks, from a
+//! GGUF file or from weights made resident while a file streamed in.
 
 use super::config::{Architecture, ModelConfig};
 use crate::backend::{Backend, WeightSource};
 use crate::error::ModelError;
-use blockdraft_gguf::GgufFile;
+use blockdraft_gguf::{GgufFile, TensorInfo};
+use std::sync::Arc;
 
 pub struct LayerWeights<B: Backend> {
     pub attn_norm: B::Weight,
@@ -25,23 +27,61 @@ pub struct LayerWeights<B: Backend> {
 }
 
 pub struct DecoderWeights<B: Backend> {
-    pub tok_embd: B::Weight,
+    /// Shared: a drafter without embeddings uses its target's.
+    pub tok_embd: Arc<B::Weight>,
     pub output_norm: B::Weight,
-    /// `None` when the head is tied to `tok_embd`.
-    pub output: Option<B::Weight>,
+    /// `None` when the head is tied to `tok_embd`; shared like it.
+    pub output: Option<Arc<B::Weight>>,
     pub layers: Vec<LayerWeights<B>>,
+}
+
+/// Where a decoder's tensors come from.
+pub trait TensorSource<B: Backend> {
+    /// Type and dims of tensor `name`, if the source has it.
+    fn info(&self, name: &str) -> Option<&TensorInfo>;
+    /// Tensor `name` resident on `backend`; asked once per name.
+    fn load(&mut self, name: &str, backend: &B) -> Result<B::Weight, ModelError>;
+}
+
+/// A GGUF file (or split set) whose tensors are uploaded when asked for.
+pub struct FileTensors<'a>(pub &'a GgufFile);
+
+impl<B: Backend> TensorSource<B> for FileTensors<'_> {
+    fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.0.tensor(name)
+    }
+
+    fn load(&mut self, name: &str, backend: &B) -> Result<B::Weight, ModelError> {
+        let info = self
+            .0
+            .tensor(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+            })?;
+        Ok(backend.load_weight(WeightSource {
+            name,
+            ty: info.ty,
+            dims: &info.dims,
+            data: self.0.tensor_data(name)?,
+        })?)
+    }
+}
+
+/// Embeddings and head a drafter takes from its target when its own file
+/// has none.
+pub struct Borrowed<'a, B: Backend> {
+    pub config: &'a ModelConfig,
+    pub weights: &'a DecoderWeights<B>,
 }
 
 /// Loads tensors by name, checking each shape against the config.
 pub struct TensorLoader<'a, B: Backend> {
-    pub file: &'a GgufFile,
+    pub source: &'a mut dyn TensorSource<B>,
     pub backend: &'a B,
     /// Called with the number of bytes made resident so far (progress bars).
     pub on_progress: &'a mut dyn FnMut(u64),
     pub loaded_bytes: u64,
-    /// Where `token_embd.weight` and `output.weight` come from when `file`
-    /// lacks them (drafters borrow the target's embeddings and head).
-    pub borrow_from: Option<&'a GgufFile>,
+    pub borrow_from: Option<Borrowed<'a, B>>,
 }
 
 impl<B: Backend> TensorLoader<'_, B> {
@@ -58,31 +98,62 @@ impl<B: Backend> TensorLoader<'_, B> {
         name: &str,
         expected: &[u64],
     ) -> Result<Option<B::Weight>, ModelError> {
-        let borrowable = matches!(name, "token_embd.weight" | "output.weight");
-        let file = match (self.file.tensor(name), self.borrow_from) {
-            (Some(_), _) => self.file,
-            (None, Some(other)) if borrowable && other.tensor(name).is_some() => other,
-            _ => return Ok(None),
+        let Some(info) = self.source.info(name) else {
+            return Ok(None);
         };
-        let info = file.tensor(name).expect("checked above");
-        if info.dims != expected {
-            return Err(ModelError::TensorShape {
-                name: name.to_string(),
-                found: info.dims.clone(),
-                expected: expected.to_vec(),
-            });
-        }
-        let data = file.tensor_data(name)?;
-        let w = self.backend.load_weight(WeightSource {
-            name,
-            ty: info.ty,
-            dims: &info.dims,
-            data,
-        })?;
-        self.loaded_bytes += info.n_bytes;
+        check_dims(name, &info.dims, expected)?;
+        let n_bytes = info.n_bytes;
+        let w = self.source.load(name, self.backend)?;
+        self.loaded_bytes += n_bytes;
         (self.on_progress)(self.loaded_bytes);
         Ok(Some(w))
     }
+
+    /// `token_embd.weight` or `output.weight`: the source's own, else the
+    /// target's (when borrowing), else `None`.
+    fn shared(
+        &mut self,
+        name: &str,
+        expected: &[u64],
+    ) -> Result<Option<Arc<B::Weight>>, ModelError> {
+        if let Some(w) = self.optional(name, expected)? {
+            return Ok(Some(Arc::new(w)));
+        }
+        let Some(target) = &self.borrow_from else {
+            return Ok(None);
+        };
+        let (w, dims) = match name {
+            "token_embd.weight" => (
+                Some(&target.weights.tok_embd),
+                [target.config.n_embd as u64, target.config.n_vocab as u64],
+            ),
+            _ => (
+                target.weights.output.as_ref(),
+                [
+                    target.config.n_embd as u64,
+                    target.config.n_vocab_head as u64,
+                ],
+            ),
+        };
+        match w {
+            Some(w) => {
+                check_dims(name, &dims, expected)?;
+                Ok(Some(w.clone()))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+fn check_dims(name: &str, found: &[u64], expected: &[u64]) -> Result<(), ModelError> {
+    if found != expected {
+        return Err(ModelError::TensorShape {
+            name: name.to_string(),
+            found: found.to_vec(),
+            expected: expected.to_vec(),
+        });
+    }
+    Ok(())
 }
 
 impl<B: Backend> DecoderWeights<B> {
@@ -94,9 +165,13 @@ impl<B: Backend> DecoderWeights<B> {
             cfg.n_ff as u64,
             cfg.head_dim as u64,
         );
-        let tok_embd = loader.require("token_embd.weight", &[d, cfg.n_vocab as u64])?;
+        let tok_embd = loader
+            .shared("token_embd.weight", &[d, cfg.n_vocab as u64])?
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: "token_embd.weight".into(),
+            })?;
         let output_norm = loader.require("output_norm.weight", &[d])?;
-        let output = loader.optional("output.weight", &[d, cfg.n_vocab_head as u64])?;
+        let output = loader.shared("output.weight", &[d, cfg.n_vocab_head as u64])?;
         let has_qk_norm = matches!(
             cfg.arch,
             Architecture::Qwen3 | Architecture::Gemma3 | Architecture::DFlash
@@ -152,6 +227,6 @@ impl<B: Backend> DecoderWeights<B> {
 
     /// The LM head: `output.weight`, or the tied embedding table.
     pub fn head(&self) -> &B::Weight {
-        self.output.as_ref().unwrap_or(&self.tok_embd)
+        self.output.as_deref().unwrap_or(&self.tok_embd)
     }
 }

@@ -27,7 +27,9 @@ use super::dspark::{load_d2t, DSparkConfig, DeviceMarkov, MarkovHead};
 use super::{Draft, Drafter};
 use crate::backend::{Backend, RopeParams};
 use crate::error::ModelError;
-use crate::model::{Architecture, Decoder, DecoderState, LayerHook, LogitRows, ModelConfig};
+use crate::model::{
+    Architecture, Decoder, DecoderState, FileTensors, LayerHook, LogitRows, ModelConfig,
+};
 use crate::sampling::{argmax, Sampler};
 use blockdraft_gguf::GgufFile;
 
@@ -230,12 +232,11 @@ pub struct DFlashDrafter<B: Backend> {
 }
 
 impl<B: Backend> DFlashDrafter<B> {
-    /// Loads a drafter for `target` (whose file lends embeddings and head
+    /// Loads a drafter for `target` (which lends its embeddings and head
     /// when the drafter has none). `n_ctx` must match the target's cache.
     pub fn load(
         file: &GgufFile,
         target: &Decoder<B>,
-        target_file: &GgufFile,
         n_ctx: usize,
         max_batch: usize,
     ) -> Result<Self, ModelError> {
@@ -259,8 +260,13 @@ impl<B: Backend> DFlashDrafter<B> {
             )));
         }
         let be = target.backend.clone();
-        let model =
-            Decoder::load_with_config(mcfg, file, Some(target_file), be.clone(), &mut |_| {})?;
+        let model = Decoder::load_with_config(
+            mcfg,
+            &mut FileTensors(file),
+            Some(target),
+            be.clone(),
+            &mut |_| {},
+        )?;
         let d = model.config.n_embd as u64;
         let width = config.target_layers.len() as u64 * d;
         let load = |name: &str, dims: &[u64]| load_checked(&*be, file, name, dims);

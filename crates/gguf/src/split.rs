@@ -1,0 +1,191 @@
+//! Split GGUF sets (`model-00001-of-00003.gguf`, …) as llama.cpp's
+//! `gguf-split` writes them: every part is a complete GGUF file; the first
+//! holds the model's metadata, every part holds `split.no` (0-based),
+//! `split.count` and `split.tensors.count` (tensors in the whole set), and
+//! the tensors are spread over the parts in order.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{GgufError, Result};
+use crate::value::Metadata;
+
+pub const SPLIT_NO: &str = "split.no";
+pub const SPLIT_COUNT: &str = "split.count";
+pub const SPLIT_TENSORS_COUNT: &str = "split.tensors.count";
+
+/// The split keys of one part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitInfo {
+    /// 0-based index of this part.
+    pub no: u32,
+    /// Parts in the set.
+    pub count: u32,
+    /// Tensors in the whole set.
+    pub tensors: u64,
+}
+
+impl SplitInfo {
+    /// The split keys of `metadata`; `None` for a file outside any split set
+    /// (no `split.count`, or a count of 1).
+    pub fn from_metadata(metadata: &Metadata) -> Result<Option<SplitInfo>> {
+        if !metadata.contains_key(SPLIT_COUNT) {
+            return Ok(None);
+        }
+        let info = SplitInfo {
+            no: metadata.get_u32(SPLIT_NO)?,
+            count: metadata.get_u32(SPLIT_COUNT)?,
+            tensors: metadata.get_u64(SPLIT_TENSORS_COUNT)?,
+        };
+        if info.count <= 1 && info.no == 0 {
+            return Ok(None);
+        }
+        if info.count == 0 || info.no >= info.count {
+            return Err(GgufError::Split(format!(
+                "part number {} is out of range for a set of {} parts",
+                info.no, info.count
+            )));
+        }
+        Ok(Some(info))
+    }
+}
+
+/// Checks that `parts` — each file's split keys and tensor count, in the
+/// order given — form one complete set (or are one ordinary file).
+pub fn check_split_set(parts: &[(Option<SplitInfo>, usize)]) -> Result<()> {
+    let bad = |m: String| Err(GgufError::Split(m));
+    match parts {
+        [] => return bad("no files".into()),
+        [(None, _)] => return Ok(()),
+        _ => {}
+    }
+    let n = parts.len();
+    let mut tensors = 0u64;
+    for (i, (info, count)) in parts.iter().enumerate() {
+        let Some(info) = info else {
+            return bad(format!(
+                "file {} of {n} has no split keys ({SPLIT_NO}, {SPLIT_COUNT})",
+                i + 1
+            ));
+        };
+        if info.count as usize != n {
+            return bad(format!(
+                "file {} says the set has {} parts, but {n} were given",
+                i + 1,
+                info.count
+            ));
+        }
+        if info.no as usize != i {
+            return bad(format!(
+                "file {} is part {} of the set; give the parts in order",
+                i + 1,
+                info.no + 1
+            ));
+        }
+        if info.tensors != parts_first(parts).tensors {
+            return bad(format!(
+                "parts disagree on the number of tensors ({} vs {})",
+                info.tensors,
+                parts_first(parts).tensors
+            ));
+        }
+        tensors += *count as u64;
+    }
+    let expected = parts_first(parts).tensors;
+    if tensors != expected {
+        return bad(format!(
+            "the parts hold {tensors} tensors, the set should have {expected}"
+        ));
+    }
+    Ok(())
+}
+
+fn parts_first(parts: &[(Option<SplitInfo>, usize)]) -> SplitInfo {
+    parts[0].0.expect("checked by the caller")
+}
+
+/// `(prefix, no, count)` of a split file name `prefix-0000N-of-0000M.gguf`
+/// (1-based `no`); `None` for any other name.
+pub fn parse_split_name(name: &str) -> Option<(&str, u32, u32)> {
+    let stem = name.strip_suffix(".gguf")?;
+    let (rest, count) = stem.rsplit_once("-of-")?;
+    let (prefix, no) = rest.rsplit_once('-')?;
+    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(no) || !digits(count) {
+        return None;
+    }
+    let (no, count) = (no.parse().ok()?, count.parse().ok()?);
+    (1..=count).contains(&no).then_some((prefix, no, count))
+}
+
+/// The file name of part `no` (1-based) of `count`, as gguf-split names it.
+pub fn split_name(prefix: &str, no: u32, count: u32) -> String {
+    format!("{prefix}-{no:05}-of-{count:05}.gguf")
+}
+
+/// The paths of every part of the set that `path` (any part) belongs to,
+/// or `None` when its name is not a split name.
+pub fn split_paths(path: &Path) -> Option<Vec<PathBuf>> {
+    let name = path.file_name()?.to_str()?;
+    let (prefix, _, count) = parse_split_name(name)?;
+    Some(
+        (1..=count)
+            .map(|no| path.with_file_name(split_name(prefix, no, count)))
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(no: u32, count: u32, tensors: u64) -> Option<SplitInfo> {
+        Some(SplitInfo { no, count, tensors })
+    }
+
+    #[test]
+    fn split_names_round_trip() {
+        assert_eq!(
+            parse_split_name("smollm2-00002-of-00003.gguf"),
+            Some(("smollm2", 2, 3))
+        );
+        assert_eq!(split_name("a-b", 1, 12), "a-b-00001-of-00012.gguf");
+        for bad in [
+            "model.gguf",
+            "m-00004-of-00003.gguf",
+            "m-00000-of-00003.gguf",
+            "m-1-of-3.gguf",
+            "m-00001-of-00003.bin",
+        ] {
+            assert_eq!(parse_split_name(bad), None, "{bad}");
+        }
+        let paths = split_paths(Path::new("/m/x-00003-of-00003.gguf")).unwrap();
+        assert_eq!(
+            paths,
+            [
+                "/m/x-00001-of-00003.gguf",
+                "/m/x-00002-of-00003.gguf",
+                "/m/x-00003-of-00003.gguf"
+            ]
+            .map(PathBuf::from)
+        );
+    }
+
+    #[test]
+    fn sets_must_be_complete_and_in_order() {
+        assert!(check_split_set(&[(None, 5)]).is_ok());
+        assert!(check_split_set(&[(info(0, 2, 5), 3), (info(1, 2, 5), 2)]).is_ok());
+        let fails = [
+            vec![],
+            vec![(info(0, 2, 5), 3)],
+            vec![(info(1, 2, 5), 2), (info(0, 2, 5), 3)],
+            vec![(info(0, 2, 5), 3), (info(1, 2, 5), 1)],
+            vec![(info(0, 2, 5), 3), (None, 2)],
+            vec![(info(0, 2, 5), 3), (info(1, 2, 6), 2)],
+            vec![(info(0, 3, 5), 3), (info(1, 3, 5), 2)],
+        ];
+        for parts in fails {
+            let e = check_split_set(&parts).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::Split, "{parts:?}: {e}");
+        }
+    }
+}
