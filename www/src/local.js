@@ -107,6 +107,12 @@ export class LocalEngine {
     } catch (e) {
       const err = asError(e);
       if (err.code === 'internal') this.#dead = err;
+      if (err.code === 'device') {
+        // The GPU is gone: free what is left now; later calls get this error.
+        this.#engine.free();
+        this.#engine = null;
+        this.#dead = err;
+      }
       throw err;
     }
   }

@@ -138,6 +138,12 @@ impl Engine {
                 .into());
             }
             let mut emit = |text: &str| {
+                // A lost device makes the rest meaningless: stop there.
+                if let Loaded::WebGpu(s) = &inner.loaded {
+                    if s.backend().has_device_error() {
+                        return false;
+                    }
+                }
                 // Anything but an explicit `false` (or a throw) continues.
                 match on_text.call1(&JsValue::NULL, &text.into()) {
                     Ok(v) => v.as_bool() != Some(false),
@@ -152,7 +158,10 @@ impl Engine {
                 if let Some(e) = s.backend().take_device_error() {
                     return Err(ApiError::new(
                         Code::Device,
-                        format!("the GPU reported an error ({e}); reload, or use backend \"cpu\""),
+                        format!(
+                            "the GPU reported an error ({e}); this engine is unusable now: \
+                             create a new one, or use backend \"cpu\""
+                        ),
                     )
                     .into());
                 }

@@ -164,3 +164,21 @@ async fn a_model_streams_onto_webgpu_without_sitting_whole_in_wasm_memory() {
     );
     assert_eq!(streamed.backend.take_device_error(), None);
 }
+
+#[wasm_bindgen_test]
+async fn a_lost_device_is_reported_not_a_crash() {
+    let m = synthetic_decoder("qwen2", SyntheticDims::default(), 3);
+    let file = GgufFile::from_bytes(m.bytes).unwrap();
+    let gpu = load(&file, webgpu().await);
+    let prompt = [3u32, 14, 15, 9];
+    let before = greedy_plain_async(&gpu, &prompt, 4).await;
+    assert_eq!(before.len(), 4);
+    assert!(!gpu.backend.has_device_error());
+    gpu.backend.destroy_device();
+    // Readbacks fail from here on: generation goes on without panicking
+    // (its tokens mean nothing) and the loss is kept for the caller.
+    greedy_plain_async(&gpu, &prompt, 2).await;
+    assert!(gpu.backend.has_device_error());
+    let e = gpu.backend.take_device_error().unwrap();
+    assert!(e.contains("lost"), "{e}");
+}

@@ -21,9 +21,12 @@ pub struct Gpu {
 pub struct DeviceErrors(std::sync::Arc<std::sync::Mutex<Option<String>>>);
 
 impl DeviceErrors {
-    #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
-    fn record(&self, message: String) {
+    pub(crate) fn record(&self, message: String) {
         self.0.lock().unwrap().get_or_insert(message);
+    }
+
+    pub(crate) fn pending(&self) -> bool {
+        self.0.lock().unwrap().is_some()
     }
 
     /// The first error since the last call, if any.
@@ -75,6 +78,10 @@ impl Gpu {
         {
             let first = errors.clone();
             device.on_uncaptured_error(std::sync::Arc::new(move |e| first.record(e.to_string())));
+            let lost = errors.clone();
+            device.set_device_lost_callback(move |reason, message| {
+                lost.record(format!("the GPU device was lost ({reason:?}: {message})"))
+            });
         }
         Ok(Gpu {
             device,

@@ -68,7 +68,6 @@ impl WgpuTensor {
 pub struct WgpuBackend {
     dev: Device,
     gpu_info: String,
-    errors: DeviceErrors,
     max_binding: u64,
     /// Token ids of `embed` calls, and argmax results.
     ids: Mutex<Option<wgpu::Buffer>>,
@@ -123,9 +122,13 @@ impl WgpuBackend {
             .max_storage_buffer_binding_size
             .min(gpu.limits.max_buffer_size);
         WgpuBackend {
-            dev: Device::new(gpu.device, gpu.queue, tuning == Tuning::CpuAdapter),
+            dev: Device::new(
+                gpu.device,
+                gpu.queue,
+                gpu.errors,
+                tuning == Tuning::CpuAdapter,
+            ),
             gpu_info,
-            errors: gpu.errors,
             max_binding,
             ids: Mutex::new(None),
             act: Mutex::new(None),
@@ -141,7 +144,19 @@ impl WgpuBackend {
     /// The first device error since the last call (kept in the browser;
     /// natively wgpu panics at the faulty call instead).
     pub fn take_device_error(&self) -> Option<String> {
-        self.errors.take()
+        self.dev.errors.take()
+    }
+
+    /// Whether a device error is waiting for [`Self::take_device_error`]
+    /// (a generation stops at its next token when one is).
+    pub fn has_device_error(&self) -> bool {
+        self.dev.errors.pending()
+    }
+
+    /// Destroys the device, as a lost GPU would be (tests of the
+    /// browser's recovery).
+    pub fn destroy_device(&self) {
+        self.dev.device.destroy();
     }
 
     /// Dispatches, submits and readbacks so far.

@@ -3,6 +3,7 @@
 //! it. Kernel parameters and small host data (token ids, tensor writes) go
 //! through an upload arena that is copied to the GPU once per submit.
 
+use crate::device::DeviceErrors;
 use crate::shaders::{Kernel, Pipelines};
 use std::future::Future;
 use std::pin::Pin;
@@ -78,6 +79,8 @@ pub(crate) struct Recorder {
 /// The device side shared by every op.
 pub(crate) struct Device {
     pub device: wgpu::Device,
+    /// Where a failed readback (a lost device) is reported in the browser.
+    pub errors: DeviceErrors,
     pub queue: wgpu::Queue,
     pub pipelines: Pipelines,
     pub counters: AtomicCounters,
@@ -90,11 +93,17 @@ pub(crate) struct Device {
 impl Device {
     /// `cpu_adapter`: the adapter emulates a GPU on the CPU (lavapipe,
     /// SwiftShader), which favours other kernel shapes.
-    pub fn new(device: wgpu::Device, queue: wgpu::Queue, cpu_adapter: bool) -> Self {
+    pub fn new(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        errors: DeviceErrors,
+        cpu_adapter: bool,
+    ) -> Self {
         let lanes = if cpu_adapter { 1 } else { 16 };
         let constants = [("matmul_quant.wgsl", vec![("LANES", lanes as f64)])];
         Device {
             device,
+            errors,
             queue,
             pipelines: Pipelines::with_constants(constants.into_iter().collect()),
             quant_features_per_group: 64 / lanes,
@@ -257,7 +266,15 @@ impl Device {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .expect("device lost while waiting for a readback");
-        mapped.await.expect("mapping the readback buffer");
+        if let Err(e) = mapped.await {
+            // Only a lost device fails a map. Natively wgpu has panicked
+            // before this; a page must not die: the error is kept for the
+            // caller, and the zeros returned mean nothing.
+            self.errors.record(format!(
+                "reading back from the GPU failed ({e}): the device was lost"
+            ));
+            return vec![0; len as usize];
+        }
         let bytes = slice.get_mapped_range().expect("mapped")[..len as usize].to_vec();
         staging.unmap();
         self.counters.readbacks.fetch_add(1, Ordering::Relaxed);
