@@ -162,13 +162,14 @@ impl<B: Backend> Resident<B> {
         for p in pieces {
             let info = &tensors[p.tensor_index];
             if p.offset_in_tensor == 0 {
+                let oom = || ModelError::OutOfMemory {
+                    what: format!("tensor {}", info.name),
+                    bytes: p.tensor_len,
+                };
+                // (A tensor beyond wasm32's address space fails here, not by wrapping.)
+                let len = usize::try_from(p.tensor_len).map_err(|_| oom())?;
                 let mut bytes = Vec::new();
-                bytes
-                    .try_reserve_exact(p.tensor_len as usize)
-                    .map_err(|_| ModelError::OutOfMemory {
-                        what: format!("tensor {}", info.name),
-                        bytes: p.tensor_len,
-                    })?;
+                bytes.try_reserve_exact(len).map_err(|_| oom())?;
                 *pending = Some((p.tensor_index, bytes));
             }
             let Some((index, bytes)) = pending.as_mut() else {
