@@ -1,5 +1,5 @@
-//! `blockdraft`: generate, tokenize, score, benchmark and inspect GGUF models;
-//! convert HF drafter checkpoints.
+//! `blockdraft`: generate, tokenize, score, benchmark, inspect and split GGUF
+//! models; convert HF drafter checkpoints.
 
 mod commands;
 mod drafter;
@@ -33,6 +33,8 @@ enum Command {
     Inspect(commands::inspect::Args),
     /// Convert an HF DFlash/DFlash2/DFly drafter checkpoint to GGUF.
     Convert(commands::convert::Args),
+    /// Write a GGUF file as a split set (gguf-split layout).
+    Split(commands::split::Args),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +46,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => commands::bench::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Convert(a) => commands::convert::run(a),
+        Command::Split(a) => commands::split::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,6 @@
 //! The `blockdraft` binary end to end: `run --json` on a real model gives
-//! the greedy text and its statistics; a bad path is a clean error. (This
+//! the greedy text and its statistics; a bad path is a clean error; `split`
+//! writes a set that reads as the file. (This
 //! also builds the binary that the browser test compares against.)
 
 use std::process::Command;
@@ -50,4 +51,45 @@ fn a_missing_model_is_an_error_not_a_panic() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/model.gguf"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn split_writes_a_set_that_reads_as_the_file() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    let model = fixtures.join("dflash/target-qwen3.gguf");
+    let dir = std::env::temp_dir().join(format!("blockdraft-cli-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = blockdraft()
+        .arg("split")
+        .arg(&model)
+        .args(["--max-size", "300K", "-o"])
+        .arg(dir.join("t"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // 940 KB of tensors, at most 300 KiB per part.
+    let first = dir.join("t-00001-of-00004.gguf");
+    let whole = blockdraft_gguf::GgufFile::open(&model).unwrap();
+    let set = blockdraft_gguf::GgufFile::open(&first).unwrap();
+    assert_eq!(set.n_parts(), 4);
+    for t in whole.tensors() {
+        assert_eq!(
+            &*set.tensor_data(&t.name).unwrap(),
+            &*whole.tensor_data(&t.name).unwrap()
+        );
+    }
+    for (key, value) in whole.metadata().iter() {
+        assert_eq!(set.metadata().get(key), Some(value), "{key}");
+    }
+    let bad = blockdraft()
+        .args(["split", "--max-size", "12Q"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    std::fs::remove_dir_all(&dir).unwrap();
 }

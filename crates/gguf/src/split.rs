@@ -4,10 +4,13 @@
 //! `split.count` and `split.tensors.count` (tensors in the whole set), and
 //! the tensors are spread over the parts in order.
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use crate::error::{GgufError, Result};
-use crate::value::Metadata;
+use crate::parse::{TensorInfo, ALIGNMENT_KEY};
+use crate::value::{Metadata, Value};
+use crate::{GgufFile, GgufWriter};
 
 pub const SPLIT_NO: &str = "split.no";
 pub const SPLIT_COUNT: &str = "split.count";
@@ -134,6 +137,57 @@ pub fn split_paths(path: &Path) -> Option<Vec<PathBuf>> {
     )
 }
 
+/// The tensors of each part when `tensors` are split, in order, into parts
+/// whose data stays within `max_bytes` (a larger tensor gets a part of its
+/// own), as gguf-split's `--split-max-size` does.
+pub fn plan_split(tensors: &[TensorInfo], max_bytes: u64) -> Vec<Range<usize>> {
+    let mut parts = Vec::new();
+    let (mut start, mut bytes) = (0, 0u64);
+    for (i, t) in tensors.iter().enumerate() {
+        if i > start && bytes.saturating_add(t.n_bytes) > max_bytes {
+            parts.push(start..i);
+            (start, bytes) = (i, 0);
+        }
+        bytes = bytes.saturating_add(t.n_bytes);
+    }
+    if start < tensors.len() || parts.is_empty() {
+        parts.push(start..tensors.len());
+    }
+    parts
+}
+
+/// Part `no` (0-based) of `count` of `file`, holding the tensors `range`:
+/// the first part also holds the metadata; every part the split keys.
+pub fn split_part(file: &GgufFile, range: Range<usize>, no: u32, count: u32) -> Result<GgufWriter> {
+    let tensors = file.tensors();
+    let mut w = GgufWriter::new();
+    if no == 0 {
+        for (key, value) in file.metadata().iter() {
+            if !key.starts_with("split.") {
+                w.add(key, value.clone());
+            }
+        }
+    }
+    // Every part keeps a non-default alignment (the first has the key).
+    if no != 0 && file.metadata().contains_key(ALIGNMENT_KEY) {
+        let a = file.alignment();
+        w.set_alignment(u32::try_from(a).map_err(|_| GgufError::BadAlignment { value: a })?)?;
+    }
+    let narrow = |what: &str, v: u64| {
+        u16::try_from(v).map_err(|_| GgufError::Split(format!("{what} {v} exceeds 65535")))
+    };
+    w.add(SPLIT_NO, Value::U16(narrow("part number", no as u64)?));
+    w.add(SPLIT_COUNT, Value::U16(narrow("part count", count as u64)?));
+    let total = i32::try_from(tensors.len())
+        .map_err(|_| GgufError::Split(format!("{} tensors", tensors.len())))?;
+    w.add(SPLIT_TENSORS_COUNT, Value::I32(total));
+    for t in &tensors[range] {
+        let data = file.tensor_data(&t.name)?;
+        w.add_tensor(&t.name, &t.dims, t.ty, data.as_bytes())?;
+    }
+    Ok(w)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,6 +222,25 @@ mod tests {
             ]
             .map(PathBuf::from)
         );
+    }
+
+    #[test]
+    fn plans_keep_parts_within_the_size() {
+        let t = |n_bytes: u64| TensorInfo {
+            name: String::new(),
+            dims: vec![n_bytes],
+            ty: crate::GgmlType::I8,
+            offset: 0,
+            n_bytes,
+        };
+        let tensors: Vec<_> = [40, 50, 20, 100, 10, 10].map(t).into();
+        assert_eq!(plan_split(&tensors, 100), [0..2, 2..3, 3..4, 4..6]);
+        assert_eq!(plan_split(&tensors, 1000), [0..6]);
+        assert_eq!(
+            plan_split(&tensors, 1),
+            [0..1, 1..2, 2..3, 3..4, 4..5, 5..6]
+        );
+        assert_eq!(plan_split(&[], 10), [0..0]);
     }
 
     #[test]
