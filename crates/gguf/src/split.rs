@@ -235,12 +235,12 @@ mod tests {
         };
         let tensors: Vec<_> = [40, 50, 20, 100, 10, 10].map(t).into();
         assert_eq!(plan_split(&tensors, 100), [0..2, 2..3, 3..4, 4..6]);
-        assert_eq!(plan_split(&tensors, 1000), [0..6]);
+        assert_eq!(plan_split(&tensors, 1000), vec![0..6]);
         assert_eq!(
             plan_split(&tensors, 1),
             [0..1, 1..2, 2..3, 3..4, 4..5, 5..6]
         );
-        assert_eq!(plan_split(&[], 10), [0..0]);
+        assert_eq!(plan_split(&[], 10), vec![0..0]);
     }
 
     #[test]
