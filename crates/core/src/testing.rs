@@ -476,10 +476,35 @@ pub async fn greedy_speculative_async<B: crate::Backend>(
     n: usize,
     policy: crate::speculative::PolicyConfig,
 ) -> (Vec<u32>, crate::speculative::SpecStats) {
-    use crate::sampling::{Sampler, SamplingParams};
+    let greedy = crate::sampling::SamplingParams::greedy();
+    speculative_async(dec, drafter, prompt, n, &greedy, policy).await
+}
+
+/// Speculative decoding of `n` tokens sampled with `params` (target and
+/// drafter alike) under `policy`.
+pub fn sampled_speculative<B: crate::Backend>(
+    dec: &crate::model::Decoder<B>,
+    drafter: &mut dyn crate::speculative::Drafter<B>,
+    prompt: &[u32],
+    n: usize,
+    params: &crate::sampling::SamplingParams,
+    policy: crate::speculative::PolicyConfig,
+) -> (Vec<u32>, crate::speculative::SpecStats) {
+    block_on(speculative_async(dec, drafter, prompt, n, params, policy))
+}
+
+async fn speculative_async<B: crate::Backend>(
+    dec: &crate::model::Decoder<B>,
+    drafter: &mut dyn crate::speculative::Drafter<B>,
+    prompt: &[u32],
+    n: usize,
+    params: &crate::sampling::SamplingParams,
+    policy: crate::speculative::PolicyConfig,
+) -> (Vec<u32>, crate::speculative::SpecStats) {
+    use crate::sampling::Sampler;
     let mut state = dec.new_state(prompt.len() + n + 32, 32);
-    let mut sampler = Sampler::new(SamplingParams::greedy());
-    let mut draft_sampler = Sampler::new(SamplingParams::greedy());
+    let mut sampler = Sampler::new(params.clone());
+    let mut draft_sampler = Sampler::new(params.clone());
     let mut policy = crate::speculative::DraftPolicy::new(policy);
     let (tokens, _, stats) = crate::speculative::generate_speculative(
         dec,
@@ -495,7 +520,7 @@ pub async fn greedy_speculative_async<B: crate::Backend>(
         &mut |_| {},
     )
     .await
-    .expect("speculative greedy decoding");
+    .expect("speculative decoding");
     (tokens, stats)
 }
 

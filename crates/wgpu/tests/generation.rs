@@ -4,16 +4,15 @@
 //! decoding; and the counters show what crosses the host/device boundary.
 
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
-use blockdraft_core::sampling::{Sampler, SamplingParams};
+use blockdraft_core::sampling::SamplingParams;
 use blockdraft_core::speculative::{
-    generate_speculative, DFlashDrafter, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter,
-    OracleDrafter, PolicyConfig, SpecStats,
+    DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter, OracleDrafter, PolicyConfig,
 };
 use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
-    greedy_plain, greedy_speculative, real_model, synthetic_decoder, synthetic_dflash,
-    synthetic_dflash2, synthetic_dfly, synthetic_dspark, SyntheticDFlash, SyntheticDFlash2,
-    SyntheticDSpark, SyntheticDims,
+    greedy_plain, greedy_speculative, real_model, sampled_speculative, synthetic_decoder,
+    synthetic_dflash, synthetic_dflash2, synthetic_dfly, synthetic_dspark, SyntheticDFlash,
+    SyntheticDFlash2, SyntheticDSpark, SyntheticDims,
 };
 use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
@@ -153,35 +152,6 @@ fn device_drafts_equal_host_drafts_for_every_variant() {
     check(Arc::new(CpuBackend::new(2)));
 }
 
-/// Speculative decoding at temperature > 0 with `drafter`: tokens and stats.
-fn sampled_speculative(
-    dec: &Decoder<WgpuBackend>,
-    drafter: &mut dyn Drafter<WgpuBackend>,
-    prompt: &[u32],
-    n: usize,
-    params: &SamplingParams,
-) -> (Vec<u32>, SpecStats) {
-    let mut state = dec.new_state(prompt.len() + n + 32, 32);
-    let mut sampler = Sampler::new(params.clone());
-    let mut draft_sampler = Sampler::new(params.clone());
-    let mut policy = DraftPolicy::new(PolicyConfig::fixed(7));
-    let (tokens, _, stats) = block_on(generate_speculative(
-        dec,
-        &mut state,
-        drafter,
-        &mut policy,
-        prompt,
-        n,
-        &mut sampler,
-        &mut draft_sampler,
-        &|_| false,
-        &mut |_| true,
-        &mut |_| {},
-    ))
-    .unwrap();
-    (tokens, stats)
-}
-
 /// At temperature > 0 every variant drafts greedily on the device and the
 /// target samples each verify row there from a seeded per-position stream:
 /// one readback per round, and since every committed token is the target's
@@ -208,7 +178,8 @@ fn sampled_rounds_read_back_once_and_do_not_depend_on_the_drafter() {
         let f = GgufFile::from_bytes(bytes).unwrap();
         let mut d = DFlashDrafter::load(&f, &dec, prompt.len() + n + 32, 32).unwrap();
         let before = be.counters();
-        let (got, stats) = sampled_speculative(&dec, &mut d, &prompt, n, &params);
+        let (got, stats) =
+            sampled_speculative(&dec, &mut d, &prompt, n, &params, PolicyConfig::fixed(7));
         let c = be.counters();
         let passes = (1 + stats.rounds + stats.plain_steps) as u64;
         eprintln!(
@@ -228,17 +199,18 @@ fn sampled_rounds_read_back_once_and_do_not_depend_on_the_drafter() {
     // choice, so acceptance shows that matching accepts the samples.
     let mut same =
         DraftModelDrafter::new(dec.clone(), dec.config.n_vocab, prompt.len() + n + 32).unwrap();
-    let (got, stats) = sampled_speculative(&dec, &mut same, &prompt, n, &params);
+    let (got, stats) =
+        sampled_speculative(&dec, &mut same, &prompt, n, &params, PolicyConfig::fixed(7));
     assert!(stats.accepted > 0, "{stats:?}");
     outputs.push(("draft model", got));
     for (kind, got) in &outputs {
         assert_eq!(got, &outputs[0].1, "{kind} vs {}", outputs[0].0);
     }
-    let again = sampled_speculative(&dec, &mut same, &prompt, n, &params).0;
+    let again = sampled_speculative(&dec, &mut same, &prompt, n, &params, PolicyConfig::fixed(7)).0;
     assert_eq!(again, outputs[0].1, "reproducible from the seed");
     let other = SamplingParams { seed: 43, ..params };
     assert_ne!(
-        sampled_speculative(&dec, &mut same, &prompt, n, &other).0,
+        sampled_speculative(&dec, &mut same, &prompt, n, &other, PolicyConfig::fixed(7)).0,
         outputs[0].1,
         "another seed"
     );
