@@ -57,8 +57,12 @@ impl CpuWeight {
     }
 }
 
+/// Awaited before every readback; see [`CpuBackend::with_readback_hook`].
+pub type ReadbackHook = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+
 pub struct CpuBackend {
     pool: ThreadPool,
+    readback_hook: Option<ReadbackHook>,
     /// SIMD matmul kernels where the CPU has them; off for the scalar
     /// reference.
     simd: bool,
@@ -74,6 +78,7 @@ impl CpuBackend {
     pub fn new(n_threads: usize) -> Self {
         CpuBackend {
             pool: ThreadPool::new(n_threads.max(1)),
+            readback_hook: None,
             simd: true,
             llamacpp_batches: false,
         }
@@ -98,6 +103,21 @@ impl CpuBackend {
         CpuBackend {
             llamacpp_batches: true,
             ..Self::new(n_threads)
+        }
+    }
+
+    /// Awaits `hook` before each readback (`read`, `argmax`). Readbacks
+    /// complete at once here, so a browser engine yields to the JS event
+    /// loop there: otherwise a whole generation would run before an abort
+    /// message could arrive.
+    pub fn with_readback_hook(mut self, hook: ReadbackHook) -> Self {
+        self.readback_hook = Some(hook);
+        self
+    }
+
+    async fn before_readback(&self) {
+        if let Some(hook) = self.readback_hook {
+            hook().await;
         }
     }
 
@@ -207,6 +227,7 @@ impl Backend for CpuBackend {
     }
 
     async fn read(&self, t: &CpuTensor) -> Vec<f32> {
+        self.before_readback().await;
         t.as_slice().to_vec()
     }
 
@@ -452,6 +473,7 @@ impl Backend for CpuBackend {
     }
 
     async fn argmax(&self, x: &CpuTensor) -> Vec<u32> {
+        self.before_readback().await;
         row_argmax(x)
     }
 

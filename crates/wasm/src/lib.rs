@@ -26,7 +26,6 @@ use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::Mutex;
 use wasm_bindgen::prelude::*;
-use yielding::Yielding;
 
 #[wasm_bindgen]
 extern "C" {
@@ -55,7 +54,7 @@ pub fn take_panic_message() -> Option<String> {
 }
 
 pub(crate) enum Loaded {
-    Cpu(Session<Yielding<CpuBackend>>),
+    Cpu(Session<CpuBackend>),
     WebGpu(Session<WgpuBackend>),
 }
 

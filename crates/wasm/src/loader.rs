@@ -8,7 +8,7 @@
 use crate::bytes::GgufBytes;
 use crate::error::{ApiError, Code};
 use crate::session::{DrafterSource, Session};
-use crate::yielding::Yielding;
+use crate::yielding::yield_to_event_loop;
 use crate::{Engine, Loaded};
 use blockdraft_core::model::{ModelConfig, StreamingLoad};
 use blockdraft_core::Backend;
@@ -27,7 +27,7 @@ struct Building<B: Backend> {
 }
 
 enum Target {
-    Cpu(Building<Yielding<CpuBackend>>),
+    Cpu(Building<CpuBackend>),
     WebGpu(Building<WgpuBackend>),
 }
 
@@ -138,7 +138,9 @@ impl EngineBuilder {
         };
         let target = match target {
             Some(gpu) => Target::WebGpu(building(WgpuBackend::with_gpu(gpu))),
-            None => Target::Cpu(building(Yielding(CpuBackend::new(1)))),
+            None => Target::Cpu(building(
+                CpuBackend::new(1).with_readback_hook(yield_to_event_loop),
+            )),
         };
         Ok(EngineBuilder {
             target,
