@@ -16,18 +16,9 @@ unsafe fn u32_at(p: *const u8) -> u32 {
     u32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)])
 }
 
-/// 6-bit scale and min number `j` of a Q4_K/Q5_K super-block (12 packed bytes).
-#[inline(always)]
-pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        (
-            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
-    }
-}
+/// 6-bit scale and min number `j` of a Q4_K/Q5_K super-block (12 packed
+/// bytes): the format's own decoder.
+pub(crate) use blockdraft_gguf::quants::kquants::scale_min_k4;
 
 /// The 16 signed 6-bit scales of a Q3_K super-block, already minus 32.
 #[inline(always)]
