@@ -5,6 +5,7 @@
 // read k times; k is small (selector candidates, sampling's top-k).
 
 #include "common.wgsl"
+#include "best.wgsl"
 
 struct Params {
     n_rows: u32,
@@ -17,30 +18,6 @@ struct Params {
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> values: array<f32>;
 @group(0) @binding(3) var<storage, read_write> ids: array<f32>;
-
-const WG: u32 = 256u;
-const NONE: u32 = 0xffffffffu;
-var<workgroup> best_v: array<f32, WG>;
-var<workgroup> best_i: array<u32, WG>;
-
-// The ranking key: NaN (tested on the bits, which compilers cannot fold
-// away) counts as -inf. The -inf is built from the runtime bits, since
-// Chrome's Tint rejects a constant bitcast that yields an infinity.
-fn key(v: f32) -> f32 {
-    let bits = bitcast<u32>(v);
-    if (bits & 0x7fffffffu) > 0x7f800000u {
-        return bitcast<f32>((bits & 0u) | 0xff800000u);
-    }
-    return v;
-}
-
-// Whether (v, i) ranks before (bv, bi); NONE ranks after everything.
-fn before(v: f32, i: u32, bv: f32, bi: u32) -> bool {
-    if i == NONE {
-        return false;
-    }
-    return bi == NONE || v > bv || (v == bv && i < bi);
-}
 
 @compute @workgroup_size(256)
 fn top_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -62,22 +39,12 @@ fn top_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
                 bi = c;
             }
         }
-        best_v[lid] = bv;
-        best_i[lid] = bi;
-        workgroupBarrier();
-        for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-            if lid < stride && before(best_v[lid + stride], best_i[lid + stride], best_v[lid], best_i[lid]) {
-                best_v[lid] = best_v[lid + stride];
-                best_i[lid] = best_i[lid + stride];
-            }
-            workgroupBarrier();
-        }
-        prev_v = best_v[0];
-        prev_i = best_i[0];
+        let best = workgroup_best(lid, bv, bi);
+        prev_v = best.v;
+        prev_i = best.i;
         if lid == 0u {
             values[row * p.k + j] = x[row * p.cols + prev_i];
             ids[row * p.k + j] = f32(prev_i);
         }
-        workgroupBarrier();
     }
 }

@@ -26,6 +26,7 @@ pub const SOURCES: &[(&str, &str)] = &[
         "attention.wgsl",
         include_str!("../../../shaders/attention.wgsl"),
     ),
+    ("best.wgsl", include_str!("../../../shaders/best.wgsl")),
     ("argmax.wgsl", include_str!("../../../shaders/argmax.wgsl")),
     ("conv.wgsl", include_str!("../../../shaders/conv.wgsl")),
     ("topk.wgsl", include_str!("../../../shaders/topk.wgsl")),
@@ -55,7 +56,7 @@ pub const SOURCES: &[(&str, &str)] = &[
 ];
 
 /// Files that are only included by others, never compiled alone.
-const LIBRARIES: &[&str] = &["common.wgsl", "quant_blocks.wgsl"];
+const LIBRARIES: &[&str] = &["common.wgsl", "best.wgsl", "quant_blocks.wgsl"];
 
 /// The source of `file` with its includes expanded, ready for naga or a
 /// browser's compiler. `None` for an unknown file.
