@@ -43,19 +43,22 @@ export class WorkerEngine {
   #queue = serial();
 
   static async create(options, onProgress) {
+    const { signal, ...rest } = options; // an AbortSignal cannot cross to the worker
+    const aborted = () => new BlockdraftError('aborted', 'loading was aborted by its signal');
+    if (signal?.aborted) throw aborted();
     const t = new WorkerEngine();
     t.#worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
     t.#worker.onmessage = ({ data }) => t.#onMessage(data);
     t.#worker.onerror = (e) => t.#failAll(new BlockdraftError('internal', `the engine's worker failed: ${e.message}`));
-    const { signal, ...rest } = options; // an AbortSignal cannot cross to the worker
-    const onAbort = () => t.#worker.terminate();
+    // Ending the worker ends the load; the pending call must fail with it.
+    const onAbort = () => { t.#worker.terminate(); t.#failAll(aborted()); };
     signal?.addEventListener('abort', onAbort);
     try {
       const { info } = await t.#call({ type: 'load', options: rest }, { onProgress });
       t.info = info;
     } catch (e) {
       t.#worker.terminate();
-      throw signal?.aborted ? new BlockdraftError('aborted', 'loading was aborted by its signal') : e;
+      throw signal?.aborted ? aborted() : e;
     } finally {
       signal?.removeEventListener('abort', onAbort);
     }
