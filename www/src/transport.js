@@ -4,6 +4,7 @@
 // the calling thread. Requests run one at a time, in order.
 
 import { LocalEngine } from './local.js';
+import { prepareLoad } from './cache.js';
 import { BlockdraftError, deserializeError } from './errors.js';
 
 function serial() {
@@ -21,7 +22,12 @@ export class PageEngine {
 
   static async create(options, onProgress) {
     const t = new PageEngine();
-    t.#engine = await LocalEngine.load(options, onProgress);
+    const prepared = await prepareLoad(options, onProgress);
+    try {
+      t.#engine = await LocalEngine.load(prepared.options, prepared.onProgress);
+    } finally {
+      prepared.release();
+    }
     t.info = t.#engine.info();
     return t;
   }
