@@ -22,16 +22,22 @@ const TYPES = {
 // Resolves to { origin, close() }; close() also ends open connections.
 export async function startServer({ root = WWW, models = null, files = {}, port = 0, host = '127.0.0.1' } = {}) {
   const server = createServer((req, res) => {
-    const { pathname } = new URL(req.url, 'http://x');
+    let pathname;
+    try {
+      pathname = decodeURIComponent(new URL(req.url, 'http://x').pathname);
+    } catch {
+      res.writeHead(400).end(); // a malformed %-escape
+      return;
+    }
     if (req.method !== 'GET' && req.method !== 'HEAD') { res.writeHead(405).end(); return; }
     if (pathname === '/' || pathname === '/demo') { res.writeHead(302, { location: '/demo/' }).end(); return; }
     let file = files[pathname];
     if (!file && models && pathname.startsWith('/models/')) {
-      file = path.join(models, path.basename(decodeURIComponent(pathname)));
+      file = path.join(models, path.basename(pathname));
       if (!file.endsWith('.gguf')) { res.writeHead(404).end(); return; }
     }
     if (!file) {
-      file = path.join(root, path.normalize(decodeURIComponent(pathname)));
+      file = path.join(root, path.normalize(pathname));
       if (!file.startsWith(root + path.sep)) { res.writeHead(403).end(); return; }
       if (pathname.endsWith('/')) file = path.join(file, 'index.html');
     }
