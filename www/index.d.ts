@@ -10,6 +10,8 @@ export interface LoadProgress {
   loaded: number;
   /** `null` when the server gives no length. */
   total: number | null;
+  /** Download events of a URL source: `true` when the file is read from the model cache. */
+  cached?: boolean;
 }
 
 export interface EngineOptions {
@@ -27,6 +29,13 @@ export interface EngineOptions {
   modelName?: string;
   /** Where blockdraft_wasm_bg.wasm is, if not beside pkg/blockdraft_wasm.js. */
   wasmUrl?: string | URL;
+  /**
+   * Keep URL models in the persistent model cache (default true): a cached
+   * URL is read from disk (offline too), any other is stored as it
+   * downloads. `false` neither reads nor writes the cache. Relative URLs
+   * are resolved against the page.
+   */
+  cache?: boolean;
 }
 
 export interface EngineInfo {
@@ -156,6 +165,8 @@ export type ErrorCode =
   | 'network'
   | 'aborted'
   | 'unloaded'
+  /** The model cache cannot be used (no OPFS nor Cache Storage, storage full or blocked, an unreadable entry). */
+  | 'cache'
   | 'internal';
 
 /** Every failure is one of these; `message` says what to do. */
@@ -166,3 +177,37 @@ export class BlockdraftError extends Error {
 }
 
 export function createEngine(options: EngineOptions): Promise<Engine>;
+
+export interface CachedModel {
+  /** The absolute URL the model was loaded from. */
+  url: string;
+  bytes: number;
+}
+
+/**
+ * The persistent model cache: OPFS, or Cache Storage where OPFS is missing;
+ * the same from the page and from the engine's worker. Entries are keyed by
+ * absolute URL and never revalidated: delete one to download it again.
+ * Failures are BlockdraftErrors with code `cache`.
+ */
+export interface ModelCache {
+  /** Complete entries only (an interrupted download leaves none). */
+  list(): Promise<CachedModel[]>;
+  /** Total bytes of the entries. */
+  size(): Promise<number>;
+  has(url: string | URL): Promise<boolean>;
+  /** Removes the entry; `true` when there was one. */
+  delete(url: string | URL): Promise<boolean>;
+  clear(): Promise<void>;
+  /**
+   * Downloads a model into the cache without loading it (nothing when it
+   * is there). `cached`: it was there before. Code `cache` when it cannot
+   * be stored (no storage, quota), `network` when it cannot be downloaded.
+   */
+  add(url: string | URL, options?: {
+    signal?: AbortSignal;
+    onProgress?: (p: { loaded: number; total: number | null }) => void;
+  }): Promise<CachedModel & { cached: boolean }>;
+}
+
+export const modelCache: ModelCache;

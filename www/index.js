@@ -3,11 +3,37 @@
 
 import { BlockdraftError } from './src/errors.js';
 import { PageEngine, WorkerEngine } from './src/transport.js';
+import { modelCache as cache } from './src/cache.js';
+import { addToCache } from './src/source.js';
 
 export { BlockdraftError };
 
+/** The persistent model cache (see index.d.ts: ModelCache). */
+export const modelCache = Object.freeze({
+  list: () => cache.list(),
+  size: () => cache.size(),
+  has: (url) => cache.has(url),
+  delete: (url) => cache.delete(url),
+  clear: () => cache.clear(),
+  add: (url, options) => addToCache(url, options),
+});
+
+// URL sources resolved against the page: the worker would resolve a relative
+// URL against its own script, and a URL object cannot be posted to it.
+function resolveUrl(source, what) {
+  if (typeof source !== 'string' && !(source instanceof URL)) return source;
+  if (what === 'drafter' && source === 'ngram') return source;
+  try {
+    return new URL(source, globalThis.location?.href).href;
+  } catch {
+    throw new BlockdraftError('invalid_argument', `the ${what} URL ${source} is not a valid URL`);
+  }
+}
+
 export async function createEngine(options = {}) {
   const { worker = true, onProgress = () => {}, ...rest } = options;
+  rest.model = resolveUrl(rest.model, 'model');
+  if (rest.drafter !== undefined && rest.drafter !== null) rest.drafter = resolveUrl(rest.drafter, 'drafter');
   const engine = worker
     ? await WorkerEngine.create(rest, onProgress)
     : await PageEngine.create(rest, onProgress);

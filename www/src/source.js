@@ -1,37 +1,18 @@
 // Model sources (URL, Blob/File, ArrayBuffer or typed array) as a stream of
-// byte chunks, so no single JS buffer has to hold a whole model.
+// byte chunks, so no single JS buffer has to hold a whole model. URLs go
+// through the persistent model cache (cache.js): a cached URL is read from
+// disk, any other is stored while it downloads.
 
 import { BlockdraftError } from './errors.js';
+import { absoluteUrl, cacheUsable, lookup, openWriter } from './cache.js';
 
 const SLICE = 16 << 20;
 
 // Calls `push(Uint8Array)` for every chunk; `onBytes(loaded, total)` after
-// each (total is null when unknown). Returns the total when known up front.
+// each (total is null when unknown); `onStart(total)` before the first.
 export async function readSource(source, { what, signal, onStart, onBytes, push }) {
   if (typeof source === 'string' || source instanceof URL) {
-    let res;
-    try {
-      res = await fetch(source, { signal });
-    } catch (e) {
-      if (e && e.name === 'AbortError') throw e;
-      throw new BlockdraftError('network', `cannot download the ${what} from ${source}: ${e.message}; check the URL (and CORS headers for another origin)`);
-    }
-    if (!res.ok) {
-      throw new BlockdraftError('network', `cannot download the ${what} from ${source}: HTTP ${res.status}; check the URL`);
-    }
-    // Content-Length is the size on the wire: only the file's size when not compressed.
-    const len = res.headers.get('content-encoding') ? null : res.headers.get('content-length');
-    const total = len !== null && /^\d+$/.test(len) ? Number(len) : null;
-    onStart(total);
-    const reader = res.body.getReader();
-    let loaded = 0;
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      push(value);
-      loaded += value.byteLength;
-      onBytes(loaded, total);
-    }
+    await readUrl(source, { what, signal, onStart, onBytes, push });
     return;
   }
   if (typeof Blob !== 'undefined' && source instanceof Blob) {
@@ -55,4 +36,142 @@ export async function readSource(source, { what, signal, onStart, onBytes, push 
     push(bytes.subarray(at, end));
     onBytes(end, bytes.byteLength);
   }
+}
+
+function toUrl(source, what) {
+  try {
+    return absoluteUrl(source);
+  } catch {
+    throw new BlockdraftError('invalid_argument', `the ${what} URL ${source} is not a valid URL`);
+  }
+}
+
+const isAbort = (e) => e?.name === 'AbortError';
+
+// Resolves to { from: 'cache' | 'network', stored, bytes, why? }: `stored`
+// says whether a download went into the cache (`why` when it did not).
+async function readUrl(source, { what, signal, onStart, onBytes, push }) {
+  const url = toUrl(source, what);
+  const caching = cacheUsable(url);
+  const hit = caching ? await lookup(url) : null;
+  if (hit) {
+    await readCached(url, hit, { what, signal, onStart, onBytes, push });
+    return { from: 'cache', stored: true, bytes: hit.bytes };
+  }
+
+  let res;
+  try {
+    res = await fetch(url, { signal });
+  } catch (e) {
+    if (isAbort(e)) throw e;
+    throw new BlockdraftError('network', `cannot download the ${what} from ${url}: ${e.message}; check the URL (and CORS headers for another origin)`);
+  }
+  if (!res.ok) {
+    throw new BlockdraftError('network', `cannot download the ${what} from ${url}: HTTP ${res.status}; check the URL`);
+  }
+  // Content-Length is the size on the wire: only the file's size when not compressed.
+  const len = res.headers.get('content-encoding') ? null : res.headers.get('content-length');
+  const total = len !== null && /^\d+$/.test(len) ? Number(len) : null;
+
+  // A failing cache write costs the cache entry, never the load.
+  let writer = null;
+  let why = caching ? null : 'caching is off for this URL';
+  const dropWriter = async (e) => {
+    why = `storing failed: ${e?.message ?? e}`;
+    console.warn(`blockdraft: not caching ${url}: ${why}`);
+    const w = writer;
+    writer = null;
+    await w?.abort();
+  };
+  if (caching) {
+    try {
+      writer = await openWriter(url, total);
+      if (!writer) why = 'not enough storage quota';
+    } catch (e) {
+      await dropWriter(e);
+    }
+  }
+
+  onStart(total);
+  const reader = res.body.getReader();
+  let loaded = 0;
+  try {
+    for (;;) {
+      let next;
+      try {
+        next = await reader.read();
+      } catch (e) {
+        if (isAbort(e)) throw e;
+        throw new BlockdraftError('network', `the download of the ${what} from ${url} broke off after ${loaded} bytes: ${e.message}; try again`);
+      }
+      if (next.done) break;
+      const chunk = next.value;
+      if (writer) await writer.write(chunk).catch(dropWriter);
+      push(chunk);
+      loaded += chunk.byteLength;
+      onBytes(loaded, total);
+    }
+    if (total !== null && loaded !== total) {
+      throw new BlockdraftError('network', `the download of the ${what} from ${url} ended after ${loaded} of ${total} bytes; try again`);
+    }
+  } catch (e) {
+    await writer?.abort();
+    throw e;
+  }
+  if (writer) {
+    try {
+      await writer.commit(loaded);
+      return { from: 'network', stored: true, bytes: loaded };
+    } catch (e) {
+      await dropWriter(e);
+    }
+  }
+  return { from: 'network', stored: false, bytes: loaded, why };
+}
+
+async function readCached(url, hit, { what, signal, onStart, onBytes, push }) {
+  const broken = (detail) => new BlockdraftError('cache',
+    `cannot read the cached ${what} for ${url} (${detail}); delete it with modelCache.delete(url) and load it again`);
+  onStart(hit.bytes);
+  const chunks = hit.chunks(signal);
+  let loaded = 0;
+  for (;;) {
+    let next;
+    try {
+      next = await chunks.next();
+    } catch (e) {
+      if (isAbort(e)) throw e;
+      throw broken(e.message);
+    }
+    if (next.done) break;
+    push(next.value);
+    loaded += next.value.byteLength;
+    onBytes(loaded, hit.bytes);
+  }
+  if (loaded !== hit.bytes) throw broken(`${loaded} of ${hit.bytes} bytes`);
+}
+
+// Downloads `url` into the model cache (nothing when it is there already).
+// onProgress({ loaded, total }). Resolves to { url, bytes, cached } where
+// `cached` says it was there before.
+export async function addToCache(url, { signal, onProgress = () => {} } = {}) {
+  const href = toUrl(url, 'model');
+  if (!cacheUsable(href)) {
+    throw new BlockdraftError('cache', `cannot cache ${href}: this context has no OPFS and no Cache Storage (they need https or localhost)`);
+  }
+  const hit = await lookup(href);
+  if (hit) return { url: href, bytes: hit.bytes, cached: true };
+  let r;
+  try {
+    r = await readUrl(href, {
+      what: 'model', signal, onStart: () => {}, push: () => {}, onBytes: (loaded, total) => onProgress({ loaded, total }),
+    });
+  } catch (e) {
+    if (isAbort(e)) throw new BlockdraftError('aborted', `the download of ${href} was aborted by its signal; nothing was cached`);
+    throw e;
+  }
+  if (!r.stored) {
+    throw new BlockdraftError('cache', `downloaded ${href} but could not store it (${r.why}); free space with modelCache.clear() or delete entries`);
+  }
+  return { url: href, bytes: r.bytes, cached: false };
 }

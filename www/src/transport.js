@@ -4,6 +4,7 @@
 // the calling thread. Requests run one at a time, in order.
 
 import { LocalEngine } from './local.js';
+import { prepareLoad } from './cache.js';
 import { BlockdraftError, deserializeError } from './errors.js';
 
 function serial() {
@@ -21,7 +22,12 @@ export class PageEngine {
 
   static async create(options, onProgress) {
     const t = new PageEngine();
-    t.#engine = await LocalEngine.load(options, onProgress);
+    const prepared = await prepareLoad(options, onProgress);
+    try {
+      t.#engine = await LocalEngine.load(prepared.options, prepared.onProgress);
+    } finally {
+      prepared.release();
+    }
     t.info = t.#engine.info();
     return t;
   }
@@ -43,19 +49,22 @@ export class WorkerEngine {
   #queue = serial();
 
   static async create(options, onProgress) {
+    const { signal, ...rest } = options; // an AbortSignal cannot cross to the worker
+    const aborted = () => new BlockdraftError('aborted', 'loading was aborted by its signal');
+    if (signal?.aborted) throw aborted();
     const t = new WorkerEngine();
     t.#worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
     t.#worker.onmessage = ({ data }) => t.#onMessage(data);
     t.#worker.onerror = (e) => t.#failAll(new BlockdraftError('internal', `the engine's worker failed: ${e.message}`));
-    const { signal, ...rest } = options; // an AbortSignal cannot cross to the worker
-    const onAbort = () => t.#worker.terminate();
+    // Ending the worker ends the load; the pending call must fail with it.
+    const onAbort = () => { t.#worker.terminate(); t.#failAll(aborted()); };
     signal?.addEventListener('abort', onAbort);
     try {
       const { info } = await t.#call({ type: 'load', options: rest }, { onProgress });
       t.info = info;
     } catch (e) {
       t.#worker.terminate();
-      throw signal?.aborted ? new BlockdraftError('aborted', 'loading was aborted by its signal') : e;
+      throw signal?.aborted ? aborted() : e;
     } finally {
       signal?.removeEventListener('abort', onAbort);
     }

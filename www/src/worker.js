@@ -2,6 +2,7 @@
 // (transport.js) by messages, so generation never blocks the page.
 
 import { LocalEngine } from './local.js';
+import { prepareLoad } from './cache.js';
 import { serializeError } from './errors.js';
 
 let engine = null;
@@ -12,8 +13,13 @@ const aborted = new Set();
 async function handle(m) {
   switch (m.type) {
     case 'load': {
-      const onProgress = (progress) => postMessage({ type: 'progress', id: m.id, progress });
-      engine = await LocalEngine.load(m.options, onProgress);
+      const post = (progress) => postMessage({ type: 'progress', id: m.id, progress });
+      const { options, onProgress, release } = await prepareLoad(m.options, post);
+      try {
+        engine = await LocalEngine.load(options, onProgress);
+      } finally {
+        release();
+      }
       return { info: engine.info() };
     }
     case 'generate': {

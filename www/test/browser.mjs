@@ -1,30 +1,18 @@
 // Drives headless Chromium (playwright-core, system Chromium) through the
 // package: usage: node browser.mjs MODEL PROMPT N EXPECTED_JSON BACKEND...
 // EXPECTED_JSON is the native CLI's `run --json` output for PROMPT.
-// Serves www/ plus the model at /model.gguf from a tiny static server.
+// Serves www/ plus the model at /model.gguf (demo/serve.mjs).
 import { chromium } from 'playwright-core';
-import { createServer } from 'node:http';
-import { createReadStream, mkdtempSync, rmSync, statSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { startServer } from '../demo/serve.mjs';
 
 const [model, prompt, nArg, expectedJson, ...backends] = process.argv.slice(2);
 const n = Number(nArg);
 const expected = JSON.parse(expectedJson).text;
-const www = path.resolve(path.dirname(new URL(import.meta.url).pathname), '..');
-const TYPES = { '.js': 'text/javascript', '.html': 'text/html', '.wasm': 'application/wasm', '.gguf': 'application/octet-stream' };
-
-const server = createServer((req, res) => {
-  const url = new URL(req.url, 'http://x');
-  const file = url.pathname === '/model.gguf' ? model : path.join(www, path.normalize(url.pathname));
-  if (url.pathname !== '/model.gguf' && !file.startsWith(www + path.sep)) { res.writeHead(403).end(); return; }
-  let size;
-  try { size = statSync(file).size; } catch { res.writeHead(404).end(); return; }
-  res.writeHead(200, { 'content-type': TYPES[path.extname(file)] ?? 'application/octet-stream', 'content-length': size });
-  createReadStream(file).pipe(res);
-});
-await new Promise((r) => server.listen(0, '127.0.0.1', r));
-const origin = `http://127.0.0.1:${server.address().port}`;
+const server = await startServer({ files: { '/model.gguf': model } });
+const { origin } = server;
 
 const FLAGS = ['--headless=new', '--no-sandbox', '--disable-quic', '--no-first-run', '--disable-background-networking',
   '--disable-component-update', '--disable-sync', '--disable-default-apps', '--disable-extensions', '--no-default-browser-check',
@@ -33,11 +21,13 @@ const FLAGS = ['--headless=new', '--no-sandbox', '--disable-quic', '--no-first-r
 
 // Runs in the page: one engine (n-gram drafter) per backend, three requests.
 async function scenario({ backend, prompt, n }) {
-  const { createEngine, BlockdraftError } = await import('/index.js');
+  const { createEngine, BlockdraftError, modelCache } = await import('/index.js');
   const out = { backend };
   let t = performance.now();
-  const engine = await createEngine({ model: '/model.gguf', drafter: 'ngram', backend });
+  // cache: false: the download path itself (demo.mjs tests the model cache).
+  const engine = await createEngine({ model: '/model.gguf', drafter: 'ngram', backend, cache: false });
   out.load_ms = performance.now() - t;
+  out.cached_after = await modelCache.has('/model.gguf');
   out.info = engine.info;
 
   const collect = async (params) => {
@@ -106,6 +96,7 @@ try {
       + `prefill ${r.plain.usage?.timings.prefill_tokens_per_second.toFixed(1)} tok/s; `
       + `ngram ${(r.ngram.ms / 1000).toFixed(2)} s, ${tps(r.ngram.usage)} tok/s, spec ${JSON.stringify(r.ngram.usage?.speculative)}`);
     check(r.info.backend === backend, `${backend}: engine runs on ${r.info.backend}`);
+    check(r.cached_after === false, `${backend}: cache: false leaves the model out of the model cache`);
     check(r.plain.text === expected, `${backend}: greedy text equals the CLI's (${JSON.stringify(r.plain.text)})`);
     check(r.plain.usage?.completion_tokens === n && r.plain.finish_reason === 'length', `${backend}: ${n} tokens, finish_reason length`);
     check(r.ngram.text === expected, `${backend}: n-gram speculative text equals the CLI's (${JSON.stringify(r.ngram.text)})`);
@@ -119,7 +110,7 @@ try {
 } finally {
   await browser.close();
   rmSync(udd, { recursive: true, force: true });
-  server.close();
+  await server.close();
 }
 console.log(failures ? `${failures} check(s) failed` : 'all checks passed');
 process.exit(failures ? 1 : 0);

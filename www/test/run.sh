@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# Real-browser test of the npm package in headless Chromium (Playwright with
-# the system Chromium): builds the wasm module, serves www/ and SmolLM2-135M,
-# and checks on the CPU backend and on WebGPU (SwiftShader) that 16 greedy
-# tokens equal the native CLI's, that an n-gram speculative run gives the
-# same text, and that an abort ends a stream at once.
+# Real-browser tests of the npm package in headless Chromium (Playwright with
+# the system Chromium): builds the wasm module and checks its size budget,
+# serves www/ and SmolLM2-135M, and checks
+#  - browser.mjs: on the CPU backend and on WebGPU (SwiftShader) that 16
+#    greedy tokens equal the native CLI's, that an n-gram speculative run
+#    gives the same text, and that an abort ends a stream at once;
+#  - demo.mjs: the demo page (chat equals the CLI's --chat text), the model
+#    cache (OPFS and Cache Storage), offline reload, Blob and ArrayBuffer
+#    models, and the CPU fallback without WebGPU.
 #
 # Needs (see www/README.md): chromium, node + npm, the wasm32-unknown-unknown
 # target, wasm-bindgen-cli 0.2.130, and the model (tests/fetch_models.sh).
 # Env: MODEL (default: tests/fetch_models.sh smollm2), BACKENDS ("cpu webgpu"),
 #      CLI (a blockdraft binary for the reference run) or CLI_PROFILE (cargo
-#      profile to build one with, default release), PROFILE (of the wasm).
+#      profile to build one with, default release), PROFILE (of the wasm),
+#      WASM_BUDGET (bytes; default: www/README.md's budget for PROFILE),
+#      ARTIFACTS_DIR (the demo's screenshot; default target/browser-artifacts).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 WWW=$(dirname "$HERE")
@@ -17,8 +23,25 @@ ROOT=$(dirname "$WWW")
 MODEL=${MODEL:-$("$ROOT/tests/fetch_models.sh" smollm2)}
 PROMPT="The capital of France is"
 N=16
+# The demo's chat: short, and repetitive enough for the n-gram drafter.
+CHAT_PROMPT="Repeat after me: one two three four five six seven eight nine ten"
+CHAT_N=12
+export PROFILE=${PROFILE:-release}
 
 "$HERE/build.sh"
+# The wasm's size budget (www/README.md), per profile.
+wasm="$WWW/pkg/blockdraft_wasm_bg.wasm"
+size=$(stat -c %s "$wasm")
+case "$PROFILE" in
+    dev) budget=${WASM_BUDGET:-3500000} ;;
+    release) budget=${WASM_BUDGET:-2750000} ;;
+    *) budget=${WASM_BUDGET:-} ;;
+esac
+echo "wasm ($PROFILE): $size bytes, $(gzip -9c "$wasm" | wc -c) gzipped; budget ${budget:-none}"
+if [ -n "$budget" ] && [ "$size" -gt "$budget" ]; then
+    echo "FAIL wasm size $size bytes is over the $PROFILE budget of $budget bytes (www/README.md)" >&2
+    exit 1
+fi
 [ -d "$WWW/node_modules/playwright-core" ] || (cd "$WWW" && npm ci --no-audit --no-fund)
 # CLI: a built blockdraft binary (tests/run.sh passes the one its tests
 # built); otherwise cargo builds one.
@@ -31,4 +54,6 @@ cli() {
     fi
 }
 EXPECTED=$(cli run -m "$MODEL" -p "$PROMPT" -n "$N" --temp 0 --json)
+EXPECTED_CHAT=$(cli run -m "$MODEL" -p "$CHAT_PROMPT" -n "$CHAT_N" --temp 0 --json --chat)
 node "$HERE/browser.mjs" "$MODEL" "$PROMPT" "$N" "$EXPECTED" ${BACKENDS:-cpu webgpu}
+node "$HERE/demo.mjs" "$MODEL" "$CHAT_PROMPT" "$CHAT_N" "$EXPECTED_CHAT"

@@ -1,0 +1,251 @@
+// The demo page and the model cache in headless Chromium (CPU backend):
+//   node demo.mjs MODEL PROMPT N EXPECTED_JSON
+// EXPECTED_JSON is the native CLI's `run --chat --temp 0 --json` output for
+// PROMPT and N tokens. One browser profile throughout, so the service worker
+// and the model cache persist across the reload that runs offline.
+import { chromium } from 'playwright-core';
+import { mkdirSync, mkdtempSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { startServer } from '../demo/serve.mjs';
+
+const [model, prompt, nArg, expectedJson] = process.argv.slice(2);
+const n = Number(nArg);
+const cliRun = JSON.parse(expectedJson);
+const expected = cliRun.text;
+// The CLI stops at an end-of-generation token ('eog') or after N tokens.
+const expectedFinish = cliRun.stats.stop_reason === 'eog' ? 'stop' : 'length';
+const modelBytes = statSync(model).size;
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const artifacts = process.env.ARTIFACTS_DIR ?? path.resolve(HERE, '../../target/browser-artifacts');
+
+// No WebGPU flags: these tests run on the CPU backend.
+const FLAGS = ['--headless=new', '--no-sandbox', '--disable-quic', '--no-first-run', '--disable-background-networking',
+  '--disable-component-update', '--disable-sync', '--disable-default-apps', '--disable-extensions', '--no-default-browser-check'];
+
+let failures = 0;
+const check = (ok, what) => { console.log(`${ok ? 'ok  ' : 'FAIL'} ${what}`); if (!ok) failures += 1; };
+const secs = (ms) => `${(ms / 1000).toFixed(2)} s`;
+
+function watch(page, tag) {
+  page.on('console', (m) => { if (m.type() === 'error' || m.type() === 'warning') console.log(`  [${tag} ${m.type()}] ${m.text().slice(0, 400)}`); });
+  page.on('pageerror', (e) => console.log(`  [${tag} pageerror] ${e.message}`));
+  page.on('worker', (w) => w.on('console', (m) => { if (m.type() === 'error' || m.type() === 'warning') console.log(`  [${tag} worker] ${m.text().slice(0, 400)}`); }));
+  page.setDefaultTimeout(300_000);
+}
+
+// Loads a model through the demo's form; resolves to the load's wall time.
+async function loadInUi(page, { url, file }) {
+  await page.check(`input[name=model-kind][value=${file ? 'file' : 'url'}]`);
+  if (file) await page.setInputFiles('#model-file', file);
+  else await page.fill('#model-url', url);
+  await page.selectOption('#drafter-kind', 'ngram');
+  await page.selectOption('#backend', 'cpu');
+  const loads = Number(await page.getAttribute('body', 'data-loads') ?? 0);
+  const t = Date.now();
+  await page.click('#load');
+  await page.waitForFunction((k) => Number(document.body.dataset.loads ?? 0) > k, loads);
+  const ms = Date.now() - t;
+  const status = await page.textContent('#load-status');
+  if (await page.getAttribute('body', 'data-state') !== 'ready') throw new Error(`the model did not load: ${status}`);
+  return { ms, status, source: await page.getAttribute('#load-status', 'data-source') };
+}
+
+// Sends PROMPT in a new chat; resolves to the reply text and the stats shown.
+async function chatInUi(page) {
+  await page.click('#new-chat');
+  await page.fill('#max-tokens', String(n));
+  await page.fill('#temperature', '0');
+  await page.fill('#prompt', prompt);
+  const t = Date.now();
+  await page.click('#send');
+  await page.waitForSelector('.msg.assistant:not([data-state=streaming])');
+  const ms = Date.now() - t;
+  await page.waitForFunction(() => document.body.dataset.state === 'ready');
+  const reply = page.locator('.msg.assistant .text').last();
+  const stat = async (id) => (await page.textContent(`#stat-${id}`)).trim();
+  return {
+    ms, text: await reply.textContent(), state: await page.getAttribute('.msg.assistant', 'data-state'),
+    tps: await stat('tps'), acceptance: await stat('acceptance'), tau: await stat('tau'),
+  };
+}
+
+// In a page: the package API without the worker or WebGPU (see the init script).
+async function apiScenario({ prompt, n, cacheStorageUrl }) {
+  const { createEngine, modelCache } = await import('/index.js');
+  const chat = async (engine) => {
+    const r = await engine.chat.completions.create({ messages: [{ role: 'user', content: prompt }], max_tokens: n, temperature: 0 });
+    return r.choices[0].message.content;
+  };
+  const out = { gpu: 'gpu' in navigator, opfs: typeof navigator.storage.getDirectory };
+  // The model as an ArrayBuffer, backend auto with no WebGPU.
+  const buf = await (await fetch('/model.gguf', { cache: 'no-store' })).arrayBuffer();
+  let t = performance.now();
+  let engine = await createEngine({ model: buf, backend: 'auto', drafter: 'ngram', worker: false });
+  out.buffer = { ms: performance.now() - t, backend: engine.info.backend, text: await chat(engine) };
+  await engine.unload();
+
+  // Without OPFS the cache is Cache Storage: an aborted add() stores
+  // nothing; then store, list, load from it, delete.
+  const ac = new AbortController();
+  out.abortedAdd = await modelCache.add(`${cacheStorageUrl}&partial`, { signal: ac.signal, onProgress: () => ac.abort() })
+    .then(() => 'stored', (e) => e.code);
+  out.abortedListed = (await modelCache.list()).some((e) => e.url.endsWith('&partial'));
+  out.added = await modelCache.add(cacheStorageUrl);
+  out.listed = (await modelCache.list()).find((e) => e.url === out.added.url) ?? null;
+  const events = [];
+  t = performance.now();
+  engine = await createEngine({ model: cacheStorageUrl, backend: 'cpu', worker: false, onProgress: (p) => events.push(p) });
+  out.cacheStorage = {
+    ms: performance.now() - t, text: await chat(engine),
+    cachedFlags: [...new Set(events.filter((p) => p.phase === 'download').map((p) => p.cached))],
+  };
+  await engine.unload();
+  out.deleted = await modelCache.delete(cacheStorageUrl);
+  out.afterDelete = (await modelCache.list()).some((e) => e.url === out.added.url);
+  return out;
+}
+
+const server = await startServer({ files: { '/model.gguf': model } });
+const { origin } = server;
+const modelUrl = `${origin}/model.gguf`;
+const udd = mkdtempSync(path.join(tmpdir(), 'blockdraft-demo-'));
+const browser = await chromium.launchPersistentContext(udd, { executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+  headless: true, args: FLAGS, ignoreDefaultArgs: ['--headless'], viewport: { width: 1000, height: 1400 } });
+let serverUp = true;
+try {
+  console.log(`expected (native CLI, --chat): ${JSON.stringify(expected)}`);
+  const page = browser.pages()[0] ?? await browser.newPage();
+  watch(page, 'demo');
+
+  // 1. Online: the demo loads the model by URL (into the cache) and chats.
+  await page.goto(`${origin}/demo/`);
+  await page.waitForSelector('#offline[data-ready=true]');
+  check(await page.evaluate(() => !!navigator.serviceWorker.controller), 'demo: the service worker controls the page');
+  const first = await loadInUi(page, { url: '/model.gguf' });
+  console.log(`  load (network): ${secs(first.ms)}: ${first.status}`);
+  check(first.source === 'network', `demo: first load downloads the model (${first.source})`);
+  const reply = await chatInUi(page);
+  console.log(`  reply in ${secs(reply.ms)}: tok/s ${reply.tps}, acceptance ${reply.acceptance}, τ ${reply.tau}`);
+  check(reply.text === expected, `demo: streamed chat reply equals the CLI's (${JSON.stringify(reply.text)})`);
+  check(reply.state === expectedFinish, `demo: finish reason ${reply.state}, the CLI's is ${cliRun.stats.stop_reason}`);
+  check(Number(reply.tps) > 0 && /%/.test(reply.acceptance) && Number(reply.tau) >= 1,
+    `demo: shows tokens/s, n-gram acceptance and τ (${reply.tps}, ${reply.acceptance}, ${reply.tau})`);
+
+  await page.click('#compare');
+  await page.waitForSelector('#compare-result:not([data-state=running])');
+  const cmp = await page.evaluate(() => {
+    const s = document.getElementById('compare-summary');
+    return s && { text: s.textContent, speedup: Number(s.dataset.speedup), same: s.dataset.same,
+      plain: document.querySelector('#compare-result pre')?.textContent };
+  });
+  console.log(`  compare: ${cmp?.text ?? await page.textContent('#compare-result')}`);
+  check(cmp?.same === 'true' && cmp.plain === `Plain: ${expected}` && cmp.speedup > 0,
+    'demo: compare runs plain and speculative, same text, reports a speedup');
+
+  mkdirSync(artifacts, { recursive: true });
+  const shot = path.join(artifacts, 'demo.png');
+  await page.screenshot({ path: shot, fullPage: true });
+  check(statSync(shot).size > 10_000, `demo: screenshot saved: ${shot}`);
+
+  // Stop: a long reply ends at once, the page is ready again.
+  await page.click('#new-chat');
+  await page.fill('#max-tokens', '400');
+  await page.fill('#prompt', prompt);
+  await page.click('#send');
+  await page.waitForFunction(() => document.querySelector('.msg.assistant .text')?.textContent.length > 0);
+  const stopAt = Date.now();
+  await page.click('#stop');
+  await page.waitForFunction(() => document.body.dataset.state === 'ready');
+  const stopMs = Date.now() - stopAt;
+  const stopped = await page.getAttribute('.msg.assistant', 'data-state');
+  check(stopped === 'abort' && stopMs < 2000 && (await page.textContent('#transcript')).includes('Stopped.'),
+    `demo: stop ends the reply at once (${stopped}, ${stopMs} ms)`);
+
+  const api = await page.evaluate(async (url) => {
+    const { modelCache } = await import('/index.js');
+    return { list: await modelCache.list(), size: await modelCache.size(), has: await modelCache.has(url) };
+  }, modelUrl);
+  const entry = api.list.find((e) => e.url === modelUrl);
+  check(entry?.bytes === modelBytes && api.has, `cache: list() has ${modelUrl} with its ${modelBytes} bytes`);
+  check(api.size === api.list.reduce((s, e) => s + e.bytes, 0) && api.size >= modelBytes, `cache: size() is the sum (${api.size})`);
+  check(await page.getAttribute(`#cache-table tr[data-url="${modelUrl}"]`, 'data-bytes') === String(modelBytes),
+    'demo: the cache table lists the model');
+
+  // The engine's worker ends mid-download (a load aborted by its signal).
+  const partial = await page.evaluate(async (url) => {
+    const { createEngine, modelCache } = await import('/index.js');
+    const ac = new AbortController();
+    let code = 'loaded';
+    try {
+      await createEngine({ model: url, backend: 'cpu', signal: ac.signal, onProgress: () => ac.abort() });
+    } catch (e) {
+      code = e.code;
+    }
+    return { code, has: await modelCache.has(url), listed: (await modelCache.list()).some((e) => e.url === url) };
+  }, `${modelUrl}?partial`);
+  check(partial.code === 'aborted' && !partial.has && !partial.listed,
+    `cache: a load aborted mid-download leaves no entry (${JSON.stringify(partial)})`);
+
+  // 2. The package API in a page with neither WebGPU nor OPFS: ArrayBuffer
+  //    source with backend auto, then the Cache Storage fallback.
+  const bare = await browser.newPage();
+  watch(bare, 'bare');
+  await bare.addInitScript(() => {
+    delete Navigator.prototype.gpu;
+    delete StorageManager.prototype.getDirectory;
+  });
+  await bare.goto(`${origin}/test/blank.html`);
+  const r = await bare.evaluate(apiScenario, { prompt, n, cacheStorageUrl: `${modelUrl}?store=cache-storage` });
+  await bare.close();
+  console.log(`  load: ArrayBuffer ${secs(r.buffer.ms)}, from Cache Storage ${secs(r.cacheStorage.ms)}`);
+  check(!r.gpu && r.opfs === 'undefined', 'bare page: no navigator.gpu, no OPFS');
+  check(r.buffer.backend === 'cpu', `backend auto without WebGPU ends on ${r.buffer.backend}`);
+  check(r.buffer.text === expected, `ArrayBuffer model, auto→cpu, in-page engine: same text (${JSON.stringify(r.buffer.text)})`);
+  check(r.abortedAdd === 'aborted' && !r.abortedListed, `Cache Storage fallback: an aborted add() leaves no entry (${r.abortedAdd})`);
+  check(r.added.cached === false && r.listed?.bytes === modelBytes, 'Cache Storage fallback: add() stores the model, list() shows its bytes');
+  check(r.cacheStorage.text === expected && r.cacheStorage.cachedFlags.join() === 'true',
+    `Cache Storage fallback: the model loads from it (progress cached: ${r.cacheStorage.cachedFlags}) with the same text`);
+  check(r.deleted === true && r.afterDelete === false, 'Cache Storage fallback: delete() removes the entry');
+
+  // 3. Offline: the server is gone; the service worker serves the page, the
+  //    model cache the model.
+  await server.close();
+  serverUp = false;
+  await page.reload();
+  await page.waitForSelector('#offline[data-ready=true]');
+  const again = await loadInUi(page, { url: '/model.gguf' });
+  console.log(`  load (offline, from the cache): ${secs(again.ms)}: ${again.status}`);
+  check(again.source === 'cache' && /model cache/.test(again.status), `offline reload: the model comes from the model cache (${again.source})`);
+  const offline = await chatInUi(page);
+  check(offline.text === expected, `offline reload: same text (${JSON.stringify(offline.text)})`);
+
+  const fromFile = await loadInUi(page, { file: model });
+  const fileReply = await chatInUi(page);
+  console.log(`  load (File): ${secs(fromFile.ms)}`);
+  check(fileReply.text === expected, `File (Blob) model through the demo's file input: same text (${JSON.stringify(fileReply.text)})`);
+
+  // Delete from the demo's cache table; then the URL cannot load offline.
+  await page.click(`#cache-table tr[data-url="${modelUrl}"] button`);
+  await page.waitForSelector(`#cache-table tr[data-url="${modelUrl}"]`, { state: 'detached' });
+  const after = await page.evaluate(async () => {
+    const { modelCache } = await import('/index.js');
+    return { list: await modelCache.list(), size: await modelCache.size() };
+  });
+  check(!after.list.some((e) => e.url === modelUrl) && after.size === api.size - modelBytes,
+    `cache: delete removes the entry (size ${api.size} → ${after.size})`);
+  await page.check('input[name=model-kind][value=url]');
+  await page.click('#load');
+  await page.waitForSelector('#load-status.error');
+  const err = await page.textContent('#load-status');
+  check(/\(network\)$/.test(err), `offline, deleted from the cache: a typed network error (${err})`);
+} catch (e) {
+  check(false, `demo test: ${e.message.split('\n')[0]}`);
+} finally {
+  await browser.close();
+  rmSync(udd, { recursive: true, force: true });
+  if (serverUp) await server.close();
+}
+console.log(failures ? `${failures} check(s) failed` : 'all checks passed');
+process.exit(failures ? 1 : 0);
