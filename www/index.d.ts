@@ -1,15 +1,27 @@
 // Types of the blockdraft npm package (index.js).
 
-/** A GGUF model: a URL (fetched as a stream), a Blob/File, or bytes. */
-export type ModelSource = string | URL | Blob | ArrayBuffer | ArrayBufferView;
+/** One GGUF file: a URL (fetched as a stream), a Blob/File, or bytes. */
+export type FileSource = string | URL | Blob | ArrayBuffer | ArrayBufferView;
+
+/**
+ * A GGUF model: one file, or the parts of a split set in order (llama.cpp's
+ * gguf-split). The URL of a first part, `…-00001-of-0000N.gguf`, stands for
+ * all N parts beside it. The model's tensors go to the device one by one
+ * as they arrive, so the file is never whole in WebAssembly memory.
+ */
+export type ModelSource = FileSource | FileSource[];
 
 export interface LoadProgress {
-  /** `download`: bytes of a file read; `upload`: weight bytes made resident on the device. */
-  phase: 'download' | 'upload';
-  what: 'model' | 'drafter' | 'weights';
+  /** Bytes of a file read (and, for the model, made resident as they arrive). */
+  phase: 'download';
+  what: 'model' | 'drafter';
+  /** Bytes of this file (part) so far. */
   loaded: number;
   /** `null` when the server gives no length. */
   total: number | null;
+  /** This file's number (from 1) among the `parts` of a split set (1 for one file). */
+  part: number;
+  parts: number;
   /** Download events of a URL source: `true` when the file is read from the model cache. */
   cached?: boolean;
 }
@@ -45,7 +57,7 @@ export interface EngineInfo {
   drafter: 'none' | 'ngram' | 'dflash' | 'draft-model';
   has_chat_template: boolean;
   n_ctx_train: number;
-  /** Seconds from the first byte in WebAssembly to the engine being ready (weights uploaded). */
+  /** Seconds from choosing the backend to the engine being ready (download and uploads included). */
   load_seconds: number;
 }
 

@@ -21,6 +21,7 @@ export const modelCache = Object.freeze({
 // URL sources resolved against the page: the worker would resolve a relative
 // URL against its own script, and a URL object cannot be posted to it.
 function resolveUrl(source, what) {
+  if (Array.isArray(source)) return source.map((part) => resolveUrl(part, what));
   if (typeof source !== 'string' && !(source instanceof URL)) return source;
   if (what === 'drafter' && source === 'ngram') return source;
   try {

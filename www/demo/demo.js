@@ -46,8 +46,11 @@ function toggleSources() {
 
 function fileOrUrl(kind, urlInput, fileInput, what) {
   if (kind === 'file') {
-    if (!fileInput.files[0]) throw new Error(`Choose a ${what} file first.`);
-    return fileInput.files[0];
+    const files = [...fileInput.files];
+    if (files.length === 0) throw new Error(`Choose a ${what} file first.`);
+    // Several files: the parts of a split set, in name order (…-00001-of-…).
+    if (files.length === 1) return files[0];
+    return files.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   }
   const url = urlInput.value.trim();
   if (!url) throw new Error(`Enter the ${what}'s URL first.`);
@@ -57,8 +60,9 @@ function fileOrUrl(kind, urlInput, fileInput, what) {
 // --- loading -------------------------------------------------------------
 
 function onProgress(p) {
-  const label = { model: 'Model', drafter: 'Drafter', weights: 'Weights' }[p.what] ?? p.what;
-  const verb = p.phase === 'upload' ? 'uploading to the device' : p.cached ? 'reading from the model cache' : 'downloading';
+  const part = p.parts > 1 ? ` part ${p.part} of ${p.parts}` : '';
+  const label = `${{ model: 'Model', drafter: 'Drafter' }[p.what] ?? p.what}${part}`;
+  const verb = p.cached ? 'reading from the model cache' : 'downloading';
   if (p.total) { ui.progress.max = p.total; ui.progress.value = p.loaded; } else ui.progress.removeAttribute('value');
   ui.progress.dataset.cached = String(!!p.cached);
   ui.loadStatus.textContent = `${label}: ${verb}, ${mb(p.loaded)}${p.total ? ` of ${mb(p.total)}` : ''}`;

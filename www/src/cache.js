@@ -5,6 +5,7 @@
 
 import { BlockdraftError } from './errors.js';
 import { cacheStorage, opfs } from './stores.js';
+import { sourceParts } from './source.js';
 
 const cacheError = (what, e) => new BlockdraftError('cache',
   `the model cache cannot ${what}: ${e?.message ?? e}; the browser's storage may be full or blocked `
@@ -123,21 +124,25 @@ export const modelCache = {
 // gets `cached: true` when that file is read from the cache.
 export async function prepareLoad(options, onProgress) {
   const { cache = true, ...rest } = options;
+  // Every URL of each file (all parts of a split set).
   const urls = {};
   for (const what of ['model', 'drafter']) {
     const s = rest[what];
-    if ((typeof s === 'string' && !(what === 'drafter' && s === 'ngram')) || s instanceof URL) {
-      try {
-        urls[what] = absoluteUrl(s);
-      } catch {
-        // readSource reports the invalid URL
-      }
+    if (s === undefined || s === null || (what === 'drafter' && s === 'ngram')) continue;
+    try {
+      urls[what] = sourceParts(s)
+        .filter((part) => typeof part === 'string' || part instanceof URL)
+        .map((part) => absoluteUrl(part));
+    } catch {
+      // readSource reports the invalid URL
     }
   }
-  const release = cache === false ? bypassCache(Object.values(urls)) : () => {};
+  const release = cache === false ? bypassCache(Object.values(urls).flat()) : () => {};
   const cached = {};
-  for (const [what, url] of Object.entries(urls)) {
-    cached[what] = cache !== false && (await lookup(url)) !== null;
+  for (const [what, list] of Object.entries(urls)) {
+    if (list.length === 0) continue;
+    const hits = cache !== false && await Promise.all(list.map((u) => lookup(u)));
+    cached[what] = cache !== false && hits.every((h) => h !== null);
   }
   const wrapped = (p) => onProgress(p.phase === 'download' && p.what in cached ? { ...p, cached: cached[p.what] } : p);
   return { options: rest, onProgress: wrapped, release };

@@ -3,7 +3,7 @@
 
 import init, { EngineBuilder, take_panic_message } from '../pkg/blockdraft_wasm.js';
 import { BlockdraftError, toBlockdraftError } from './errors.js';
-import { readSource } from './source.js';
+import { readSource, sourceParts } from './source.js';
 
 let ready = null;
 
@@ -13,23 +13,6 @@ function initWasm(wasmUrl) {
 }
 
 const asError = (e) => toBlockdraftError(e, take_panic_message);
-
-const SPLIT = /^(.*)-00001-of-(\d{5})\.gguf((?:[?#].*)?)$/;
-
-// The files of a source, in order: an array is a split set's parts; the
-// URL of a first part (`…-00001-of-0000N.gguf`) stands for all N parts,
-// named as llama.cpp's gguf-split names them.
-export function sourceParts(source) {
-  if (Array.isArray(source)) {
-    if (source.length === 0) throw new BlockdraftError('invalid_argument', 'an array of model parts must not be empty');
-    return source;
-  }
-  const url = typeof source === 'string' ? source : (source instanceof URL ? source.href : null);
-  const m = url === null ? null : SPLIT.exec(url);
-  if (!m) return [source];
-  const count = Number(m[2]);
-  return Array.from({ length: count }, (_, i) => `${m[1]}-${String(i + 1).padStart(5, '0')}-of-${m[2]}.gguf${m[3]}`);
-}
 
 // Streams every part of `source` into the builder as `what`, reporting
 // { phase: 'download', what, loaded, total, part, parts }.

@@ -8,6 +8,23 @@ import { absoluteUrl, cacheUsable, lookup, openWriter } from './cache.js';
 
 const SLICE = 16 << 20;
 
+const SPLIT = /^(.*)-00001-of-(\d{5})\.gguf((?:[?#].*)?)$/;
+
+// The files of a source, in order: an array is a split set's parts; the
+// URL of a first part (`…-00001-of-0000N.gguf`) stands for all N parts,
+// named as llama.cpp's gguf-split names them.
+export function sourceParts(source) {
+  if (Array.isArray(source)) {
+    if (source.length === 0) throw new BlockdraftError('invalid_argument', 'an array of model parts must not be empty');
+    return source;
+  }
+  const url = typeof source === 'string' ? source : (source instanceof URL ? source.href : null);
+  const m = url === null ? null : SPLIT.exec(url);
+  if (!m) return [source];
+  const count = Number(m[2]);
+  return Array.from({ length: count }, (_, i) => `${m[1]}-${String(i + 1).padStart(5, '0')}-of-${m[2]}.gguf${m[3]}`);
+}
+
 // Calls `push(Uint8Array)` for every chunk; `onBytes(loaded, total)` after
 // each (total is null when unknown); `onStart(total)` before the first.
 export async function readSource(source, { what, signal, onStart, onBytes, push }) {

@@ -1,9 +1,11 @@
 // Drives headless Chromium (playwright-core, system Chromium) through the
 // package: usage: node browser.mjs MODEL PROMPT N EXPECTED_JSON BACKEND...
 // EXPECTED_JSON is the native CLI's `run --json` output for PROMPT.
-// Serves www/ plus the model at /model.gguf (demo/serve.mjs).
+// Serves www/ plus the model at /model.gguf (demo/serve.mjs), and with
+// SPLIT_DIR (the model as a split set, `blockdraft split`) its parts under
+// /models/.
 import { chromium } from 'playwright-core';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { startServer } from '../demo/serve.mjs';
@@ -11,7 +13,9 @@ import { startServer } from '../demo/serve.mjs';
 const [model, prompt, nArg, expectedJson, ...backends] = process.argv.slice(2);
 const n = Number(nArg);
 const expected = JSON.parse(expectedJson).text;
-const server = await startServer({ files: { '/model.gguf': model } });
+const splitDir = process.env.SPLIT_DIR;
+const splitFirst = splitDir && readdirSync(splitDir).filter((f) => f.endsWith('.gguf')).sort()[0];
+const server = await startServer({ files: { '/model.gguf': model }, models: splitDir ?? null });
 const { origin } = server;
 
 const FLAGS = ['--headless=new', '--no-sandbox', '--disable-quic', '--no-first-run', '--disable-background-networking',
@@ -69,6 +73,24 @@ async function scenario({ backend, prompt, n }) {
   return out;
 }
 
+// Runs in the page: the split set by its first part's URL (in the worker),
+// then as an array of Blobs (in the page), on the CPU.
+async function splitScenario({ first, prompt, n }) {
+  const { createEngine } = await import('/index.js');
+  const generate = async (options) => {
+    const parts = new Set();
+    const engine = await createEngine({ ...options, backend: 'cpu', cache: false, onProgress: (p) => parts.add(`${p.part}/${p.parts}`) });
+    const r = await engine.completions.create({ prompt, max_tokens: n, temperature: 0 });
+    await engine.unload();
+    return { text: r.choices[0].text, parts: [...parts].sort() };
+  };
+  const byUrl = await generate({ model: first });
+  const urls = [1, 2, 3].map((i) => first.replace('-00001-of-', `-0000${i}-of-`));
+  const blobs = await Promise.all(urls.map(async (u) => (await fetch(u)).blob()));
+  const byBlobs = await generate({ model: blobs, worker: false });
+  return { byUrl, byBlobs };
+}
+
 let failures = 0;
 const check = (ok, what) => { console.log(`${ok ? 'ok  ' : 'FAIL'} ${what}`); if (!ok) failures += 1; };
 const udd = mkdtempSync(path.join(tmpdir(), 'blockdraft-chromium-'));
@@ -106,6 +128,15 @@ try {
     check(expected.startsWith(r.after_abort.text) && r.after_abort.text.length > 0,
       `${backend}: next request after the abort works (${(r.after_abort.ms / 1000).toFixed(2)} s)`);
     check(r.bad_request === 'invalid_argument', `${backend}: max_tokens 0 is a typed invalid_argument error (${r.bad_request})`);
+  }
+  if (splitFirst) {
+    const first = `/models/${splitFirst}`;
+    const r = await page.evaluate(splitScenario, { first, prompt, n });
+    const parts = ['1/3', '2/3', '3/3'];
+    check(r.byUrl.text === expected && JSON.stringify(r.byUrl.parts) === JSON.stringify(parts),
+      `split set by its first URL (${first}): the CLI's text, progress over parts ${r.byUrl.parts}`);
+    check(r.byBlobs.text === expected && JSON.stringify(r.byBlobs.parts) === JSON.stringify(parts),
+      'split set as an array of Blobs, in the page: the CLI\'s text');
   }
 } finally {
   await browser.close();

@@ -4,7 +4,8 @@
 # serves www/ and SmolLM2-135M, and checks
 #  - browser.mjs: on the CPU backend and on WebGPU (SwiftShader) that 16
 #    greedy tokens equal the native CLI's, that an n-gram speculative run
-#    gives the same text, and that an abort ends a stream at once;
+#    gives the same text, that an abort ends a stream at once, and that
+#    the model as a split set (by URL, and as Blobs) gives the same text;
 #  - demo.mjs: the demo page (chat equals the CLI's --chat text), the model
 #    cache (OPFS and Cache Storage), offline reload, Blob and ArrayBuffer
 #    models, and the CPU fallback without WebGPU.
@@ -55,5 +56,10 @@ cli() {
 }
 EXPECTED=$(cli run -m "$MODEL" -p "$PROMPT" -n "$N" --temp 0 --json)
 EXPECTED_CHAT=$(cli run -m "$MODEL" -p "$CHAT_PROMPT" -n "$CHAT_N" --temp 0 --json --chat)
-node "$HERE/browser.mjs" "$MODEL" "$PROMPT" "$N" "$EXPECTED" ${BACKENDS:-cpu webgpu}
+# The model as a split set of 3 parts (about 40 MB each).
+SPLIT_DIR=$(mktemp -d)
+trap 'rm -rf "$SPLIT_DIR"' EXIT
+cli split "$MODEL" --max-size 40M -o "$SPLIT_DIR/smollm2" >/dev/null
+[ "$(ls "$SPLIT_DIR" | wc -l)" = 3 ] || { echo "FAIL: expected 3 split parts in $SPLIT_DIR" >&2; exit 1; }
+SPLIT_DIR=$SPLIT_DIR node "$HERE/browser.mjs" "$MODEL" "$PROMPT" "$N" "$EXPECTED" ${BACKENDS:-cpu webgpu}
 node "$HERE/demo.mjs" "$MODEL" "$CHAT_PROMPT" "$CHAT_N" "$EXPECTED_CHAT"
