@@ -4,10 +4,8 @@
 // Serves www/ plus the model at /model.gguf (demo/serve.mjs), and with
 // SPLIT_DIR (the model as a split set, `blockdraft split`) its parts under
 // /models/.
-import { chromium } from 'playwright-core';
-import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import path from 'node:path';
+import { readdirSync } from 'node:fs';
+import { launchChromium } from './chromium.mjs';
 import { startServer } from '../demo/serve.mjs';
 
 const [model, prompt, nArg, expectedJson, ...backends] = process.argv.slice(2);
@@ -17,11 +15,6 @@ const splitDir = process.env.SPLIT_DIR;
 const splitFirst = splitDir && readdirSync(splitDir).filter((f) => f.endsWith('.gguf')).sort()[0];
 const server = await startServer({ files: { '/model.gguf': model }, models: splitDir ?? null });
 const { origin } = server;
-
-const FLAGS = ['--headless=new', '--no-sandbox', '--disable-quic', '--no-first-run', '--disable-background-networking',
-  '--disable-component-update', '--disable-sync', '--disable-default-apps', '--disable-extensions', '--no-default-browser-check',
-  '--enable-unsafe-webgpu', '--enable-features=Vulkan', '--use-vulkan=swiftshader', '--use-webgpu-adapter=swiftshader',
-  '--use-angle=swiftshader'];
 
 // Runs in the page: one engine (n-gram drafter) per backend, three requests.
 async function scenario({ backend, prompt, n }) {
@@ -93,9 +86,7 @@ async function splitScenario({ first, prompt, n }) {
 
 let failures = 0;
 const check = (ok, what) => { console.log(`${ok ? 'ok  ' : 'FAIL'} ${what}`); if (!ok) failures += 1; };
-const udd = mkdtempSync(path.join(tmpdir(), 'blockdraft-chromium-'));
-const browser = await chromium.launchPersistentContext(udd, { executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-  headless: true, args: FLAGS, ignoreDefaultArgs: ['--headless'] });
+const { browser, close } = await launchChromium();
 try {
   const page = browser.pages()[0] ?? await browser.newPage();
   page.on('console', (m) => { if (m.type() === 'error' || m.type() === 'warning') console.log(`  [browser ${m.type()}] ${m.text()}`); });
@@ -139,8 +130,7 @@ try {
       'split set as an array of Blobs, in the page: the CLI\'s text');
   }
 } finally {
-  await browser.close();
-  rmSync(udd, { recursive: true, force: true });
+  await close();
   await server.close();
 }
 console.log(failures ? `${failures} check(s) failed` : 'all checks passed');

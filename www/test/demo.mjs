@@ -3,12 +3,11 @@
 // EXPECTED_JSON is the native CLI's `run --chat --temp 0 --json` output for
 // PROMPT and N tokens. One browser profile throughout, so the service worker
 // and the model cache persist across the reload that runs offline.
-import { chromium } from 'playwright-core';
-import { mkdirSync, mkdtempSync, rmSync, statSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { mkdirSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { startServer } from '../demo/serve.mjs';
+import { launchChromium } from './chromium.mjs';
 
 const [model, prompt, nArg, expectedJson] = process.argv.slice(2);
 const n = Number(nArg);
@@ -19,10 +18,6 @@ const expectedFinish = cliRun.stats.stop_reason === 'eog' ? 'stop' : 'length';
 const modelBytes = statSync(model).size;
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const artifacts = process.env.ARTIFACTS_DIR ?? path.resolve(HERE, '../../target/browser-artifacts');
-
-// No WebGPU flags: these tests run on the CPU backend.
-const FLAGS = ['--headless=new', '--no-sandbox', '--disable-quic', '--no-first-run', '--disable-background-networking',
-  '--disable-component-update', '--disable-sync', '--disable-default-apps', '--disable-extensions', '--no-default-browser-check'];
 
 let failures = 0;
 const check = (ok, what) => { console.log(`${ok ? 'ok  ' : 'FAIL'} ${what}`); if (!ok) failures += 1; };
@@ -110,9 +105,8 @@ async function apiScenario({ prompt, n, cacheStorageUrl }) {
 const server = await startServer({ files: { '/model.gguf': model } });
 const { origin } = server;
 const modelUrl = `${origin}/model.gguf`;
-const udd = mkdtempSync(path.join(tmpdir(), 'blockdraft-demo-'));
-const browser = await chromium.launchPersistentContext(udd, { executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-  headless: true, args: FLAGS, ignoreDefaultArgs: ['--headless'], viewport: { width: 1000, height: 1400 } });
+// No WebGPU: these tests run on the CPU backend.
+const { browser, close } = await launchChromium({ webgpu: false, context: { viewport: { width: 1000, height: 1400 } } });
 let serverUp = true;
 try {
   console.log(`expected (native CLI, --chat): ${JSON.stringify(expected)}`);
@@ -243,8 +237,7 @@ try {
 } catch (e) {
   check(false, `demo test: ${e.message.split('\n')[0]}`);
 } finally {
-  await browser.close();
-  rmSync(udd, { recursive: true, force: true });
+  await close();
   if (serverUp) await server.close();
 }
 console.log(failures ? `${failures} check(s) failed` : 'all checks passed');
