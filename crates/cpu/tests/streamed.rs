@@ -10,7 +10,7 @@ use blockdraft_core::testing::{greedy_plain, greedy_speculative};
 use blockdraft_core::tokenizer::Tokenizer;
 use blockdraft_core::ModelError;
 use blockdraft_cpu::CpuBackend;
-use blockdraft_gguf::{ErrorKind, GgufFile, GgufWriter, Value};
+use blockdraft_gguf::{split_part, ErrorKind, GgufFile};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -108,28 +108,16 @@ fn broken_streams_are_typed_errors() {
     assert_eq!(e.kind(), ErrorKind::BadMagic);
 }
 
-/// Writes `file` as a split set of `n` parts the way gguf-split does: the
-/// metadata in the first part, split keys in all, tensors in order.
+/// `file` as a split set of `n` parts (the gguf crate's writer).
 fn split(file: &GgufFile, n: usize) -> Vec<Vec<u8>> {
-    let tensors = file.tensors();
-    let per_part = tensors.len().div_ceil(n);
-    tensors
-        .chunks(per_part)
-        .enumerate()
-        .map(|(i, chunk)| {
-            let mut w = GgufWriter::new();
-            if i == 0 {
-                w.add_all(file.metadata());
-            }
-            w.add("split.no", Value::U16(i as u16));
-            w.add("split.count", Value::U16(n as u16));
-            w.add("split.tensors.count", Value::I32(tensors.len() as i32));
-            for t in chunk {
-                let data = file.tensor_data(&t.name).unwrap();
-                w.add_tensor(&t.name, &t.dims, t.ty, data.as_bytes())
-                    .unwrap();
-            }
-            w.to_bytes().unwrap()
+    let per_part = file.tensors().len().div_ceil(n);
+    (0..n)
+        .map(|i| {
+            let range = i * per_part..((i + 1) * per_part).min(file.tensors().len());
+            split_part(file, range, i as u32, n as u32)
+                .unwrap()
+                .to_bytes()
+                .unwrap()
         })
         .collect()
 }

@@ -8,9 +8,7 @@
 //!     cargo run --release -p blockdraft-gguf --example repeat_layers -- \
 //!         SOURCE.gguf TIMES PARTS OUT_PREFIX
 
-use blockdraft_gguf::{
-    split_name, GgufFile, GgufWriter, Value, SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS_COUNT,
-};
+use blockdraft_gguf::{add_split_keys, split_name, GgufFile, GgufWriter, Value};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -63,9 +61,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             w.add(key.clone(), Value::U32((n_layer * times) as u32));
         }
-        w.add(SPLIT_NO, Value::U16(no as u16));
-        w.add(SPLIT_COUNT, Value::U16(count as u16));
-        w.add(SPLIT_TENSORS_COUNT, Value::I32(plan.len() as i32));
+        add_split_keys(&mut w, no as u32, count as u32, plan.len())?;
         for (name, src) in chunk {
             let t = file.tensor(src).ok_or("tensor vanished")?;
             w.add_tensor(

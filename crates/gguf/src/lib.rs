@@ -40,8 +40,8 @@ pub use error::{ErrorKind, GgufError, Result};
 pub use file::{GgufFile, TensorData};
 pub use parse::{GgufHeader, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAX_DIMS};
 pub use split::{
-    check_split_set, parse_split_name, plan_split, split_name, split_part, split_paths, SplitInfo,
-    SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS_COUNT,
+    add_split_keys, check_split_set, parse_split_name, plan_split, split_name, split_part,
+    split_paths, SplitInfo, SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS_COUNT,
 };
 pub use stream::{GgufStreamReader, StreamEnd, TensorChunk};
 pub use types::GgmlType;

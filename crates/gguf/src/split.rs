@@ -63,6 +63,7 @@ pub fn check_split_set(parts: &[(Option<SplitInfo>, usize)]) -> Result<()> {
     }
     let n = parts.len();
     let mut tensors = 0u64;
+    let mut expected = None;
     for (i, (info, count)) in parts.iter().enumerate() {
         let Some(info) = info else {
             return bad(format!(
@@ -84,26 +85,22 @@ pub fn check_split_set(parts: &[(Option<SplitInfo>, usize)]) -> Result<()> {
                 info.no + 1
             ));
         }
-        if info.tensors != parts_first(parts).tensors {
+        let first = *expected.get_or_insert(info.tensors);
+        if info.tensors != first {
             return bad(format!(
-                "parts disagree on the number of tensors ({} vs {})",
-                info.tensors,
-                parts_first(parts).tensors
+                "parts disagree on the number of tensors ({} vs {first})",
+                info.tensors
             ));
         }
         tensors += *count as u64;
     }
-    let expected = parts_first(parts).tensors;
+    let expected = expected.expect("at least two parts");
     if tensors != expected {
         return bad(format!(
             "the parts hold {tensors} tensors, the set should have {expected}"
         ));
     }
     Ok(())
-}
-
-fn parts_first(parts: &[(Option<SplitInfo>, usize)]) -> SplitInfo {
-    parts[0].0.expect("checked by the caller")
 }
 
 /// `(prefix, no, count)` of a split file name `prefix-0000N-of-0000M.gguf`
@@ -156,6 +153,20 @@ pub fn plan_split(tensors: &[TensorInfo], max_bytes: u64) -> Vec<Range<usize>> {
     parts
 }
 
+/// Adds the split keys of part `no` (0-based) of `count`, in a set of
+/// `n_tensors` tensors, with the types gguf-split writes (u16, u16, i32).
+pub fn add_split_keys(w: &mut GgufWriter, no: u32, count: u32, n_tensors: usize) -> Result<()> {
+    let narrow = |what: &str, v: u32| {
+        u16::try_from(v).map_err(|_| GgufError::Split(format!("{what} {v} exceeds 65535")))
+    };
+    w.add(SPLIT_NO, Value::U16(narrow("part number", no)?));
+    w.add(SPLIT_COUNT, Value::U16(narrow("part count", count)?));
+    let total =
+        i32::try_from(n_tensors).map_err(|_| GgufError::Split(format!("{n_tensors} tensors")))?;
+    w.add(SPLIT_TENSORS_COUNT, Value::I32(total));
+    Ok(())
+}
+
 /// Part `no` (0-based) of `count` of `file`, holding the tensors `range`:
 /// the first part also holds the metadata; every part the split keys.
 pub fn split_part(file: &GgufFile, range: Range<usize>, no: u32, count: u32) -> Result<GgufWriter> {
@@ -173,14 +184,7 @@ pub fn split_part(file: &GgufFile, range: Range<usize>, no: u32, count: u32) -> 
         let a = file.alignment();
         w.set_alignment(u32::try_from(a).map_err(|_| GgufError::BadAlignment { value: a })?)?;
     }
-    let narrow = |what: &str, v: u64| {
-        u16::try_from(v).map_err(|_| GgufError::Split(format!("{what} {v} exceeds 65535")))
-    };
-    w.add(SPLIT_NO, Value::U16(narrow("part number", no as u64)?));
-    w.add(SPLIT_COUNT, Value::U16(narrow("part count", count as u64)?));
-    let total = i32::try_from(tensors.len())
-        .map_err(|_| GgufError::Split(format!("{} tensors", tensors.len())))?;
-    w.add(SPLIT_TENSORS_COUNT, Value::I32(total));
+    add_split_keys(&mut w, no, count, tensors.len())?;
     for t in &tensors[range] {
         let data = file.tensor_data(&t.name)?;
         w.add_tensor(&t.name, &t.dims, t.ty, data.as_bytes())?;
