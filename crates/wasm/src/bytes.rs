@@ -35,19 +35,10 @@ fn too_big(len: usize) -> ApiError {
 impl GgufBytes {
     /// `total_len`: the file's size when known (Blob.size, Content-Length);
     /// the memory is then reserved once and the stream checked against it.
-    pub fn new(total_len: Option<f64>) -> Result<GgufBytes, ApiError> {
-        let total_len = match total_len {
-            None => None,
-            Some(n) if n.is_finite() && n >= 0.0 && n.fract() == 0.0 => {
-                let n = usize::try_from(n as u64).map_err(|_| too_big(usize::MAX))?;
-                Some(n)
-            }
-            Some(n) => {
-                return Err(ApiError::invalid(format!(
-                    "total_len must be a whole number of bytes, got {n}"
-                )))
-            }
-        };
+    pub fn new(total_len: Option<u64>) -> Result<GgufBytes, ApiError> {
+        let total_len = total_len
+            .map(|n| usize::try_from(n).map_err(|_| too_big(usize::MAX)))
+            .transpose()?;
         let mut bytes = Vec::new();
         let mut reader = GgufStreamReader::new();
         if let Some(n) = total_len {
@@ -102,7 +93,7 @@ mod tests {
     #[test]
     fn chunks_assemble_the_file_and_bad_streams_are_typed_errors() {
         let bytes = file();
-        for total in [Some(bytes.len() as f64), None] {
+        for total in [Some(bytes.len() as u64), None] {
             let mut b = GgufBytes::new(total).unwrap();
             for c in bytes.chunks(7) {
                 b.push(c).unwrap();
@@ -113,12 +104,12 @@ mod tests {
                 [1.0, 2.0, 3.0]
             );
         }
-        let mut b = GgufBytes::new(Some(bytes.len() as f64)).unwrap();
+        let mut b = GgufBytes::new(Some(bytes.len() as u64)).unwrap();
         b.push(&bytes[..bytes.len() - 1]).unwrap();
         assert_eq!(b.into_file().unwrap_err().code, Code::BadGguf);
         let mut b = GgufBytes::new(None).unwrap();
         assert_eq!(b.push(&[0u8; 64]).unwrap_err().code, Code::BadGguf);
-        let mut b = GgufBytes::new(Some(4.0)).unwrap();
+        let mut b = GgufBytes::new(Some(4)).unwrap();
         assert_eq!(b.push(&bytes).unwrap_err().code, Code::BadGguf);
     }
 }

@@ -171,7 +171,7 @@ impl EngineBuilder {
                     .map_err(|e| ApiError::model("model", e))?;
                 Receiving::Model
             }
-            "drafter" => Receiving::Drafter(Box::new(GgufBytes::new(total_len)?)),
+            "drafter" => Receiving::Drafter(Box::new(GgufBytes::new(total)?)),
             _ => {
                 return Err(ApiError::invalid(format!(
                     "begin() takes \"model\" or \"drafter\", got {what:?}"
