@@ -1,9 +1,10 @@
-// out = x · Wᵀ for float weights (F32, F16, BF16) with f32 activations.
-// One workgroup per output feature; its 64 invocations stride over the row
-// and dot it with up to 8 activation rows at once, so each weight is read
-// once per 8 rows (the verify shape of speculative decoding).
+// out = x · Wᵀ for float weights (F32, F16, BF16) with f32 activations,
+// up to 8 activation rows per pass, so each weight is read once per 8 rows
+// (the verify shape of speculative decoding). Work split and sums:
+// matmul_rows.wgsl. With shader-f16, f16 weights are read as f16.
 
 #include "common.wgsl"
+#include "matmul_rows.wgsl"
 
 struct Params {
     rows: u32,       // output features in this weight part
@@ -21,10 +22,6 @@ struct Params {
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
-const WG: u32 = 64u;
-const NR: u32 = 8u;
-var<workgroup> partial: array<array<f32, WG>, NR>;
-
 const F32: u32 = 0u;
 const F16: u32 = 1u;
 const BF16: u32 = 2u;
@@ -41,54 +38,61 @@ fn weight(ty: u32, i: u32) -> f32 {
     return bf16_bits(half);
 }
 
-fn matmul_float(ty: u32, wid: vec3<u32>, nwg: vec3<u32>, lid: u32) {
-    let o = group_index(wid, nwg);
-    if o >= p.rows {
-        return;
-    }
+fn matmul_float(ty: u32, inv: Invocation) {
+    let at = place(inv);
     for (var g = 0u; g < p.n; g += NR) {
         let nr = min(NR, p.n - g);
         var acc = array<f32, NR>();
-        for (var c = lid; c < p.cols; c += WG) {
-            let wv = weight(ty, o * p.cols + c);
-            for (var r = 0u; r < nr; r++) {
-                acc[r] += wv * x[(g + r) * p.cols + c];
-            }
-        }
-        // Sum each row's partials and write the outputs of rows g..g+nr.
-        for (var r = 0u; r < NR; r++) {
-            partial[r][lid] = acc[r];
-        }
-        workgroupBarrier();
-        for (var s = WG / 2u; s > 0u; s /= 2u) {
-            if lid < s {
-                for (var r = 0u; r < NR; r++) {
-                    partial[r][lid] += partial[r][lid + s];
+        if at.o < p.rows {
+            for (var c = at.lane; c < p.cols; c += LANES) {
+                let wv = weight(ty, at.o * p.cols + c);
+                for (var r = 0u; r < nr; r++) {
+                    acc[r] += wv * x[(g + r) * p.cols + c];
                 }
             }
-            workgroupBarrier();
         }
-        if lid < nr {
-            y[(g + lid) * p.out_cols + p.row0 + o] = partial[lid][0];
-        }
-        workgroupBarrier();
+        store_rows(inv, at, acc, g, nr);
     }
 }
 
+#if F16
+// With `shader-f16`, f16 weights are read as the device's f16 type and
+// converted by it. Only `matmul_f16` uses this view of binding 1.
+@group(0) @binding(1) var<storage, read> w_f16: array<f16>;
+
+fn matmul_f16_native(inv: Invocation) {
+    let at = place(inv);
+    for (var g = 0u; g < p.n; g += NR) {
+        let nr = min(NR, p.n - g);
+        var acc = array<f32, NR>();
+        if at.o < p.rows {
+            for (var c = at.lane; c < p.cols; c += LANES) {
+                let wv = f32(w_f16[at.o * p.cols + c]);
+                for (var r = 0u; r < nr; r++) {
+                    acc[r] += wv * x[(g + r) * p.cols + c];
+                }
+            }
+        }
+        store_rows(inv, at, acc, g, nr);
+    }
+}
+#endif
+
 @compute @workgroup_size(64)
-fn matmul_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-              @builtin(local_invocation_index) lid: u32) {
-    matmul_float(F32, wid, nwg, lid);
+fn matmul_f32(inv: Invocation) {
+    matmul_float(F32, inv);
 }
 
 @compute @workgroup_size(64)
-fn matmul_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-              @builtin(local_invocation_index) lid: u32) {
-    matmul_float(F16, wid, nwg, lid);
+fn matmul_f16(inv: Invocation) {
+#if F16
+    matmul_f16_native(inv);
+#else
+    matmul_float(F16, inv);
+#endif
 }
 
 @compute @workgroup_size(64)
-fn matmul_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    matmul_float(BF16, wid, nwg, lid);
+fn matmul_bf16(inv: Invocation) {
+    matmul_float(BF16, inv);
 }

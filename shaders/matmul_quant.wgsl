@@ -3,17 +3,11 @@
 // with per-16 sums for the K-quants). Each 32-value unit of a weight row
 // is decoded once and dotted in integers with up to 8 activation rows (the
 // speculative verify shape), then scaled once per unit, as the CPU backend
-// does per block.
-//
-// A workgroup of 64 invocations computes 64 / LANES output features; LANES
-// invocations per feature stride over its units and their partial sums are
-// tree-reduced. LANES is set per adapter when the pipeline is built: 16
-// suits GPUs (neighbouring invocations read neighbouring blocks), 1 suits
-// CPU-emulated adapters (lavapipe, SwiftShader), where barriers and tiny
-// workgroups cost far more than the arithmetic (3x faster there).
+// does per block. Work split and sums: matmul_rows.wgsl.
 
 #include "common.wgsl"
 #include "quant_blocks.wgsl"
+#include "matmul_rows.wgsl"
 
 struct Params {
     rows: u32,       // output features in this weight part
@@ -30,12 +24,6 @@ struct Params {
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> act: array<u32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-
-const WG: u32 = 64u;
-override LANES: u32 = 16u;          // invocations per output feature (divides WG)
-override FEATURES: u32 = WG / LANES; // output features per workgroup
-const NR: u32 = 8u;              // activation rows per pass
-var<workgroup> partial: array<array<f32, WG>, NR>;
 
 // Row r's contribution of weight unit `i`.
 fn unit_dot(ty: u32, u: Unit, r: u32, i: u32) -> f32 {
@@ -65,112 +53,80 @@ fn unit_dot(ty: u32, u: Unit, r: u32, i: u32) -> f32 {
     return dx * u.wd * f32(isum);
 }
 
-fn matmul_quant(ty: u32, wid: vec3<u32>, nwg: vec3<u32>, lid: u32) {
-    let f = lid / LANES;
-    let lane = lid % LANES;
-    let o = group_index(wid, nwg) * FEATURES + f;
-    let live = o < p.rows;
+fn matmul_quant(ty: u32, inv: Invocation) {
+    let at = place(inv);
     let units = p.cols / 32u;
     for (var g = 0u; g < p.n; g += NR) {
         let nr = min(NR, p.n - g);
         var acc = array<f32, NR>();
-        if live {
-            for (var i = lane; i < units; i += LANES) {
-                let u = decode_unit(ty, o * p.row_bytes, i);
+        if at.o < p.rows {
+            for (var i = at.lane; i < units; i += LANES) {
+                let u = decode_unit(ty, at.o * p.row_bytes, i);
                 for (var r = 0u; r < nr; r++) {
                     acc[r] += unit_dot(ty, u, g + r, i);
                 }
             }
         }
-        for (var r = 0u; r < NR; r++) {
-            partial[r][lid] = acc[r];
-        }
-        workgroupBarrier();
-        for (var s = LANES / 2u; s > 0u; s /= 2u) {
-            if lane < s {
-                for (var r = 0u; r < NR; r++) {
-                    partial[r][lid] += partial[r][lid + s];
-                }
-            }
-            workgroupBarrier();
-        }
-        if live {
-            for (var r = lane; r < nr; r += LANES) {
-                y[(g + r) * p.out_cols + p.row0 + o] = partial[r][f * LANES];
-            }
-        }
-        workgroupBarrier();
+        store_rows(inv, at, acc, g, nr);
     }
 }
 
 @compute @workgroup_size(64)
-fn matmul_q4_0(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    matmul_quant(Q4_0, wid, nwg, lid);
+fn matmul_q4_0(inv: Invocation) {
+    matmul_quant(Q4_0, inv);
 }
 
 @compute @workgroup_size(64)
-fn matmul_q4_1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    matmul_quant(Q4_1, wid, nwg, lid);
+fn matmul_q4_1(inv: Invocation) {
+    matmul_quant(Q4_1, inv);
 }
 
 @compute @workgroup_size(64)
-fn matmul_q5_0(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    matmul_quant(Q5_0, wid, nwg, lid);
+fn matmul_q5_0(inv: Invocation) {
+    matmul_quant(Q5_0, inv);
 }
 
 @compute @workgroup_size(64)
-fn matmul_q5_1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    matmul_quant(Q5_1, wid, nwg, lid);
+fn matmul_q5_1(inv: Invocation) {
+    matmul_quant(Q5_1, inv);
 }
 
 @compute @workgroup_size(64)
-fn matmul_q8_0(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    matmul_quant(Q8_0, wid, nwg, lid);
+fn matmul_q8_0(inv: Invocation) {
+    matmul_quant(Q8_0, inv);
 }
 
 @compute @workgroup_size(64)
-fn matmul_q8_1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    matmul_quant(Q8_1, wid, nwg, lid);
+fn matmul_q8_1(inv: Invocation) {
+    matmul_quant(Q8_1, inv);
 }
 
 @compute @workgroup_size(64)
-fn matmul_q2_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    matmul_quant(Q2_K, wid, nwg, lid);
+fn matmul_q2_k(inv: Invocation) {
+    matmul_quant(Q2_K, inv);
 }
 
 @compute @workgroup_size(64)
-fn matmul_q3_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    matmul_quant(Q3_K, wid, nwg, lid);
+fn matmul_q3_k(inv: Invocation) {
+    matmul_quant(Q3_K, inv);
 }
 
 @compute @workgroup_size(64)
-fn matmul_q4_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    matmul_quant(Q4_K, wid, nwg, lid);
+fn matmul_q4_k(inv: Invocation) {
+    matmul_quant(Q4_K, inv);
 }
 
 @compute @workgroup_size(64)
-fn matmul_q5_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    matmul_quant(Q5_K, wid, nwg, lid);
+fn matmul_q5_k(inv: Invocation) {
+    matmul_quant(Q5_K, inv);
 }
 
 @compute @workgroup_size(64)
-fn matmul_q6_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    matmul_quant(Q6_K, wid, nwg, lid);
+fn matmul_q6_k(inv: Invocation) {
+    matmul_quant(Q6_K, inv);
 }
 
 @compute @workgroup_size(64)
-fn matmul_q8_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    matmul_quant(Q8_K, wid, nwg, lid);
+fn matmul_q8_k(inv: Invocation) {
+    matmul_quant(Q8_K, inv);
 }

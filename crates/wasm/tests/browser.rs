@@ -29,7 +29,9 @@ async fn webgpu() -> WgpuBackend {
     let gpu = Gpu::request()
         .await
         .expect("WebGPU (Chromium needs --enable-unsafe-webgpu; see webdriver.json)");
-    WgpuBackend::with_gpu(gpu)
+    let backend = WgpuBackend::with_gpu(gpu);
+    wasm_bindgen_test::console_log!("{}", backend.adapter_info());
+    backend
 }
 
 /// Counts live heap bytes and their peak, to see what a load keeps in

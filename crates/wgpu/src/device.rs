@@ -35,6 +35,69 @@ impl DeviceErrors {
     }
 }
 
+/// Kernel shapes and fast paths for an adapter: what suits a GPU and what
+/// suits an adapter that emulates one on the CPU differ, and the fast paths
+/// need optional features.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Invocations per output feature of the matmuls (a power of
+    /// two dividing 64).
+    pub matmul_lanes: u32,
+    /// Reductions by subgroup operations (needs `subgroups`).
+    pub subgroups: bool,
+    /// f16 decoded by the shader's f16 type (needs `shader-f16`).
+    pub f16: bool,
+}
+
+impl Tuning {
+    /// Portable shapes for GPUs: neighbouring invocations read neighbouring
+    /// blocks.
+    pub const GPU: Tuning = Tuning {
+        matmul_lanes: 16,
+        subgroups: false,
+        f16: false,
+    };
+
+    /// Portable shapes for CPU-emulated adapters (lavapipe, SwiftShader),
+    /// where barriers and tiny workgroups cost more than the arithmetic.
+    pub const CPU_ADAPTER: Tuning = Tuning {
+        matmul_lanes: 1,
+        subgroups: false,
+        f16: false,
+    };
+
+    /// The shapes for `gpu`'s kind of adapter, with every fast path it has.
+    pub fn for_gpu(gpu: &Gpu) -> Tuning {
+        let base = if gpu.info.device_type == wgpu::DeviceType::Cpu {
+            Self::CPU_ADAPTER
+        } else {
+            Self::GPU
+        };
+        Tuning {
+            subgroups: true,
+            f16: true,
+            ..base
+        }
+        .supported_by(gpu)
+    }
+
+    /// `self` without the fast paths `gpu` lacks. With subgroups a
+    /// feature's lanes must share one, so `matmul_lanes` is capped at the
+    /// smallest subgroup size.
+    pub fn supported_by(self, gpu: &Gpu) -> Tuning {
+        let subgroups = self.subgroups && gpu.features.contains(wgpu::Features::SUBGROUP);
+        Tuning {
+            matmul_lanes: if subgroups {
+                self.matmul_lanes.min(gpu.info.subgroup_min_size.max(1))
+            } else {
+                self.matmul_lanes
+            },
+            subgroups,
+            f16: self.f16 && gpu.features.contains(wgpu::Features::SHADER_F16),
+        }
+    }
+}
+
 impl Gpu {
     /// The default adapter of this platform (natively Vulkan, Metal or DX12;
     /// a software Vulkan such as lavapipe counts).
@@ -98,7 +161,7 @@ impl Gpu {
         let l = &self.limits;
         format!(
             "{} ({:?}, {:?}, driver {} {}); max storage binding {} MiB, max buffer {} MiB, \
-             {} invocations/workgroup, {} storage buffers/stage; f16 {}, subgroups {}",
+             {} invocations/workgroup, {} storage buffers/stage; f16 {}, subgroups {} (size {}..{})",
             self.info.name,
             self.info.backend,
             self.info.device_type,
@@ -110,6 +173,8 @@ impl Gpu {
             l.max_storage_buffers_per_shader_stage,
             self.features.contains(wgpu::Features::SHADER_F16),
             self.features.contains(wgpu::Features::SUBGROUP),
+            self.info.subgroup_min_size,
+            self.info.subgroup_max_size,
         )
     }
 }

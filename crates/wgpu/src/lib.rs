@@ -24,7 +24,7 @@ pub mod shaders;
 mod tests;
 mod weights;
 
-pub use device::{DeviceErrors, Gpu};
+pub use device::{DeviceErrors, Gpu, Tuning};
 pub use recorder::Counters;
 use weights::IdsLayout;
 pub use weights::WgpuWeight;
@@ -38,14 +38,6 @@ use recorder::{Binding, Device};
 use shaders::Kernel;
 use std::collections::HashMap;
 use std::sync::Mutex;
-
-/// Kernel shapes: what suits a GPU and what suits an adapter that emulates
-/// one on the CPU (lavapipe, SwiftShader) differ.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Tuning {
-    Gpu,
-    CpuAdapter,
-}
 
 /// A row-major f32 matrix in a GPU buffer.
 pub struct WgpuTensor {
@@ -68,6 +60,7 @@ impl WgpuTensor {
 pub struct WgpuBackend {
     dev: Device,
     gpu_info: String,
+    tuning: Tuning,
     max_binding: u64,
     /// Token ids of `embed` calls, and argmax results.
     ids: Mutex<Option<wgpu::Buffer>>,
@@ -104,36 +97,35 @@ impl WgpuBackend {
         Ok(Self::with_gpu(pollster::block_on(Gpu::request())?))
     }
 
+    /// A backend with the kernel shapes and fast paths suited to `gpu`.
     pub fn with_gpu(gpu: Gpu) -> Self {
-        let tuning = if gpu.info.device_type == wgpu::DeviceType::Cpu {
-            Tuning::CpuAdapter
-        } else {
-            Tuning::Gpu
-        };
+        let tuning = Tuning::for_gpu(&gpu);
         Self::with_tuning(gpu, tuning)
     }
 
-    /// [`Self::with_gpu`] with the kernel shapes of `tuning` whatever the
-    /// adapter (tests run both shapes on one adapter).
+    /// A backend with the kernel shapes of `tuning` whatever the adapter
+    /// (tests run each on one adapter), less the fast paths it lacks.
     pub fn with_tuning(gpu: Gpu, tuning: Tuning) -> Self {
-        let gpu_info = gpu.describe();
+        let tuning = tuning.supported_by(&gpu);
+        let gpu_info = format!("{}; kernels {tuning:?}", gpu.describe());
         let max_binding = gpu
             .limits
             .max_storage_buffer_binding_size
             .min(gpu.limits.max_buffer_size);
         WgpuBackend {
-            dev: Device::new(
-                gpu.device,
-                gpu.queue,
-                gpu.errors,
-                tuning == Tuning::CpuAdapter,
-            ),
+            dev: Device::new(gpu.device, gpu.queue, gpu.errors, tuning),
             gpu_info,
+            tuning,
             max_binding,
             ids: Mutex::new(None),
             act: Mutex::new(None),
             rope_tables: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The kernel shapes and fast paths in use.
+    pub fn tuning(&self) -> Tuning {
+        self.tuning
     }
 
     /// Adapter, driver and limits, for logs and `bench`.

@@ -3,8 +3,8 @@
 //! it. Kernel parameters and small host data (token ids, tensor writes) go
 //! through an upload arena that is copied to the GPU once per submit.
 
-use crate::device::DeviceErrors;
-use crate::shaders::{Kernel, Pipelines};
+use crate::device::{DeviceErrors, Tuning};
+use crate::shaders::{Kernel, Pipelines, ShaderFeatures};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,28 +85,31 @@ pub(crate) struct Device {
     pub pipelines: Pipelines,
     pub counters: AtomicCounters,
     pub recorder: Mutex<Recorder>,
-    /// Output features per workgroup of the quantized matmul (64 / LANES of
-    /// matmul_quant.wgsl).
-    pub quant_features_per_group: usize,
+    /// Output features per workgroup of the matmuls (64 / LANES of
+    /// matmul_rows.wgsl).
+    pub matmul_features_per_group: usize,
 }
 
 impl Device {
-    /// `cpu_adapter`: the adapter emulates a GPU on the CPU (lavapipe,
-    /// SwiftShader), which favours other kernel shapes.
     pub fn new(
         device: wgpu::Device,
         queue: wgpu::Queue,
         errors: DeviceErrors,
-        cpu_adapter: bool,
+        tuning: Tuning,
     ) -> Self {
-        let lanes = if cpu_adapter { 1 } else { 16 };
-        let constants = [("matmul_quant.wgsl", vec![("LANES", lanes as f64)])];
+        let lanes = tuning.matmul_lanes;
+        let constants = ["matmul_quant.wgsl", "matmul_float.wgsl"]
+            .map(|file| (file, vec![("LANES", lanes as f64)]));
+        let features = ShaderFeatures {
+            subgroups: tuning.subgroups,
+            f16: tuning.f16,
+        };
         Device {
             device,
             errors,
             queue,
-            pipelines: Pipelines::with_constants(constants.into_iter().collect()),
-            quant_features_per_group: 64 / lanes,
+            pipelines: Pipelines::new(features, constants.into_iter().collect()),
+            matmul_features_per_group: 64 / lanes as usize,
             counters: AtomicCounters::default(),
             recorder: Mutex::new(Recorder {
                 encoder: None,

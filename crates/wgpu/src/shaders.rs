@@ -2,8 +2,9 @@
 //! preprocessing, and the compiled pipelines.
 //!
 //! Preprocessing: `#include "file.wgsl"` lines pull in shared helpers (WGSL
-//! has no modules), and `enable subgroups;` is dropped for naga, which
-//! rejects it while browsers require it.
+//! has no modules), and `#if FEATURE` / `#else` / `#endif` blocks choose
+//! between a portable kernel and a fast path that needs an optional device
+//! feature ([`ShaderFeatures`]), whose `enable` directive is then added.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -27,6 +28,14 @@ pub const SOURCES: &[(&str, &str)] = &[
         include_str!("../../../shaders/attention.wgsl"),
     ),
     ("best.wgsl", include_str!("../../../shaders/best.wgsl")),
+    (
+        "subgroup.wgsl",
+        include_str!("../../../shaders/subgroup.wgsl"),
+    ),
+    (
+        "matmul_rows.wgsl",
+        include_str!("../../../shaders/matmul_rows.wgsl"),
+    ),
     ("argmax.wgsl", include_str!("../../../shaders/argmax.wgsl")),
     ("conv.wgsl", include_str!("../../../shaders/conv.wgsl")),
     ("topk.wgsl", include_str!("../../../shaders/topk.wgsl")),
@@ -56,26 +65,109 @@ pub const SOURCES: &[(&str, &str)] = &[
 ];
 
 /// Files that are only included by others, never compiled alone.
-const LIBRARIES: &[&str] = &["common.wgsl", "best.wgsl", "quant_blocks.wgsl"];
+const LIBRARIES: &[&str] = &[
+    "common.wgsl",
+    "best.wgsl",
+    "quant_blocks.wgsl",
+    "subgroup.wgsl",
+    "matmul_rows.wgsl",
+];
 
-/// The source of `file` with its includes expanded, ready for naga or a
-/// browser's compiler. `None` for an unknown file.
-pub fn preprocessed(file: &str) -> Option<String> {
+/// Optional device features the kernels have fast paths for (`#if SUBGROUPS`
+/// and `#if F16` blocks); none is required.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ShaderFeatures {
+    /// Reductions with subgroup operations instead of workgroup memory and
+    /// barriers (WebGPU's `subgroups`).
+    pub subgroups: bool,
+    /// f16 values converted by the device's f16 type instead of bit by bit
+    /// (WebGPU's `shader-f16`).
+    pub f16: bool,
+}
+
+impl ShaderFeatures {
+    /// Every combination, for tests that validate each variant.
+    pub const ALL: [ShaderFeatures; 4] = [
+        ShaderFeatures {
+            subgroups: false,
+            f16: false,
+        },
+        ShaderFeatures {
+            subgroups: true,
+            f16: false,
+        },
+        ShaderFeatures {
+            subgroups: false,
+            f16: true,
+        },
+        ShaderFeatures {
+            subgroups: true,
+            f16: true,
+        },
+    ];
+
+    fn has(self, name: &str) -> Option<bool> {
+        match name {
+            "SUBGROUPS" => Some(self.subgroups),
+            "F16" => Some(self.f16),
+            _ => None,
+        }
+    }
+}
+
+/// The source of `file` with its includes expanded and the blocks of
+/// `features` chosen, ready for naga or a browser's compiler. `None` for an
+/// unknown file or a malformed `#if` (unknown name, nesting, no `#endif`).
+pub fn preprocessed(file: &str, features: ShaderFeatures) -> Option<String> {
+    let mut out = String::new();
+    if features.f16 {
+        out.push_str("enable f16;\n");
+    }
+    // Browsers require the directive; naga rejects it and takes the
+    // capability from the device feature instead.
+    if features.subgroups && cfg!(target_arch = "wasm32") {
+        out.push_str("enable subgroups;\n");
+    }
+    expand(file, features, &mut out)?;
+    Some(out)
+}
+
+fn expand(file: &str, features: ShaderFeatures, out: &mut String) -> Option<()> {
     let src = SOURCES.iter().find(|(n, _)| *n == file)?.1;
-    let mut out = String::with_capacity(src.len());
+    expand_source(src, features, out)
+}
+
+fn expand_source(src: &str, features: ShaderFeatures, out: &mut String) -> Option<()> {
+    // Inside an `#if`: whether its lines are kept.
+    let mut block: Option<bool> = None;
     for line in src.lines() {
         let t = line.trim();
+        if let Some(name) = t.strip_prefix("#if ") {
+            if block.is_some() {
+                return None;
+            }
+            block = Some(features.has(name.trim())?);
+            continue;
+        }
+        if t == "#else" {
+            block = Some(!block?);
+            continue;
+        }
+        if t == "#endif" {
+            block.take()?;
+            continue;
+        }
+        if block == Some(false) {
+            continue;
+        }
         if let Some(inc) = t.strip_prefix("#include ") {
-            let name = inc.trim_matches('"');
-            out.push_str(&preprocessed(name)?);
-        } else if t == "enable subgroups;" && !cfg!(target_arch = "wasm32") {
-            // naga enables subgroup builtins through the device feature.
+            expand(inc.trim_matches('"'), features, out)?;
         } else {
             out.push_str(line);
+            out.push('\n');
         }
-        out.push('\n');
     }
-    Some(out)
+    block.is_none().then_some(())
 }
 
 /// Compilable files (those not only included).
@@ -94,21 +186,27 @@ pub struct Kernel {
 }
 
 /// Pipelines compiled on first use (startup stays fast and only the kernels
-/// a model needs are built), with per-adapter values of the shaders'
-/// `override` constants.
-#[derive(Default)]
+/// a model needs are built), with the device's fast paths and per-adapter
+/// values of the shaders' `override` constants.
 pub struct Pipelines {
+    features: ShaderFeatures,
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<Kernel, wgpu::ComputePipeline>>,
     constants: HashMap<&'static str, Vec<(&'static str, f64)>>,
 }
 
 impl Pipelines {
-    /// Pipelines whose shader `file` gets the override `constants`.
-    pub fn with_constants(constants: HashMap<&'static str, Vec<(&'static str, f64)>>) -> Self {
+    /// Pipelines built with `features`, whose shader `file` gets the
+    /// override `constants`.
+    pub fn new(
+        features: ShaderFeatures,
+        constants: HashMap<&'static str, Vec<(&'static str, f64)>>,
+    ) -> Self {
         Pipelines {
+            features,
+            modules: Mutex::default(),
+            pipelines: Mutex::default(),
             constants,
-            ..Default::default()
         }
     }
 
@@ -121,7 +219,7 @@ impl Pipelines {
             modules
                 .entry(k.file)
                 .or_insert_with(|| {
-                    let src = preprocessed(k.file)
+                    let src = preprocessed(k.file, self.features)
                         .unwrap_or_else(|| panic!("shader {} is not in SOURCES", k.file));
                     device.create_shader_module(wgpu::ShaderModuleDescriptor {
                         label: Some(k.file),
@@ -151,26 +249,93 @@ mod tests {
     use super::*;
 
     /// Every shader file parses and validates with naga (wgpu's own WGSL
-    /// front end), with the capabilities a portable device has.
+    /// front end) in each variant, with only the capabilities it enables.
     #[test]
     fn every_shader_validates_with_naga() {
-        for file in compiled_files() {
-            let src = preprocessed(file).unwrap();
-            let module = naga::front::wgsl::parse_str(&src)
-                .unwrap_or_else(|e| panic!("{file}: {}", e.emit_to_string(&src)));
-            naga::valid::Validator::new(
-                naga::valid::ValidationFlags::all(),
-                naga::valid::Capabilities::empty(),
-            )
-            .validate(&module)
-            .unwrap_or_else(|e| panic!("{file}: {}", e.emit_to_string(&src)));
+        use naga::valid::{Capabilities, ShaderStages, SubgroupOperationSet, Validator};
+        for features in ShaderFeatures::ALL {
+            let mut caps = Capabilities::empty();
+            caps.set(Capabilities::SUBGROUP, features.subgroups);
+            caps.set(Capabilities::SHADER_FLOAT16, features.f16);
+            for file in compiled_files() {
+                let src = preprocessed(file, features).unwrap();
+                let module = naga::front::wgsl::parse_str(&src)
+                    .unwrap_or_else(|e| panic!("{file} {features:?}: {}", e.emit_to_string(&src)));
+                let mut validator = Validator::new(naga::valid::ValidationFlags::all(), caps);
+                if features.subgroups {
+                    validator
+                        .subgroup_stages(ShaderStages::COMPUTE)
+                        .subgroup_operations(SubgroupOperationSet::all());
+                }
+                validator
+                    .validate(&module)
+                    .unwrap_or_else(|e| panic!("{file} {features:?}: {}", e.emit_to_string(&src)));
+            }
         }
+    }
+
+    /// The fast paths exist: each feature changes the kernels that have one.
+    #[test]
+    fn features_choose_the_fast_paths() {
+        let plain = ShaderFeatures::default();
+        for (file, features) in [
+            (
+                "matmul_quant.wgsl",
+                ShaderFeatures {
+                    subgroups: true,
+                    f16: false,
+                },
+            ),
+            (
+                "matmul_float.wgsl",
+                ShaderFeatures {
+                    subgroups: true,
+                    f16: false,
+                },
+            ),
+            (
+                "matmul_float.wgsl",
+                ShaderFeatures {
+                    subgroups: false,
+                    f16: true,
+                },
+            ),
+        ] {
+            let fast = preprocessed(file, features).unwrap();
+            assert_ne!(
+                fast,
+                preprocessed(file, plain).unwrap(),
+                "{file} {features:?}"
+            );
+        }
+        let f16 = preprocessed(
+            "embed.wgsl",
+            ShaderFeatures {
+                subgroups: false,
+                f16: true,
+            },
+        );
+        assert!(f16.unwrap().starts_with("enable f16;"));
     }
 
     #[test]
     fn includes_are_expanded() {
-        let src = preprocessed("matmul_float.wgsl").unwrap();
-        assert!(!src.lines().any(|l| l.trim_start().starts_with("#include")));
+        let src = preprocessed("matmul_float.wgsl", ShaderFeatures::default()).unwrap();
+        assert!(!src.lines().any(|l| l.trim_start().starts_with('#')));
         assert!(src.contains("fn f16_bits"), "common helpers pulled in");
+    }
+
+    #[test]
+    fn malformed_conditionals_are_refused() {
+        let features = ShaderFeatures::default();
+        let mut out = String::new();
+        for bad in [
+            "#if NOPE\n#endif",
+            "#if F16\n",
+            "#endif",
+            "#if F16\n#if F16\n#endif\n#endif",
+        ] {
+            assert_eq!(expand_source(bad, features, &mut out), None, "{bad:?}");
+        }
     }
 }

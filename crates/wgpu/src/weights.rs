@@ -348,7 +348,7 @@ impl WgpuWeight {
                         0,
                     ],
                     x,
-                    grid(part.rows, 1),
+                    grid(part.rows, dev.matmul_features_per_group),
                 ),
                 Some((buf, layout)) => (
                     [
@@ -362,7 +362,7 @@ impl WgpuWeight {
                         u(layout.s_off),
                     ],
                     buf,
-                    grid(part.rows, dev.quant_features_per_group),
+                    grid(part.rows, dev.matmul_features_per_group),
                 ),
             };
             dev.dispatch(

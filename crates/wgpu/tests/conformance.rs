@@ -1,12 +1,20 @@
 //! The shared op conformance suite on the wgpu backend (natively; on a
 //! machine without a GPU, Mesa's lavapipe), against the CPU backend, with
-//! the kernel shapes chosen for the adapter and with those for GPUs.
+//! the kernel shapes chosen for the adapter (with its fast paths), and with
+//! the portable shapes for GPUs and for CPU adapters.
 
 use blockdraft_cpu::CpuBackend;
 use blockdraft_wgpu::{Gpu, Tuning, WgpuBackend};
 
 fn gpu() -> WgpuBackend {
-    WgpuBackend::new().expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)")
+    let backend =
+        WgpuBackend::new().expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)");
+    // lavapipe has both fast paths: make sure this suite runs them.
+    if backend.adapter_info().contains("llvmpipe") {
+        let t = backend.tuning();
+        assert!(t.subgroups && t.f16, "lavapipe's fast paths are off: {t:?}");
+    }
+    backend
 }
 
 blockdraft_core::backend_conformance_tests!(gpu(), CpuBackend::new(1));
@@ -16,8 +24,42 @@ mod gpu_tuning {
 
     fn gpu_tuned() -> WgpuBackend {
         let gpu = pollster::block_on(Gpu::request()).expect("a wgpu adapter");
-        WgpuBackend::with_tuning(gpu, Tuning::Gpu)
+        WgpuBackend::with_tuning(gpu, Tuning::GPU)
     }
 
     blockdraft_core::backend_conformance_tests!(gpu_tuned(), CpuBackend::new(1));
+
+    /// GPU shapes with the fast paths: the quantized matmul sums a
+    /// feature's lanes by subgroup shuffles.
+    mod fast {
+        use super::*;
+
+        fn gpu_fast() -> WgpuBackend {
+            let gpu = pollster::block_on(Gpu::request()).expect("a wgpu adapter");
+            let fast = Tuning {
+                subgroups: true,
+                f16: true,
+                ..Tuning::GPU
+            };
+            let backend = WgpuBackend::with_tuning(gpu, fast);
+            if backend.adapter_info().contains("llvmpipe") {
+                assert!(backend.tuning().subgroups && backend.tuning().matmul_lanes > 1);
+            }
+            backend
+        }
+
+        blockdraft_core::backend_conformance_tests!(gpu_fast(), CpuBackend::new(1));
+    }
+}
+
+/// The portable kernels alone, as on a device without optional features.
+mod portable {
+    use super::*;
+
+    fn portable() -> WgpuBackend {
+        let gpu = pollster::block_on(Gpu::request()).expect("a wgpu adapter");
+        WgpuBackend::with_tuning(gpu, Tuning::CPU_ADAPTER)
+    }
+
+    blockdraft_core::backend_conformance_tests!(portable(), CpuBackend::new(1));
 }
