@@ -260,8 +260,8 @@ macro_rules! tiled {
     }};
 }
 
-/// Q4_K: the tiled kernel, except for rows that must follow llama.cpp's
-/// batch (gemm) order, which take the row kernel.
+/// Q4_K: `q4_k`, except for rows that must follow llama.cpp's batch (gemm)
+/// order, which take `q4_k_rows`.
 unsafe fn q4_k_any(
     w: *const u8,
     rb: usize,
@@ -274,7 +274,7 @@ unsafe fn q4_k_any(
     let k = if x.iter().any(|a| a.in_group4) {
         by_nr!(q4_k_rows)
     } else {
-        tiled!(q4_k, 1, 1, 1, 1)
+        by_nr!(q4_k)
     };
     k(w, rb, nw, nb, x, out, ldo)
 }
@@ -669,20 +669,13 @@ unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
     _mm256_add_epi32(lo, hi)
 }
 
-/// Q4_K on a tile of NW weight rows by NR activation rows (NW * NR <= 8),
-/// with `q4_k_rows`' float sequence for each output (llama.cpp's gemv):
-/// the integer sums are exact, so they are reduced for all the tile's
-/// outputs at once, and the two per-super-block FMAs of every output run
-/// as lanes of one vector (lane `j * NR + i`: weight row j, activation row i).
+/// Q4_K for NR activation rows (NR <= 8) with `q4_k_rows`' float sequence
+/// for each output (llama.cpp's gemv): the integer sums are exact, so they
+/// are reduced for all rows at once, and the two per-super-block FMAs of
+/// every output run as lanes of one vector (lane i: activation row i), with
+/// the weight's two scales converted once for all of them.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k<const NW: usize, const NR: usize>(
-    w: *const u8,
-    rb: usize,
-    nb: usize,
-    x: &[Act],
-    out: *mut f32,
-    ldo: usize,
-) {
+unsafe fn q4_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
     let mut acc = _mm256_setzero_ps();
     let mut acc_min = _mm256_setzero_ps();
     let x: &[Act; NR] = x.try_into().unwrap_unchecked();
@@ -690,60 +683,51 @@ unsafe fn q4_k<const NW: usize, const NR: usize>(
     for b in 0..nb {
         let mut sum = [_mm256_setzero_si256(); 8];
         let mut msum = [_mm256_setzero_si256(); 8];
-        let (mut dw, mut dminw, mut dx) = ([0f32; 8], [0f32; 8], [0f32; 8]);
-        for j in 0..NW {
-            let blk = w.add(j * rb + b * 144);
-            let (sc, mn) = k4_scales(blk.add(4));
-            let scv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(
-                sc.as_ptr() as *const __m128i
-            )));
-            // Min j for each 16-sum of the activations (two per sub-block).
-            let m8 = _mm_loadl_epi64(mn.as_ptr() as *const __m128i);
-            let mn16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-            for jj in 0..4 {
-                let q = load(blk.add(16 + 32 * jj));
-                let lo = _mm256_and_si256(q, low4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-                // Scale j in all 16 i16 lanes: a byte shuffle of `scv`.
-                let pick = |j: usize| {
-                    let m = (2 * j as i16) | ((2 * j as i16 + 1) << 8);
-                    _mm256_shuffle_epi8(scv, _mm256_set1_epi16(m))
-                };
-                let (s_lo, s_hi) = (pick(2 * jj), pick(2 * jj + 1));
-                for i in 0..NR {
-                    let xp = x[i].qs.add(256 * b + 64 * jj) as *const u8;
-                    let p_lo = _mm256_maddubs_epi16(lo, load(xp));
-                    let p_hi = _mm256_maddubs_epi16(hi, load(xp.add(32)));
-                    let s = _mm256_add_epi32(
-                        _mm256_madd_epi16(p_lo, s_lo),
-                        _mm256_madd_epi16(p_hi, s_hi),
-                    );
-                    sum[j * NR + i] = _mm256_add_epi32(sum[j * NR + i], s);
-                }
+        let mut dx = [0f32; 8];
+        let blk = w.add(b * 144);
+        let (sc, mn) = k4_scales(blk.add(4));
+        let scv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(
+            sc.as_ptr() as *const __m128i
+        )));
+        // Min j for each 16-sum of the activations (two per sub-block).
+        let m8 = _mm_loadl_epi64(mn.as_ptr() as *const __m128i);
+        let mn16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+        for jj in 0..4 {
+            let q = load(blk.add(16 + 32 * jj));
+            let lo = _mm256_and_si256(q, low4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+            // Scale j in all 16 i16 lanes: a byte shuffle of `scv`.
+            let pick = |j: usize| {
+                let m = (2 * j as i16) | ((2 * j as i16 + 1) << 8);
+                _mm256_shuffle_epi8(scv, _mm256_set1_epi16(m))
+            };
+            let (s_lo, s_hi) = (pick(2 * jj), pick(2 * jj + 1));
+            for i in 0..NR {
+                let xp = x[i].qs.add(256 * b + 64 * jj) as *const u8;
+                let p_lo = _mm256_maddubs_epi16(lo, load(xp));
+                let p_hi = _mm256_maddubs_epi16(hi, load(xp.add(32)));
+                let s = _mm256_add_epi32(
+                    _mm256_madd_epi16(p_lo, s_lo),
+                    _mm256_madd_epi16(p_hi, s_hi),
+                );
+                sum[i] = _mm256_add_epi32(sum[i], s);
             }
-            for (i, xi) in x.iter().enumerate() {
-                let l = j * NR + i;
-                msum[l] = _mm256_madd_epi16(load(xi.bs.add(16 * b) as *const u8), mn16);
-                dw[l] = h2f(blk);
-                dminw[l] = h2f(blk.add(2));
-                dx[l] = *xi.d.add(b);
-            }
+        }
+        for (i, xi) in x.iter().enumerate() {
+            msum[i] = _mm256_madd_epi16(load(xi.bs.add(16 * b) as *const u8), mn16);
+            dx[i] = *xi.d.add(b);
         }
         let s = _mm256_cvtepi32_ps(reduce8(&sum));
         let m = _mm256_cvtepi32_ps(reduce8(&msum));
         let dxv = _mm256_loadu_ps(dx.as_ptr());
-        let dd = _mm256_mul_ps(_mm256_loadu_ps(dw.as_ptr()), dxv);
-        let dm = _mm256_mul_ps(_mm256_loadu_ps(dminw.as_ptr()), dxv);
+        let dd = _mm256_mul_ps(h2f8(blk), dxv);
+        let dm = _mm256_mul_ps(h2f8(blk.add(2)), dxv);
         acc = _mm256_fmadd_ps(s, dd, acc);
         acc_min = _mm256_fmadd_ps(m, dm, acc_min);
     }
     let mut r = [0f32; 8];
     _mm256_storeu_ps(r.as_mut_ptr(), _mm256_sub_ps(acc, acc_min));
-    for j in 0..NW {
-        for i in 0..NR {
-            *out.add(i * ldo + j) = r[j * NR + i];
-        }
-    }
+    out[..NR].copy_from_slice(&r[..NR]);
 }
 
 /// i16 vector with `a` in the low 8 lanes and `b` in the high 8 (the scales
