@@ -4,7 +4,7 @@
 use crate::backend::Backend;
 use crate::error::ModelError;
 use crate::model::{Decoder, DecoderState, LogitRows};
-use crate::sampling::Sampler;
+use crate::sampling::{samples_on_device, Sampler};
 use web_time::Instant;
 
 /// Why generation stopped.
@@ -102,12 +102,10 @@ pub async fn generate<B: Backend>(
     prefill(decoder, state, prompt)?;
     stats.prefill_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
+    let mut picked = be.tensor(1, 1);
     let reason = loop {
-        let token = if sampler.params.is_greedy() && sampler.params.repeat_penalty == 1.0 {
-            be.argmax(state.logits()).await[0]
-        } else {
-            sampler.sample(&be.read(state.logits()).await, &history)
-        };
+        let counter = state.len() - 1;
+        let token = next_token(be, state.logits(), sampler, &history, counter, &mut picked).await;
         if is_eog(token) {
             break StopReason::EndOfGeneration;
         }
@@ -124,6 +122,31 @@ pub async fn generate<B: Backend>(
     stats.generated_tokens = out.len();
     stats.decode_seconds = t1.elapsed().as_secs_f64();
     Ok((out, reason, stats))
+}
+
+/// The token after one row of `logits`, chosen as `sampler` says. Where a
+/// device samples exactly as the host would ([`samples_on_device`]), argmax
+/// and seeded sampling run there and one id comes back instead of a row of
+/// logits. `counter` is the position of the token the logits follow: the
+/// speculative engine's device rounds draw that position with the same
+/// number, so plain and speculative decoding give the same tokens.
+pub(crate) async fn next_token<B: Backend>(
+    be: &B,
+    logits: &B::Tensor,
+    sampler: &mut Sampler,
+    history: &[u32],
+    counter: usize,
+    picked: &mut B::Tensor,
+) -> u32 {
+    let p = &sampler.params;
+    if p.is_greedy() && p.repeat_penalty == 1.0 {
+        return be.argmax(logits).await[0];
+    }
+    if !be.host_memory() && samples_on_device(p) {
+        be.sample_to(logits, p, counter as u64, picked, 0, 0);
+        return be.read(picked).await[0] as u32;
+    }
+    sampler.sample(&be.read(logits).await, history)
 }
 
 /// Finds stop strings in streamed text, holding back any tail that could

@@ -441,8 +441,27 @@ pub async fn greedy_plain_async<B: crate::Backend>(
     prompt: &[u32],
     n: usize,
 ) -> Vec<u32> {
+    plain_async(dec, prompt, n, &crate::sampling::SamplingParams::greedy()).await
+}
+
+/// Plain decoding of `n` tokens sampled with `params`.
+pub fn sampled_plain<B: crate::Backend>(
+    dec: &crate::model::Decoder<B>,
+    prompt: &[u32],
+    n: usize,
+    params: &crate::sampling::SamplingParams,
+) -> Vec<u32> {
+    block_on(plain_async(dec, prompt, n, params))
+}
+
+async fn plain_async<B: crate::Backend>(
+    dec: &crate::model::Decoder<B>,
+    prompt: &[u32],
+    n: usize,
+    params: &crate::sampling::SamplingParams,
+) -> Vec<u32> {
     let mut state = dec.new_state(prompt.len() + n + 1, 32);
-    let mut sampler = crate::sampling::Sampler::new(crate::sampling::SamplingParams::greedy());
+    let mut sampler = crate::sampling::Sampler::new(params.clone());
     crate::generate::generate(
         dec,
         &mut state,
@@ -453,7 +472,7 @@ pub async fn greedy_plain_async<B: crate::Backend>(
         &mut |_| true,
     )
     .await
-    .expect("plain greedy decoding")
+    .expect("plain decoding")
     .0
 }
 

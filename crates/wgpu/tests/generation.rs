@@ -10,9 +10,9 @@ use blockdraft_core::speculative::{
 };
 use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
-    greedy_plain, greedy_speculative, real_model, sampled_speculative, synthetic_decoder,
-    synthetic_dflash, synthetic_dflash2, synthetic_dfly, synthetic_dspark, SyntheticDFlash,
-    SyntheticDFlash2, SyntheticDSpark, SyntheticDims,
+    greedy_plain, greedy_speculative, real_model, sampled_plain, sampled_speculative,
+    synthetic_decoder, synthetic_dflash, synthetic_dflash2, synthetic_dfly, synthetic_dspark,
+    SyntheticDFlash, SyntheticDFlash2, SyntheticDSpark, SyntheticDims,
 };
 use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
@@ -208,6 +208,13 @@ fn sampled_rounds_read_back_once_and_do_not_depend_on_the_drafter() {
     }
     let again = sampled_speculative(&dec, &mut same, &prompt, n, &params, PolicyConfig::fixed(7)).0;
     assert_eq!(again, outputs[0].1, "reproducible from the seed");
+    // Plain decoding samples on the device with the same numbers per
+    // position: the same tokens, and one id read back per token.
+    let before = be.counters();
+    let plain = sampled_plain(&dec, &prompt, n, &params);
+    let c = be.counters();
+    assert_eq!(plain, outputs[0].1, "plain vs speculative at T 0.8");
+    assert_eq!(c.readbacks - before.readbacks, n as u64, "{c:?}");
     let other = SamplingParams { seed: 43, ..params };
     assert_ne!(
         sampled_speculative(&dec, &mut same, &prompt, n, &other, PolicyConfig::fixed(7)).0,

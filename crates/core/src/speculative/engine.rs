@@ -5,7 +5,7 @@ use super::proposer::Drafter;
 use super::verifier::{verify_by_matching, verify_greedy, verify_rejection, Verdict};
 use crate::backend::Backend;
 use crate::error::ModelError;
-use crate::generate::StopReason;
+use crate::generate::{next_token, StopReason};
 use crate::model::{Decoder, DecoderState, LogitRows, Taps};
 use crate::sampling::{argmax, samples_on_device, Distribution, Sampler};
 use web_time::Instant;
@@ -186,7 +186,9 @@ pub async fn generate_speculative<B: Backend>(
             .await?;
     }
     let mut history = prompt.to_vec();
-    let first = sampler.sample(&be.read(state.logits()).await, &history);
+    let mut picked = be.tensor(1, 1);
+    let counter = state.len() - 1;
+    let first = next_token(be, state.logits(), sampler, &history, counter, &mut picked).await;
     stats.prefill_seconds = t0.elapsed().as_secs_f64();
 
     // Rounds of drafters that can draft on the device keep every id there:

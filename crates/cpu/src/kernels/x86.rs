@@ -706,10 +706,8 @@ unsafe fn q4_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f
                 let xp = x[i].qs.add(256 * b + 64 * jj) as *const u8;
                 let p_lo = _mm256_maddubs_epi16(lo, load(xp));
                 let p_hi = _mm256_maddubs_epi16(hi, load(xp.add(32)));
-                let s = _mm256_add_epi32(
-                    _mm256_madd_epi16(p_lo, s_lo),
-                    _mm256_madd_epi16(p_hi, s_hi),
-                );
+                let s =
+                    _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo), _mm256_madd_epi16(p_hi, s_hi));
                 sum[i] = _mm256_add_epi32(sum[i], s);
             }
         }
