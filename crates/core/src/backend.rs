@@ -208,6 +208,23 @@ pub trait Backend: Send + Sync + 'static {
     /// `n x k`). [`crate::host_ops::top_k`] is the reference.
     fn top_k(&self, x: &Self::Tensor, k: usize, values: &mut Self::Tensor, ids: &mut Self::Tensor);
 
+    /// The repetition penalty, in place, on the rows of logits `x` (`n x
+    /// vocab`): row `r` penalizes each distinct token among the last
+    /// `last_n` of `history ++ batch[1..=r]`, as
+    /// [`crate::sampling::penalize`] does (positive logits divided by
+    /// `penalty`, the others multiplied). `batch` is column `col` of a
+    /// verify batch of f32 ids (row 0 its anchor, the last of `history`);
+    /// `None` for one row of logits. [`crate::host_ops::penalize_rows`] is
+    /// the reference.
+    fn penalize(
+        &self,
+        x: &mut Self::Tensor,
+        history: &[u32],
+        batch: Option<(&Self::Tensor, usize)>,
+        penalty: f32,
+        last_n: usize,
+    );
+
     /// Seeded sampling of one token per row of logits `x` (`n x cols`), as
     /// f32 ids down column `col` of `out` from row `row`: row `r` draws
     /// [`sample_index`] over its candidates with the uniform
@@ -216,7 +233,8 @@ pub trait Backend: Send + Sync + 'static {
     /// whole row in index order, where top-p does not apply: the draw
     /// follows [`crate::sampling::Sampler::distribution`] when
     /// [`crate::sampling::samples_on_device`] holds. `p.repeat_penalty` is
-    /// ignored. [`crate::host_ops::sample_rows`] is the reference.
+    /// ignored ([`Self::penalize`] applies it).
+    /// [`crate::host_ops::sample_rows`] is the reference.
     ///
     /// [`sample_index`]: crate::sampling::sample_index
     /// [`device_uniform`]: crate::sampling::device_uniform

@@ -524,6 +524,50 @@ pub async fn selector_walk<B: Backend, R: Backend>(be: &B, reference: &R) {
 /// Seeded sampling: the same draws as the reference for whole rows and
 /// for top-k candidates with top-p and min-p, NaN and −∞ skipped; row `r`
 /// with counter `c` draws what row `r − 1` draws with counter `c + 1`.
+/// The repetition penalty on one row and on a verify batch's rows, with
+/// repeated tokens in the history and the batch, windows shorter and
+/// longer than both, and ids beyond the vocabulary (ignored).
+pub async fn penalize<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(21);
+    let (rows, cols) = (6, 300);
+    let history: Vec<u32> = (0..50)
+        .map(|i| (i * 37 % 97) as u32)
+        .chain([7, 7, 400])
+        .collect();
+    let batch: Vec<f32> = [7.0, 3.0, 3.0, 299.0, 41.0, 500.0]
+        .iter()
+        .flat_map(|&id| [-1.0, id])
+        .collect();
+    for (penalty, last_n) in [(1.3, 64), (0.7, 5), (1.1, 1), (1.5, 1000)] {
+        let x = uniform(&mut rng, rows * cols, 4.0);
+        let mut got = tensor(be, rows, cols, &x);
+        let ids = tensor(be, rows, 2, &batch);
+        be.penalize(&mut got, &history, Some((&ids, 1)), penalty, last_n);
+        let mut want = tensor(reference, rows, cols, &x);
+        let ids_ref = tensor(reference, rows, 2, &batch);
+        reference.penalize(&mut want, &history, Some((&ids_ref, 1)), penalty, last_n);
+        let (got, want) = (be.read(&got).await, reference.read(&want).await);
+        assert_close(
+            &format!("penalize {penalty} last {last_n}"),
+            &got,
+            &want,
+            1e-6,
+        );
+        assert_ne!(got, x, "something was penalized");
+
+        let mut one = tensor(be, 1, cols, &x[..cols]);
+        be.penalize(&mut one, &history, None, penalty, last_n);
+        let mut one_ref = tensor(reference, 1, cols, &x[..cols]);
+        reference.penalize(&mut one_ref, &history, None, penalty, last_n);
+        assert_close(
+            &format!("penalize one row {penalty} last {last_n}"),
+            &be.read(&one).await,
+            &reference.read(&one_ref).await,
+            1e-6,
+        );
+    }
+}
+
 pub async fn sample_to<B: Backend, R: Backend>(be: &B, reference: &R) {
     let mut rng = Rng::new(18);
     let settings = [
@@ -630,12 +674,12 @@ macro_rules! backend_conformance_tests {
     (async $attr:path, $backend:expr, $reference:expr) => {
         $crate::backend_conformance_tests!(@async $attr, $backend, $reference;
             matmul, embed, rms_norm, rope, elementwise, copy_rows, attention, grouped_conv, argmax,
-            top_k, add_slices, selector_walk, sample_to, device_ids);
+            top_k, add_slices, selector_walk, penalize, sample_to, device_ids);
     };
     ($backend:expr, $reference:expr) => {
         $crate::backend_conformance_tests!(@each $backend, $reference;
             matmul, embed, rms_norm, rope, elementwise, copy_rows, attention, grouped_conv, argmax,
-            top_k, add_slices, selector_walk, sample_to, device_ids);
+            top_k, add_slices, selector_walk, penalize, sample_to, device_ids);
     };
     (@each $backend:expr, $reference:expr; $($op:ident),*) => {
         $(

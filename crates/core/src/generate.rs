@@ -4,7 +4,7 @@
 use crate::backend::Backend;
 use crate::error::ModelError;
 use crate::model::{Decoder, DecoderState, LogitRows};
-use crate::sampling::{samples_on_device, Sampler};
+use crate::sampling::{samples_on_device, Sampler, SamplingParams};
 use web_time::Instant;
 
 /// Why generation stopped.
@@ -104,8 +104,7 @@ pub async fn generate<B: Backend>(
     let t1 = Instant::now();
     let mut picked = be.tensor(1, 1);
     let reason = loop {
-        let counter = state.len() - 1;
-        let token = next_token(be, state.logits(), sampler, &history, counter, &mut picked).await;
+        let token = next_token(be, state, sampler, &history, &mut picked).await;
         if is_eog(token) {
             break StopReason::EndOfGeneration;
         }
@@ -124,29 +123,47 @@ pub async fn generate<B: Backend>(
     Ok((out, reason, stats))
 }
 
-/// The token after one row of `logits`, chosen as `sampler` says. Where a
-/// device samples exactly as the host would ([`samples_on_device`]), argmax
-/// and seeded sampling run there and one id comes back instead of a row of
-/// logits. `counter` is the position of the token the logits follow: the
-/// speculative engine's device rounds draw that position with the same
-/// number, so plain and speculative decoding give the same tokens.
+/// The token after the last row of `state`'s logits, chosen as `sampler`
+/// says after `history`. Where a device samples exactly as the host would
+/// ([`samples_on_device`]), the penalty, argmax and seeded sampling run
+/// there and one id comes back instead of a row of logits. The draw's
+/// number is the position of the token the logits follow: the speculative
+/// engine's device rounds draw that position with the same number, so plain
+/// and speculative decoding give the same tokens.
 pub(crate) async fn next_token<B: Backend>(
     be: &B,
-    logits: &B::Tensor,
+    state: &mut DecoderState<B>,
     sampler: &mut Sampler,
     history: &[u32],
-    counter: usize,
     picked: &mut B::Tensor,
 ) -> u32 {
     let p = &sampler.params;
-    if p.is_greedy() && p.repeat_penalty == 1.0 {
-        return be.argmax(logits).await[0];
-    }
     if !be.host_memory() && samples_on_device(p) {
-        be.sample_to(logits, p, counter as u64, picked, 0, 0);
+        penalize(be, state.logits_mut(), history, None, p);
+        if p.is_greedy() {
+            return be.argmax(state.logits()).await[0];
+        }
+        let counter = (state.len() - 1) as u64;
+        be.sample_to(state.logits(), p, counter, picked, 0, 0);
         return be.read(picked).await[0] as u32;
     }
-    sampler.sample(&be.read(logits).await, history)
+    if p.is_greedy() && p.repeat_penalty == 1.0 {
+        return be.argmax(state.logits()).await[0];
+    }
+    sampler.sample(&be.read(state.logits()).await, history)
+}
+
+/// [`Backend::penalize`] with `p`'s penalty, when it has one.
+pub(crate) fn penalize<B: Backend>(
+    be: &B,
+    logits: &mut B::Tensor,
+    history: &[u32],
+    batch: Option<(&B::Tensor, usize)>,
+    p: &SamplingParams,
+) {
+    if p.repeat_penalty != 1.0 && p.repeat_last_n > 0 {
+        be.penalize(logits, history, batch, p.repeat_penalty, p.repeat_last_n);
+    }
 }
 
 /// Finds stop strings in streamed text, holding back any tail that could

@@ -45,6 +45,26 @@ pub fn top_k(x: &[f32], cols: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
     (vals, idx)
 }
 
+/// The repetition penalty on `cols`-wide rows of logits `x` (see
+/// `Backend::penalize`): row `r` for the last `last_n` tokens of
+/// `history ++ batch[1..=r]`.
+pub fn penalize_rows(
+    x: &mut [f32],
+    cols: usize,
+    history: &[u32],
+    batch: &[u32],
+    penalty: f32,
+    last_n: usize,
+) {
+    let mut seq = history.to_vec();
+    for (r, row) in x.chunks_exact_mut(cols.max(1)).enumerate() {
+        if r > 0 {
+            seq.push(batch[r]);
+        }
+        crate::sampling::penalize(row, &seq[seq.len().saturating_sub(last_n)..], penalty);
+    }
+}
+
 /// One seeded draw per `cols`-wide row of logits `x` (see
 /// `Backend::sample_to`): the picked ids as f32.
 pub fn sample_rows(x: &[f32], cols: usize, p: &SamplingParams, counter: u64) -> Vec<f32> {

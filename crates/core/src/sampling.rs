@@ -126,6 +126,23 @@ impl Distribution {
     }
 }
 
+/// The repetition penalty on `logits` for each distinct token of `recent`:
+/// positive logits are divided by `penalty`, the others multiplied, as
+/// llama.cpp does.
+pub fn penalize(logits: &mut [f32], recent: &[u32], penalty: f32) {
+    if penalty == 1.0 {
+        return;
+    }
+    let mut seen = recent.to_vec();
+    seen.sort_unstable();
+    seen.dedup();
+    for id in seen {
+        if let Some(l) = logits.get_mut(id as usize) {
+            *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
+        }
+    }
+}
+
 /// Stateful sampler: parameters plus the RNG stream.
 #[derive(Clone, Debug)]
 pub struct Sampler {
@@ -139,22 +156,11 @@ impl Sampler {
         Sampler { params, rng }
     }
 
-    /// Applies the repetition penalty to `logits` for tokens in `history`
-    /// (positive logits divided, negative multiplied, as llama.cpp does).
+    /// Applies the repetition penalty to `logits` for the last
+    /// `repeat_last_n` tokens of `history` ([`penalize`]).
     pub fn penalize(&self, logits: &mut [f32], history: &[u32]) {
-        let p = self.params.repeat_penalty;
-        if p == 1.0 || self.params.repeat_last_n == 0 {
-            return;
-        }
         let start = history.len().saturating_sub(self.params.repeat_last_n);
-        let mut seen: Vec<u32> = history[start..].to_vec();
-        seen.sort_unstable();
-        seen.dedup();
-        for id in seen {
-            if let Some(l) = logits.get_mut(id as usize) {
-                *l = if *l > 0.0 { *l / p } else { *l * p };
-            }
-        }
+        penalize(logits, &history[start..], self.params.repeat_penalty);
     }
 
     /// The distribution tokens are drawn from at temperature > 0, after
@@ -245,12 +251,12 @@ pub fn device_uniform(seed: u64, counter: u64) -> f32 {
 }
 
 /// Whether a device chooses tokens exactly as [`Sampler::sample`] does
-/// (argmax, or [`crate::Backend::sample_to`]): no repetition penalty (it
-/// needs the history), and at temperature > 0 top-p only over a top-k (the
-/// nucleus needs the sorted candidates, which a device sorts only for a
-/// top-k).
+/// ([`crate::Backend::penalize`], then argmax or
+/// [`crate::Backend::sample_to`]): at temperature > 0 top-p only over a
+/// top-k (the nucleus needs the sorted candidates, which a device sorts
+/// only for a top-k).
 pub fn samples_on_device(p: &SamplingParams) -> bool {
-    p.repeat_penalty == 1.0 && (p.is_greedy() || p.top_k > 0 || p.top_p >= 1.0)
+    p.is_greedy() || p.top_k > 0 || p.top_p >= 1.0
 }
 
 /// Index among `values` (the candidates, in order) that seeded sampling
@@ -324,6 +330,23 @@ fn softmax_in_place(cand: &mut [(u32, f32)], temperature: f32) {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn penalty_rows_see_the_batch_before_them_once_per_token() {
+        // Row r: window = last 3 of [5, 6, 5] ++ batch[1..=r].
+        let batch = [6, 7, 7];
+        let mut x = vec![2.0f32; 3 * 8];
+        x[8 + 5] = -2.0;
+        crate::host_ops::penalize_rows(&mut x, 8, &[5, 6, 5], &batch, 2.0, 3);
+        let row = |r: usize| x[r * 8..(r + 1) * 8].to_vec();
+        // Row 0: {5, 6}; 5 appears twice but is penalized once.
+        assert_eq!(row(0), [2.0, 2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 2.0]);
+        // Row 1: {6, 5, 7}; a negative logit is multiplied.
+        assert_eq!(row(1), [2.0, 2.0, 2.0, 2.0, 2.0, -4.0, 1.0, 1.0]);
+        // Row 2: [5, 7, 7]: 6 has left the window.
+        assert_eq!(row(2), [2.0, 2.0, 2.0, 2.0, 2.0, 1.0, 2.0, 1.0]);
+    }
+
     use super::*;
 
     #[test]

@@ -406,6 +406,28 @@ impl Backend for CpuBackend {
         ids.as_mut_slice().copy_from_slice(&i);
     }
 
+    fn penalize(
+        &self,
+        x: &mut CpuTensor,
+        history: &[u32],
+        batch: Option<(&CpuTensor, usize)>,
+        penalty: f32,
+        last_n: usize,
+    ) {
+        assert!(
+            batch.is_some() || x.rows <= 1,
+            "penalize: several rows need their batch"
+        );
+        let ids: Vec<u32> = batch.map_or_else(Vec::new, |(b, col)| {
+            assert!(col < b.cols && b.rows >= x.rows, "penalize batch shape");
+            (0..x.rows)
+                .map(|r| b.data[r * b.cols + col] as u32)
+                .collect()
+        });
+        let cols = x.cols;
+        host_ops::penalize_rows(x.as_mut_slice(), cols, history, &ids, penalty, last_n);
+    }
+
     fn sample_to(
         &self,
         x: &CpuTensor,

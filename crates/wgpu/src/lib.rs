@@ -581,6 +581,46 @@ impl Backend for WgpuBackend {
         );
     }
 
+    fn penalize(
+        &self,
+        x: &mut WgpuTensor,
+        history: &[u32],
+        batch: Option<(&WgpuTensor, usize)>,
+        penalty: f32,
+        last_n: usize,
+    ) {
+        if let Some((b, col)) = batch {
+            assert!(col < b.cols && b.rows >= x.rows, "penalize batch shape");
+        } else {
+            assert!(x.rows <= 1, "penalize: several rows need their batch");
+        }
+        if x.rows == 0 || penalty == 1.0 || last_n == 0 {
+            return;
+        }
+        // Only the window's tail of the history can matter.
+        let history = &history[history.len().saturating_sub(last_n)..];
+        let hist = self.ids_buffer(history.len().max(1));
+        self.dev.upload(&hist, 0, bytemuck::cast_slice(history));
+        let params = [
+            u(x.rows),
+            u(x.cols),
+            u(history.len()),
+            u(last_n),
+            penalty.to_bits(),
+            u(batch.map_or(0, |(_, col)| col)),
+            u(batch.map_or(0, |(b, _)| b.cols)),
+            0,
+        ];
+        // Without a batch the history stands in for its (unread) binding.
+        let batch_binding = batch.map_or(Binding::whole(&hist), |(b, _)| b.binding());
+        self.dev.dispatch(
+            kernel("penalty.wgsl", "penalize"),
+            &params,
+            &[x.binding(), Binding::whole(&hist), batch_binding],
+            [u(x.rows), 1, 1],
+        );
+    }
+
     fn sample_to(
         &self,
         x: &WgpuTensor,

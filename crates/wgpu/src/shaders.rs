@@ -45,6 +45,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     ),
     ("fusion.wgsl", include_str!("../../../shaders/fusion.wgsl")),
     ("sample.wgsl", include_str!("../../../shaders/sample.wgsl")),
+    (
+        "penalty.wgsl",
+        include_str!("../../../shaders/penalty.wgsl"),
+    ),
     ("embed.wgsl", include_str!("../../../shaders/embed.wgsl")),
     (
         "matmul_float.wgsl",

@@ -223,6 +223,65 @@ fn sampled_rounds_read_back_once_and_do_not_depend_on_the_drafter() {
     );
 }
 
+/// The repetition penalty runs on the device: plain greedy decoding equals
+/// the CPU backend's (which penalizes on the host), speculative decoding
+/// equals plain decoding greedy and sampled, and both still read back one
+/// id per token or round.
+#[test]
+fn the_repetition_penalty_runs_on_the_device() {
+    let m = synthetic_decoder("qwen3", SyntheticDims::default(), 11);
+    let file = GgufFile::from_bytes(m.bytes).unwrap();
+    let be = gpu();
+    let dec = load(&file, be.clone());
+    let cpu_dec = load(&file, Arc::new(CpuBackend::new(2)));
+    let prompt = [3u32, 14, 15, 9, 26, 5, 3, 14, 15, 9];
+    let n = 24;
+    let greedy = SamplingParams {
+        repeat_penalty: 1.5,
+        repeat_last_n: 16,
+        ..SamplingParams::greedy()
+    };
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        seed: 7,
+        ..greedy.clone()
+    };
+    for params in [greedy, sampled] {
+        let before = be.counters();
+        let plain = sampled_plain(&dec, &prompt, n, &params);
+        let c = be.counters();
+        assert_eq!(c.readbacks - before.readbacks, n as u64, "{c:?}");
+        let unpenalized = SamplingParams {
+            repeat_penalty: 1.0,
+            ..params.clone()
+        };
+        assert_ne!(
+            plain,
+            sampled_plain(&dec, &prompt, n, &unpenalized),
+            "{params:?}"
+        );
+        if params.is_greedy() {
+            assert_eq!(
+                plain,
+                sampled_plain(&cpu_dec, &prompt, n, &params),
+                "wgpu vs cpu"
+            );
+        }
+        let [(_, bytes), ..] = block_drafters(dec.config.n_vocab);
+        let f = GgufFile::from_bytes(bytes).unwrap();
+        let mut d = DFlashDrafter::load(&f, &dec, prompt.len() + n + 32, 32).unwrap();
+        let before = be.counters();
+        let (spec, stats) =
+            sampled_speculative(&dec, &mut d, &prompt, n, &params, PolicyConfig::fixed(7));
+        let c = be.counters();
+        assert!(stats.rounds > 0);
+        let passes = (1 + stats.rounds + stats.plain_steps) as u64;
+        assert_eq!(c.readbacks - before.readbacks, passes, "{c:?}");
+        assert_eq!(spec, plain, "speculative vs plain {params:?}");
+    }
+}
+
 /// Every block-drafter variant on a synthetic target, and the drafters
 /// that need no DFlash weights: greedy speculative output equals plain.
 #[test]

@@ -455,6 +455,11 @@ impl<B: Backend> DecoderState<B> {
         &self.logits
     }
 
+    /// The logits, to penalize in place before a token is chosen.
+    pub fn logits_mut(&mut self) -> &mut B::Tensor {
+        &mut self.logits
+    }
+
     /// Final-normed hidden rows behind [`Self::logits`] (what the head read).
     pub fn normed_hidden(&self) -> &B::Tensor {
         &self.scratch.o

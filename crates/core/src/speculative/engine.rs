@@ -5,7 +5,7 @@ use super::proposer::Drafter;
 use super::verifier::{verify_by_matching, verify_greedy, verify_rejection, Verdict};
 use crate::backend::Backend;
 use crate::error::ModelError;
-use crate::generate::{next_token, StopReason};
+use crate::generate::{next_token, penalize, StopReason};
 use crate::model::{Decoder, DecoderState, LogitRows, Taps};
 use crate::sampling::{argmax, samples_on_device, Distribution, Sampler};
 use web_time::Instant;
@@ -187,8 +187,7 @@ pub async fn generate_speculative<B: Backend>(
     }
     let mut history = prompt.to_vec();
     let mut picked = be.tensor(1, 1);
-    let counter = state.len() - 1;
-    let first = next_token(be, state.logits(), sampler, &history, counter, &mut picked).await;
+    let first = next_token(be, state, sampler, &history, &mut picked).await;
     stats.prefill_seconds = t0.elapsed().as_secs_f64();
 
     // Rounds of drafters that can draft on the device keep every id there:
@@ -257,6 +256,13 @@ pub async fn generate_speculative<B: Backend>(
             be.write(&mut anchor, &[last as f32]);
             be.copy_rows(&anchor, 0, &mut round, 0, 0, 1);
             target.forward_device(state, &round, 0, n + 1, LogitRows::All, true, taps.as_mut())?;
+            penalize(
+                be,
+                state.logits_mut(),
+                &history,
+                Some((&round, 0)),
+                &sampler.params,
+            );
             if sampler.params.is_greedy() {
                 be.argmax_to(state.logits(), &mut round, 0, 1);
             } else {
