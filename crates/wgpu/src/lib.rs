@@ -16,6 +16,8 @@
 //! Portable by construction: no kernel needs `shader-f16` or subgroups,
 //! workgroups have at most 256 invocations, and weights larger than the
 //! adapter's largest storage binding are split into parts of whole rows.
+//! Where the adapter has those features, the matmuls' `#if SUBGROUPS` /
+//! `#if F16` variants are built instead ([`Tuning`]).
 
 mod device;
 mod recorder;
