@@ -84,8 +84,8 @@ pub struct ShaderFeatures {
     /// Reductions with subgroup operations instead of workgroup memory and
     /// barriers (WebGPU's `subgroups`).
     pub subgroups: bool,
-    /// f16 values converted by the device's f16 type instead of bit by bit
-    /// (WebGPU's `shader-f16`).
+    /// f16 weights read as the device's f16 type instead of decoded bit by
+    /// bit (WebGPU's `shader-f16`).
     pub f16: bool,
 }
 
