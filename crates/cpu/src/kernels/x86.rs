@@ -205,6 +205,54 @@ macro_rules! by_nr4 {
     }};
 }
 
+/// The [`Kernel`] running the row kernel `$f::<NR>` (NR = `x.len()`) over
+/// the weight rows, like `by_nr!` but with the row loop inside the kernels'
+/// target features, so `$f` is inlined into it and the row count is
+/// matched once per call instead of once per weight row.
+macro_rules! rows {
+    ($f:ident) => {{
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn each<const NR: usize>(
+            w: *const u8,
+            rb: usize,
+            nw: usize,
+            nb: usize,
+            x: &[Act],
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            let mut tmp = [0f32; NR];
+            for j in 0..nw {
+                $f::<NR>(w.add(j * rb), nb, x, &mut tmp);
+                for (i, &v) in tmp.iter().enumerate() {
+                    *out.add(i * ldo + j) = v;
+                }
+            }
+        }
+        unsafe fn rows_kernel(
+            w: *const u8,
+            rb: usize,
+            nw: usize,
+            nb: usize,
+            x: &[Act],
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            match x.len() {
+                1 => each::<1>(w, rb, nw, nb, x, out, ldo),
+                2 => each::<2>(w, rb, nw, nb, x, out, ldo),
+                3 => each::<3>(w, rb, nw, nb, x, out, ldo),
+                4 => each::<4>(w, rb, nw, nb, x, out, ldo),
+                5 => each::<5>(w, rb, nw, nb, x, out, ldo),
+                6 => each::<6>(w, rb, nw, nb, x, out, ldo),
+                7 => each::<7>(w, rb, nw, nb, x, out, ldo),
+                _ => each::<8>(w, rb, nw, nb, x, out, ldo),
+            }
+        }
+        rows_kernel as Kernel
+    }};
+}
+
 /// The [`Kernel`] running the tile kernel `$f::<NW, NR>` (NW weight rows
 /// by NR = `x.len()` activation rows) over the weight rows; `$f` must give
 /// every output the same float sequence whatever the tile. Measured on an
@@ -274,7 +322,7 @@ unsafe fn q4_k_any(
     let k = if x.iter().any(|a| a.in_group4) {
         by_nr!(q4_k_rows)
     } else {
-        by_nr!(q4_k)
+        rows!(q4_k)
     };
     k(w, rb, nw, nb, x, out, ldo)
 }
@@ -296,11 +344,11 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
         Q8_0 => tiled!(q8_0),
         Q8_1 => tiled!(q8_1),
         Q4_K => q4_k_any,
-        Q5_K => by_nr!(q5_k),
-        Q6_K => by_nr!(q6_k),
-        Q3_K => by_nr!(q3_k),
-        Q2_K => by_nr!(q2_k),
-        Q8_K => by_nr!(q8_k),
+        Q5_K => rows!(q5_k),
+        Q6_K => rows!(q6_k),
+        Q3_K => rows!(q3_k),
+        Q2_K => rows!(q2_k),
+        Q8_K => rows!(q8_k),
         _ => return None,
     })
 }
