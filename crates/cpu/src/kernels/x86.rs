@@ -253,61 +253,6 @@ macro_rules! rows {
     }};
 }
 
-/// The [`Kernel`] running the tile kernel `$f::<NW, NR>` (NW weight rows
-/// by NR = `x.len()` activation rows) over the weight rows; `$f` must give
-/// every output the same float sequence whatever the tile. Measured on an
-/// idle Zen 3: tiles wider than one weight row lose for the 32-block types
-/// (SmolLM2 decode 33 tok/s with 4 rows for one activation row, 49 with
-/// one), so the default is one.
-macro_rules! tiled {
-    ($f:ident) => {
-        tiled!($f, 1, 1, 1, 1)
-    };
-    // The tile widths (weight rows) for 1, 2, 3 and 4 activation rows.
-    ($f:ident, $w1:literal, $w2:literal, $w3:literal, $w4:literal) => {{
-        unsafe fn tiles<const NW: usize, const NR: usize>(
-            w: *const u8,
-            rb: usize,
-            nw: usize,
-            nb: usize,
-            x: &[Act],
-            out: *mut f32,
-            ldo: usize,
-        ) {
-            let mut j = 0;
-            while j + NW <= nw {
-                $f::<NW, NR>(w.add(j * rb), rb, nb, x, out.add(j), ldo);
-                j += NW;
-            }
-            while j < nw {
-                $f::<1, NR>(w.add(j * rb), rb, nb, x, out.add(j), ldo);
-                j += 1;
-            }
-        }
-        unsafe fn tiled_kernel(
-            w: *const u8,
-            rb: usize,
-            nw: usize,
-            nb: usize,
-            x: &[Act],
-            out: *mut f32,
-            ldo: usize,
-        ) {
-            match x.len() {
-                1 => tiles::<$w1, 1>(w, rb, nw, nb, x, out, ldo),
-                2 => tiles::<$w2, 2>(w, rb, nw, nb, x, out, ldo),
-                3 => tiles::<$w3, 3>(w, rb, nw, nb, x, out, ldo),
-                4 => tiles::<$w4, 4>(w, rb, nw, nb, x, out, ldo),
-                5 => tiles::<1, 5>(w, rb, nw, nb, x, out, ldo),
-                6 => tiles::<1, 6>(w, rb, nw, nb, x, out, ldo),
-                7 => tiles::<1, 7>(w, rb, nw, nb, x, out, ldo),
-                _ => tiles::<1, 8>(w, rb, nw, nb, x, out, ldo),
-            }
-        }
-        tiled_kernel as Kernel
-    }};
-}
-
 /// Q4_K: `q4_k`, except for rows that must follow llama.cpp's batch (gemm)
 /// order, which take `q4_k_rows`.
 unsafe fn q4_k_any(
@@ -337,12 +282,12 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
         F32 => by_nr4!(f32w),
         F16 => by_nr4!(f16w),
         BF16 => by_nr4!(bf16w),
-        Q4_0 => tiled!(q4_0),
-        Q4_1 => tiled!(q4_1),
-        Q5_0 => tiled!(q5_0),
-        Q5_1 => tiled!(q5_1),
-        Q8_0 => tiled!(q8_0),
-        Q8_1 => tiled!(q8_1),
+        Q4_0 => rows!(q4_0),
+        Q4_1 => rows!(q4_1),
+        Q5_0 => rows!(q5_0),
+        Q5_1 => rows!(q5_1),
+        Q8_0 => rows!(q8_0),
+        Q8_1 => rows!(q8_1),
         Q4_K => q4_k_any,
         Q5_K => rows!(q5_k),
         Q6_K => rows!(q6_k),
@@ -480,54 +425,43 @@ unsafe fn unpack_q5_1(blk: *const u8) -> __m256i {
 /// (s_x: the activation block's f16 sum); the result is `hsum(acc) +
 /// summs`. Bit-equal matters because the next matmul quantizes our outputs
 /// (a one-ulp difference can flip a rounding). Quants with a fixed offset
-/// (Q4_0: 8, Q5_0: 16) are made signed first, as ggml does.
+/// (Q4_0: 8, Q5_0: 16) are made signed first, as ggml does. One weight row
+/// at a time: tiles of several weight rows measured slower on an idle Zen 3
+/// (SmolLM2 decode 33 tok/s with 4-row tiles, 49 with one).
 macro_rules! kernel_32 {
     ($name:ident, $bytes:expr, $unpack:ident, $offset:expr, $has_min:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $name<const NW: usize, const NR: usize>(
-            w: *const u8,
-            rb: usize,
-            nb: usize,
-            x: &[Act],
-            out: *mut f32,
-            ldo: usize,
-        ) {
-            let mut acc = [[_mm256_setzero_ps(); NR]; NW];
-            let mut summs = [[0f32; NR]; NW];
+        unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            let mut acc = [_mm256_setzero_ps(); NR];
+            let mut summs = [0f32; NR];
             let x: &[Act; NR] = x.try_into().unwrap_unchecked();
             for b in 0..nb {
-                for j in 0..NW {
-                    let blk = w.add(j * rb + b * $bytes);
-                    let dw = h2f8(blk);
-                    let q = $unpack(blk);
-                    let q = if $offset != 0 {
-                        _mm256_sub_epi8(q, _mm256_set1_epi8($offset))
+                let blk = w.add(b * $bytes);
+                let dw = h2f8(blk);
+                let q = $unpack(blk);
+                let q = if $offset != 0 {
+                    _mm256_sub_epi8(q, _mm256_set1_epi8($offset))
+                } else {
+                    q
+                };
+                let qa = _mm256_sign_epi8(q, q);
+                let m = if $has_min { h2f(blk.add(2)) } else { 0.0 };
+                for i in 0..NR {
+                    let xv = load(x[i].qs.add(32 * b) as *const u8);
+                    let lanes = if $has_min {
+                        dot_u8(q, xv)
                     } else {
-                        q
+                        dot_i8(qa, q, xv)
                     };
-                    let qa = _mm256_sign_epi8(q, q);
-                    let m = if $has_min { h2f(blk.add(2)) } else { 0.0 };
-                    for i in 0..NR {
-                        let xv = load(x[i].qs.add(32 * b) as *const u8);
-                        let lanes = if $has_min {
-                            dot_u8(q, xv)
-                        } else {
-                            dot_i8(qa, q, xv)
-                        };
-                        // Lane-wise d_w * d_x: the same product as a scalar one.
-                        let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*x[i].d.add(b)));
-                        acc[j][i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[j][i]);
-                        if $has_min {
-                            summs[j][i] = m.mul_add(*x[i].s.add(b), summs[j][i]);
-                        }
+                    // Lane-wise d_w * d_x: the same product as a scalar one.
+                    let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*x[i].d.add(b)));
+                    acc[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[i]);
+                    if $has_min {
+                        summs[i] = m.mul_add(*x[i].s.add(b), summs[i]);
                     }
                 }
             }
-            for j in 0..NW {
-                for i in 0..NR {
-                    *out.add(i * ldo + j) = hsum(acc[j][i]) + summs[j][i];
-                }
-            }
+            finish(&acc, &summs, out);
         }
     };
 }
