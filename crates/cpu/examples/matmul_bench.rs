@@ -1,10 +1,12 @@
 //! Matmul throughput: median GB/s of weight bytes per call, and the cost of
-//! n activation rows relative to one (what speculative verify pays).
+//! n activation rows relative to one (what speculative verify pays). Types
+//! with a packed layout on this CPU (`kernels::pack`) are timed in both
+//! layouts, side by side (`x8` rows; `ggml/x8` is the speedup).
 //!
 //! cargo run --release -p blockdraft-cpu --example matmul_bench [-- TYPES THREADS NS]
 //! e.g. `-- Q4_K,Q6_K 1,2 1,2,4,8,16` (these are the defaults).
 
-use blockdraft_cpu::kernels::{matmul, WeightRef};
+use blockdraft_cpu::kernels::{matmul, matmul_packed, pack, WeightRef};
 use blockdraft_cpu::pool::ThreadPool;
 use blockdraft_gguf::GgmlType;
 use std::time::{Duration, Instant};
@@ -130,7 +132,7 @@ fn main() {
             best.as_secs_f64() * 1e6
         );
     }
-    println!("type  rows x cols     thr   n    ms/call    GB/s   T(n)/T(1)  best-GB/s  cpu-GB/s");
+    println!("type   rows x cols     thr   n    ms/call    GB/s   T(n)/T(1)  best-GB/s  cpu-GB/s  ggml/x8");
     for &ty in &types {
         for &(rows, cols) in shapes.iter() {
             if cols % ty.block_len() != 0 {
@@ -145,40 +147,56 @@ fn main() {
             };
             for &t in &threads {
                 let pool = ThreadPool::new(t);
-                let mut t1 = None;
+                let packed = pack(&pool, &w);
+                let layouts = if packed.is_some() { 2 } else { 1 };
+                let mut t1 = [None; 2];
                 for &n in &ns {
                     let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
                     let mut out = vec![0f32; n * rows];
-                    let mut calls = 0u64;
-                    let cpu0 = thread_cpu_ns();
-                    let (dt, best) = median_time(|| {
-                        matmul(&pool, &w, &x, &mut out);
-                        calls += 1;
-                    });
-                    let cpu_gbs = match (cpu0, thread_cpu_ns()) {
-                        (Some(a), Some(b)) if t == 1 => {
-                            format!(
-                                "{:9.2}",
-                                (data.len() as u64 * calls) as f64 / (b - a) as f64
-                            )
-                        }
-                        _ => "        -".into(),
-                    };
-                    let secs = dt.as_secs_f64();
-                    let base = *t1.get_or_insert(secs);
-                    println!(
-                        "{:5} {:6} x {:5} {:4} {:3} {:10.3} {:7.2} {:9.2}  {:9.2}  {}",
-                        ty.name(),
-                        rows,
-                        cols,
-                        t,
-                        n,
-                        secs * 1e3,
-                        data.len() as f64 / secs / 1e9,
-                        secs / base,
-                        data.len() as f64 / best.as_secs_f64() / 1e9,
-                        cpu_gbs
-                    );
+                    let mut ms = [0f64; 2];
+                    for (l, t1) in t1.iter_mut().enumerate().take(layouts) {
+                        let mut calls = 0u64;
+                        let cpu0 = thread_cpu_ns();
+                        let (dt, best) = median_time(|| {
+                            match (l, &packed) {
+                                (1, Some(p)) => matmul_packed(&pool, p, &x, &mut out),
+                                _ => matmul(&pool, &w, &x, &mut out),
+                            }
+                            calls += 1;
+                        });
+                        let cpu_gbs = match (cpu0, thread_cpu_ns()) {
+                            (Some(a), Some(b)) if t == 1 => {
+                                format!(
+                                    "{:9.2}",
+                                    (data.len() as u64 * calls) as f64 / (b - a) as f64
+                                )
+                            }
+                            _ => "        -".into(),
+                        };
+                        let secs = dt.as_secs_f64();
+                        ms[l] = secs;
+                        let base = *t1.get_or_insert(secs);
+                        let name = format!("{}{}", ty.name(), if l == 1 { "x8" } else { "" });
+                        let ratio = if l == 1 {
+                            format!("{:8.2}", ms[0] / ms[1])
+                        } else {
+                            String::new()
+                        };
+                        println!(
+                            "{:6} {:6} x {:5} {:4} {:3} {:10.3} {:7.2} {:9.2}  {:9.2}  {} {}",
+                            name,
+                            rows,
+                            cols,
+                            t,
+                            n,
+                            secs * 1e3,
+                            data.len() as f64 / secs / 1e9,
+                            secs / base,
+                            data.len() as f64 / best.as_secs_f64() / 1e9,
+                            cpu_gbs,
+                            ratio
+                        );
+                    }
                 }
             }
         }

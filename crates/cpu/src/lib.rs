@@ -16,8 +16,9 @@ use blockdraft_core::backend::{
 use blockdraft_core::host_ops;
 use blockdraft_core::sampling::SamplingParams;
 use blockdraft_gguf::{GgmlType, TensorData};
-use kernels::WeightRef;
+use kernels::{PackedWeight, WeightRef};
 use pool::ThreadPool;
+use std::sync::OnceLock;
 
 /// A row-major f32 matrix.
 pub struct CpuTensor {
@@ -38,12 +39,18 @@ impl CpuTensor {
 
 /// A weight kept in its GGUF type, in place in the memory map. 1-D weights
 /// (norms, biases) are small and kept as f32.
+///
+/// A matrix that this CPU has a packed kernel for is re-laid out on its
+/// first matmul (`kernels::pack`, bit-identical results, about twice as
+/// fast); the copy replaces the mapped pages in memory, which are released.
+/// Tables that are only embedded from are never packed.
 pub struct CpuWeight {
     ty: GgmlType,
     rows: usize,
     cols: usize,
     data: TensorData,
     dense: Vec<f32>,
+    packed: OnceLock<Option<PackedWeight>>,
 }
 
 impl CpuWeight {
@@ -197,6 +204,7 @@ impl Backend for CpuBackend {
             cols,
             data: src.data,
             dense,
+            packed: OnceLock::new(),
         })
     }
 
@@ -251,6 +259,21 @@ impl Backend for CpuBackend {
     fn matmul(&self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) {
         debug_assert_eq!(x.cols, w.cols);
         debug_assert_eq!((out.rows, out.cols), (x.rows, w.rows));
+        // llama.cpp's batch order (its gemm, for whole groups of 4 rows) is
+        // kept in the ggml layout only; the packed kernel has its gemv order.
+        let gemm_rows = self.llamacpp_batches && x.rows >= 4;
+        if self.simd && !gemm_rows {
+            let packed = w.packed.get_or_init(|| {
+                let p = kernels::pack(&self.pool, &w.matrix());
+                if p.is_some() {
+                    w.data.release_pages();
+                }
+                p
+            });
+            if let Some(p) = packed {
+                return kernels::matmul_packed(&self.pool, p, x.as_slice(), out.as_mut_slice());
+            }
+        }
         let kernel = if self.simd {
             kernels::best_kernel(w.ty)
         } else {

@@ -393,6 +393,33 @@ impl TensorData {
         &self.backing.bytes()[self.range.clone()]
     }
 
+    /// Tells the OS these bytes will not be read again soon (a backend keeps
+    /// its own copy): a memory-mapped tensor's whole pages leave this
+    /// process's resident memory. They stay in the page cache and fault back
+    /// in, unchanged, if read. Does nothing for tensors held in memory.
+    pub fn release_pages(&self) {
+        #[cfg(unix)]
+        if let Backing::Mmap(map) = &*self.backing {
+            // Whole 4 KiB pages inside the tensor; with larger pages the
+            // kernel rounds down, which only drops bytes that fault back in.
+            const PAGE: usize = 4096;
+            let start = self.range.start.next_multiple_of(PAGE);
+            let end = self.range.end / PAGE * PAGE;
+            if end > start {
+                // SAFETY: the map is read-only and file-backed, so dropping
+                // its pages loses nothing: later reads see the same bytes.
+                // Failure only means the pages stay resident.
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        start,
+                        end - start,
+                    )
+                };
+            }
+        }
+    }
+
     /// Dequantizes / converts the whole tensor to f32.
     pub fn to_f32(&self) -> Result<Vec<f32>> {
         let n = usize::try_from(self.n_elements()).map_err(|_| GgufError::Overflow {

@@ -606,3 +606,52 @@ fn results_independent_of_batch_and_tiling() {
         }
     }
 }
+
+/// A packed weight gives the ggml-layout kernels' results bit for bit, for
+/// every batch size and thread count; shapes it cannot pack are refused.
+#[test]
+fn packed_weights_match_the_ggml_layout_bit_for_bit() {
+    let mut rng = Rng::new(5);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    for (rows, cols) in [(8, 256), (24, 512), (64, 1536), (136, 256)] {
+        let data = random_weights(Q4_K, rows, cols, &mut rng);
+        let w = WeightRef {
+            ty: Q4_K,
+            data: &data,
+            rows,
+            cols,
+        };
+        let Some(packed) = pack(&pools[1], &w) else {
+            // Only x86 AVX2 has a packed kernel.
+            assert!(!cfg!(target_arch = "x86_64") || simd_level() != "avx2+fma");
+            return;
+        };
+        assert_eq!(packed.bytes(), rows / 8 * cols / 256 * 1184);
+        for n in [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 33] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
+            for pool in &pools {
+                let mut want = vec![0f32; n * rows];
+                let mut got = vec![f32::NAN; n * rows];
+                matmul(pool, &w, &x, &mut want);
+                matmul_packed(pool, &packed, &x, &mut got);
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        e.to_bits(),
+                        "{rows}x{cols} n={n} [{i}]: {g} vs {e}"
+                    );
+                }
+            }
+        }
+    }
+    for (ty, rows) in [(Q4_K, 7), (Q4_K, 12), (Q6_K, 8), (Q8_0, 8)] {
+        let data = random_weights(ty, rows, 256, &mut rng);
+        let w = WeightRef {
+            ty,
+            data: &data,
+            rows,
+            cols: 256,
+        };
+        assert!(pack(&pools[0], &w).is_none(), "{ty} {rows} rows");
+    }
+}

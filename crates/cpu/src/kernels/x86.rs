@@ -500,7 +500,7 @@ unsafe fn q8_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f
 
 /// Eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K super-block.
 #[inline(always)]
-fn k4_scales(p: *const u8) -> ([u8; 8], [u8; 8]) {
+pub(crate) fn k4_scales(p: *const u8) -> ([u8; 8], [u8; 8]) {
     // SAFETY: callers pass a pointer to the 12 scale bytes of a block.
     let (w0, w1, w2) = unsafe {
         (
