@@ -131,7 +131,8 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<()> {
     let mut state = dec.new_state(n_ctx, 512);
     let tokens = random_tokens(n_ctx, cfg.n_vocab, 42);
 
-    // Warm-up: page the weights in and spin up the pool.
+    // Warm-up: page the weights in (the CPU backend packs them then) and
+    // spin up the pool.
     time_forward(dec, &mut state, &tokens[..1], LogitRows::Last)?;
 
     let mut prefill = Vec::new();

@@ -49,23 +49,16 @@ pub(crate) fn pack_group(src: &[u8], nb: usize, out: &mut [u8]) {
                 dst[32 + 8 * j + r] = sc[j];
                 dst[96 + 8 * j + r] = mn[j];
             }
-            let q = |i: usize| {
-                // Value i of the row: sub-block pairs share 32 bytes, the
-                // even sub-block in the low nibbles.
-                let (j, l) = (i / 32, i % 32);
-                let byte = blk[16 + 32 * (j / 2) + l];
-                if j % 2 == 0 {
-                    byte & 15
-                } else {
-                    byte >> 4
-                }
-            };
+            // Sub-block j's 32 values are the low (j even) or high nibbles
+            // of the 32 bytes at 16 + 32 (j / 2); four values per word.
+            let word = |at: usize| u32::from_le_bytes(blk[at..at + 4].try_into().unwrap());
             for j in 0..8 {
+                let (src, shift) = (16 + 32 * (j / 2), 4 * (j % 2));
                 for c in 0..4 {
-                    for t in 0..4 {
-                        let at = QS + 32 * (4 * j + c) + 4 * r + t;
-                        dst[at] = q(32 * j + 4 * c + t) | (q(32 * j + 16 + 4 * c + t) << 4);
-                    }
+                    let lo = (word(src + 4 * c) >> shift) & 0x0F0F_0F0F;
+                    let hi = (word(src + 16 + 4 * c) >> shift) & 0x0F0F_0F0F;
+                    let at = QS + 32 * (4 * j + c) + 4 * r;
+                    dst[at..at + 4].copy_from_slice(&(lo | (hi << 4)).to_le_bytes());
                 }
             }
         }
