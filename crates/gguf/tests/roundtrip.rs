@@ -146,3 +146,36 @@ fn writer_rejects_bad_tensors() {
         ErrorKind::DuplicateTensor
     );
 }
+
+/// Releasing a mapped tensor's pages loses nothing: its bytes (and its
+/// neighbours') read back unchanged.
+#[test]
+fn released_pages_read_back_unchanged() {
+    let big: Vec<f32> = (0..64 * 1024).map(|i| i as f32 * 0.5).collect();
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", "llama");
+    w.add_f32_tensor("before", &[3], &[1.0, 2.0, 3.0]).unwrap();
+    w.add_f32_tensor("big", &[1024, 64], &big).unwrap();
+    w.add_f32_tensor("after", &[2], &[4.0, 5.0]).unwrap();
+    let path = std::env::temp_dir().join(format!("blockdraft-release-{}.gguf", std::process::id()));
+    std::fs::write(&path, w.to_bytes().unwrap()).unwrap();
+    let f = GgufFile::open(&path).unwrap();
+    let data = f.tensor_data("big").unwrap();
+    let want = data.to_vec();
+    data.release_pages();
+    assert_eq!(&*data, &want[..]);
+    assert_eq!(f.tensor_data("big").unwrap().to_f32().unwrap(), big);
+    assert_eq!(
+        f.tensor_data("before").unwrap().to_f32().unwrap(),
+        [1.0, 2.0, 3.0]
+    );
+    assert_eq!(
+        f.tensor_data("after").unwrap().to_f32().unwrap(),
+        [4.0, 5.0]
+    );
+    // In-memory tensors ignore it.
+    let mem = GgufFile::from_bytes(std::fs::read(&path).unwrap()).unwrap();
+    mem.tensor_data("big").unwrap().release_pages();
+    assert_eq!(&*mem.tensor_data("big").unwrap(), &want[..]);
+    std::fs::remove_file(&path).unwrap();
+}
