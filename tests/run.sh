@@ -17,7 +17,10 @@ simd_tests=(kernels::tests::simd kernels::tests::results_independent kernels::te
     kernels::wasm kernels::neon)
 CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $PWD/tests/wasi/run.mjs" \
     cargo test -p blockdraft-cpu --lib --target wasm32-wasip1 -- "${simd_tests[@]}"
-CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" \
+# qemu's `max` CPU has sdot, so the NEON kernels take their dotprod build
+# (checked) and are compared with the baseline build as well.
+QEMU_CPU=max BLOCKDRAFT_EXPECT_DOTPROD=1 \
+    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" \
     cargo test -p blockdraft-cpu --lib --target aarch64-unknown-linux-gnu -- "${simd_tests[@]}"
 # The browser (headless Chromium, WebGPU on SwiftShader): the wgpu backend
 # under wasm-bindgen-test, then the npm package end to end with Playwright

@@ -18,7 +18,8 @@
 //!
 //! SIMD: AVX2+FMA+F16C kernels for every type, chosen at runtime
 //! (`BLOCKDRAFT_NO_SIMD=1` forces the portable scalar kernels); aarch64
-//! NEON and wasm32 simd128 kernels for every type too (wasm: when the
+//! NEON kernels for every type too, using `sdot` where the CPU has it
+//! (`BLOCKDRAFT_NO_DOTPROD=1` opts out), and wasm32 simd128 ones (when the
 //! build enables simd128).
 
 use crate::pool::ThreadPool;
@@ -655,7 +656,11 @@ pub fn simd_level() -> &'static str {
     }
     #[cfg(target_arch = "aarch64")]
     if !neon::disabled() {
-        return "neon";
+        return if neon::has_dotprod() {
+            "neon+dotprod"
+        } else {
+            "neon"
+        };
     }
     if cfg!(all(target_arch = "wasm32", target_feature = "simd128")) {
         return "simd128";

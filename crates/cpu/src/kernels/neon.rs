@@ -1,13 +1,13 @@
 //! aarch64 NEON kernels (NEON is part of every aarch64 CPU).
 //!
 //! Every quant of the types here fits in i8 (offsets applied first), so an
-//! 8-bit dot is `vmull_s8` (i8 x i8 -> i16) plus a pairwise widening add to
-//! i32; K-quant sub-block scales multiply the exact integer sub-block sums.
+//! 8-bit dot is one `sdot` where the CPU has it (chosen at run time), else
+//! `vmull_s8` (i8 x i8 -> i16) plus a pairwise widening add to i32; K-quant sub-block scales multiply the exact integer sub-block sums.
 //! Each block's float step follows the scalar kernel's formula, so results
 //! match it within float reassociation. Every weight type has one.
 
 use super::scalar::{f16_at, q3k_scales, scale_min_k4};
-use super::{by_nr, Act, Kernel};
+use super::{by_nr, per_row, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use core::arch::aarch64::*;
 
@@ -17,41 +17,122 @@ pub(crate) fn disabled() -> bool {
     *NO_SIMD.get_or_init(|| std::env::var_os("BLOCKDRAFT_NO_SIMD").is_some())
 }
 
-/// The NEON kernel for `ty`, if there is one.
+/// The NEON kernel for `ty`, if there is one: the integer kernels built
+/// with `sdot` where the CPU has it.
 pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
+    kernel_with(ty, has_dotprod())
+}
+
+/// [`by_nr!`] for kernels generic over their [`Dot`].
+macro_rules! by_nr_dot {
+    ($f:ident, $dot:ty) => {{
+        unsafe fn row(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            match x.len() {
+                1 => $f::<$dot, 1>(w, nb, x, out),
+                2 => $f::<$dot, 2>(w, nb, x, out),
+                3 => $f::<$dot, 3>(w, nb, x, out),
+                4 => $f::<$dot, 4>(w, nb, x, out),
+                5 => $f::<$dot, 5>(w, nb, x, out),
+                6 => $f::<$dot, 6>(w, nb, x, out),
+                7 => $f::<$dot, 7>(w, nb, x, out),
+                _ => $f::<$dot, 8>(w, nb, x, out),
+            }
+        }
+        per_row!(row)
+    }};
+}
+
+/// The kernel for `ty` with the `sdot` integer kernels or the baseline
+/// ones (`sdot` must only be asked for where the CPU has it).
+pub(crate) fn kernel_with(ty: GgmlType, sdot: bool) -> Option<Kernel> {
     use GgmlType::*;
-    Some(match ty {
-        Q4_0 => by_nr!(q4_0),
-        Q4_1 => by_nr!(q4_1),
-        Q5_0 => by_nr!(q5_0),
-        Q5_1 => by_nr!(q5_1),
-        Q8_0 => by_nr!(q8_0),
-        Q8_1 => by_nr!(q8_1),
-        Q2_K => by_nr!(q2_k),
-        Q3_K => by_nr!(q3_k),
-        Q4_K => by_nr!(q4_k),
-        Q5_K => by_nr!(q5_k),
-        Q6_K => by_nr!(q6_k),
-        Q8_K => by_nr!(q8_k),
-        F32 => by_nr!(f32w),
-        F16 => by_nr!(f16w),
-        BF16 => by_nr!(bf16w),
-        _ => return None,
+    macro_rules! integer {
+        ($dot:ty) => {
+            match ty {
+                Q4_0 => by_nr_dot!(q4_0, $dot),
+                Q4_1 => by_nr_dot!(q4_1, $dot),
+                Q5_0 => by_nr_dot!(q5_0, $dot),
+                Q5_1 => by_nr_dot!(q5_1, $dot),
+                Q8_0 => by_nr_dot!(q8_0, $dot),
+                Q8_1 => by_nr_dot!(q8_1, $dot),
+                Q2_K => by_nr_dot!(q2_k, $dot),
+                Q3_K => by_nr_dot!(q3_k, $dot),
+                Q4_K => by_nr_dot!(q4_k, $dot),
+                Q5_K => by_nr_dot!(q5_k, $dot),
+                Q6_K => by_nr_dot!(q6_k, $dot),
+                Q8_K => by_nr_dot!(q8_k, $dot),
+                F32 => by_nr!(f32w),
+                F16 => by_nr!(f16w),
+                BF16 => by_nr!(bf16w),
+                _ => return None,
+            }
+        };
+    }
+    Some(if sdot {
+        integer!(Sdot)
+    } else {
+        integer!(Widening)
     })
 }
 
-/// `sum_k w[k] * x[k]` over 16 i8 pairs, as i32x4 partial sums.
-#[inline(always)]
-unsafe fn dot16(w: int8x16_t, x: int8x16_t) -> int32x4_t {
-    let lo = vmull_s8(vget_low_s8(w), vget_low_s8(x));
-    let hi = vmull_high_s8(w, x);
-    vaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi))
+/// The 8-bit dot product the integer kernels are built with.
+trait Dot {
+    /// `acc + sum_k w[k] * x[k]` over 16 i8 pairs, as i32x4 partial sums.
+    /// Which pairs a lane holds differs by implementation, so the 32-block
+    /// kernels (which accumulate the lanes in f32) differ in their last
+    /// bits between the two; the K-quant kernels sum the lanes exactly.
+    unsafe fn dot16(acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t;
+}
+
+/// Baseline NEON: widening multiplies (i8 x i8 -> i16), pairwise adds.
+struct Widening;
+
+impl Dot for Widening {
+    #[inline(always)]
+    unsafe fn dot16(acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t {
+        let lo = vmull_s8(vget_low_s8(w), vget_low_s8(x));
+        let hi = vmull_high_s8(w, x);
+        vaddq_s32(acc, vaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi)))
+    }
+}
+
+/// `sdot` (FEAT_DotProd, Armv8.2+: Apple M1 and later, Graviton 2 and
+/// later, Cortex-A76 and later): 16 products and their sums in one
+/// instruction. Only used where the CPU reports it ([`has_dotprod`]).
+struct Sdot;
+
+impl Dot for Sdot {
+    #[inline(always)]
+    unsafe fn dot16(acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t {
+        let mut acc = acc;
+        // Rust's `vdotq_s32` is still unstable; the instruction needs only
+        // the CPU feature, which the caller checked.
+        core::arch::asm!(
+            ".arch_extension dotprod",
+            "sdot {acc:v}.4s, {w:v}.16b, {x:v}.16b",
+            acc = inout(vreg) acc,
+            w = in(vreg) w,
+            x = in(vreg) x,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+        acc
+    }
+}
+
+/// The CPU has `sdot` (and `BLOCKDRAFT_NO_DOTPROD` is not set).
+pub(crate) fn has_dotprod() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        std::env::var_os("BLOCKDRAFT_NO_DOTPROD").is_none()
+            && std::arch::is_aarch64_feature_detected!("dotprod")
+    })
 }
 
 /// 32 values: quants `q` (0..16, 16..32) against the activation quants at `xp`.
 #[inline(always)]
-unsafe fn dot32(q: (int8x16_t, int8x16_t), xp: *const i8) -> int32x4_t {
-    vaddq_s32(dot16(q.0, vld1q_s8(xp)), dot16(q.1, vld1q_s8(xp.add(16))))
+unsafe fn dot32<D: Dot>(q: (int8x16_t, int8x16_t), xp: *const i8) -> int32x4_t {
+    let acc = D::dot16(vdupq_n_s32(0), q.0, vld1q_s8(xp));
+    D::dot16(acc, q.1, vld1q_s8(xp.add(16)))
 }
 
 /// The 16 bytes at `p` as low nibbles (values 0..16) and high nibbles (16..32).
@@ -82,7 +163,12 @@ unsafe fn fifth_bits(bits: u32) -> (int8x16_t, int8x16_t) {
 /// stores a min at byte 2 (Q4_1/Q5_1: value = d q + m).
 macro_rules! kernel_32 {
     ($name:ident, $bytes:expr, $min:expr, |$blk:ident| $quants:expr) => {
-        unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+        unsafe fn $name<D: Dot, const NR: usize>(
+            w: *const u8,
+            nb: usize,
+            x: &[Act],
+            out: &mut [f32],
+        ) {
             let mut acc = [vdupq_n_f32(0.0); NR];
             let mut mins = [0f32; NR];
             for b in 0..nb {
@@ -91,7 +177,7 @@ macro_rules! kernel_32 {
                 let q: (int8x16_t, int8x16_t) = $quants;
                 let m = if $min { f16_at($blk.add(2)) } else { 0.0 };
                 for (i, xi) in x.iter().enumerate() {
-                    let s = vcvtq_f32_s32(dot32(q, xi.qs.add(32 * b)));
+                    let s = vcvtq_f32_s32(dot32::<D>(q, xi.qs.add(32 * b)));
                     acc[i] = vfmaq_n_f32(acc[i], s, d * *xi.d.add(b));
                     if $min {
                         mins[i] += m * *xi.s.add(b);
@@ -139,7 +225,12 @@ kernel_32!(q8_1, 36, false, |blk| (
 /// of sub-block j).
 macro_rules! k4_kernel {
     ($name:ident, $bytes:expr, $qs_off:expr, $five:expr) => {
-        unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+        unsafe fn $name<D: Dot, const NR: usize>(
+            w: *const u8,
+            nb: usize,
+            x: &[Act],
+            out: &mut [f32],
+        ) {
             out.fill(0.0);
             for b in 0..nb {
                 let blk = w.add(b * $bytes);
@@ -168,7 +259,7 @@ macro_rules! k4_kernel {
                     }
                     let q = (vreinterpretq_s8_u8(a), vreinterpretq_s8_u8(c));
                     for (i, xi) in x.iter().enumerate() {
-                        let s = vaddvq_s32(dot32(q, xi.qs.add(256 * b + 32 * j)));
+                        let s = vaddvq_s32(dot32::<D>(q, xi.qs.add(256 * b + 32 * j)));
                         isum[i] += sc as i32 * s;
                     }
                 }
@@ -189,7 +280,7 @@ macro_rules! k4_kernel {
 k4_kernel!(q4_k, 144, 16, false);
 k4_kernel!(q5_k, 176, 48, true);
 
-unsafe fn q8_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+unsafe fn q8_k<D: Dot, const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
     out.fill(0.0);
     for b in 0..nb {
         let blk = w.add(b * 292);
@@ -199,7 +290,7 @@ unsafe fn q8_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f
             let qp = blk.add(4 + 32 * c) as *const i8;
             let q = (vld1q_s8(qp), vld1q_s8(qp.add(16)));
             for (i, xi) in x.iter().enumerate() {
-                isum[i] = vaddq_s32(isum[i], dot32(q, xi.qs.add(256 * b + 32 * c)));
+                isum[i] = vaddq_s32(isum[i], dot32::<D>(q, xi.qs.add(256 * b + 32 * c)));
             }
         }
         for (i, xi) in x.iter().enumerate() {
@@ -214,7 +305,12 @@ unsafe fn q8_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f
 macro_rules! k23_kernel {
     ($name:ident, $bytes:expr, $qs_off:expr, $d_off:expr, $has_min:expr,
      $scales:expr, |$blk:ident, $q0:ident, $q1:ident, $h:ident, $j:ident| $quants:expr) => {
-        unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+        unsafe fn $name<D: Dot, const NR: usize>(
+            w: *const u8,
+            nb: usize,
+            x: &[Act],
+            out: &mut [f32],
+        ) {
             out.fill(0.0);
             for b in 0..nb {
                 let $blk = w.add(b * $bytes);
@@ -233,8 +329,14 @@ macro_rules! k23_kernel {
                         let is = 8 * $h + 2 * $j;
                         for (i, xi) in x.iter().enumerate() {
                             let xp = xi.qs.add(256 * b + 128 * $h + 32 * $j);
-                            isum[i] += scales[is] * vaddvq_s32(dot16(q.0, vld1q_s8(xp)))
-                                + scales[is + 1] * vaddvq_s32(dot16(q.1, vld1q_s8(xp.add(16))));
+                            isum[i] += scales[is]
+                                * vaddvq_s32(D::dot16(vdupq_n_s32(0), q.0, vld1q_s8(xp)))
+                                + scales[is + 1]
+                                    * vaddvq_s32(D::dot16(
+                                        vdupq_n_s32(0),
+                                        q.1,
+                                        vld1q_s8(xp.add(16)),
+                                    ));
                         }
                     }
                 }
@@ -283,7 +385,7 @@ k23_kernel!(
     }
 );
 
-unsafe fn q6_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+unsafe fn q6_k<D: Dot, const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
     out.fill(0.0);
     for b in 0..nb {
         let blk = w.add(b * 210);
@@ -318,8 +420,8 @@ unsafe fn q6_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f
                 );
                 for (i, xi) in x.iter().enumerate() {
                     let xp = xi.qs.add(256 * b + 128 * h + 32 * k);
-                    isum[i] += sa * vaddvq_s32(dot16(q.0, vld1q_s8(xp)))
-                        + sb * vaddvq_s32(dot16(q.1, vld1q_s8(xp.add(16))));
+                    isum[i] += sa * vaddvq_s32(D::dot16(vdupq_n_s32(0), q.0, vld1q_s8(xp)))
+                        + sb * vaddvq_s32(D::dot16(vdupq_n_s32(0), q.1, vld1q_s8(xp.add(16))));
                 }
             }
         }

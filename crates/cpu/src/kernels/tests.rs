@@ -310,6 +310,25 @@ fn matmul_matches_dequantized_reference() {
     }
 }
 
+/// The SIMD kernels to check for `ty`: the one `best_kernel` picks and,
+/// on aarch64 CPUs with `sdot`, the baseline NEON build as well.
+fn simd_variants(ty: GgmlType) -> Vec<(GgmlType, Kernel)> {
+    let best = (ty, best_kernel(ty));
+    #[cfg(target_arch = "aarch64")]
+    {
+        // tests/run.sh runs these under qemu's `max` CPU, which has sdot:
+        // make sure that path is the one `best_kernel` took.
+        if std::env::var_os("BLOCKDRAFT_EXPECT_DOTPROD").is_some() {
+            assert!(super::neon::has_dotprod(), "the CPU should report dotprod");
+        }
+        if super::neon::has_dotprod() {
+            let baseline = super::neon::kernel_with(ty, false).map(|k| (ty, k));
+            return std::iter::once(best).chain(baseline).collect();
+        }
+    }
+    vec![best]
+}
+
 /// Every kernel `best_kernel` picks agrees with the scalar one.
 #[test]
 fn simd_kernels_match_scalar() {
@@ -318,11 +337,12 @@ fn simd_kernels_match_scalar() {
     #[cfg(target_arch = "wasm32")]
     assert_eq!(super::simd_level(), "simd128");
     #[cfg(target_arch = "aarch64")]
-    assert!(std::env::var_os("BLOCKDRAFT_NO_SIMD").is_some() || super::simd_level() == "neon");
+    assert!(
+        std::env::var_os("BLOCKDRAFT_NO_SIMD").is_some() || super::simd_level().starts_with("neon")
+    );
     let pool = ThreadPool::new(1);
     let mut rng = Rng::new(2);
-    for ty in ALL_TYPES {
-        let best = best_kernel(ty);
+    for (ty, best) in ALL_TYPES.into_iter().flat_map(simd_variants) {
         for (rows, cols) in shapes(ty) {
             let data = random_weights(ty, rows, cols, &mut rng);
             let w = WeightRef {
