@@ -24,6 +24,11 @@ pub struct ModelArgs {
     /// Where the model runs: `cpu`, or `wgpu` (Vulkan, Metal or DX12).
     #[arg(long = "backend", value_enum, default_value_t = BackendKind::Cpu)]
     pub backend: BackendKind,
+    /// CPU: keep every weight in place in the memory map instead of packing
+    /// Q4_K matrices for the faster x86 kernel on first use (a one-time cost
+    /// of under a second per GB; memory use is about the same either way).
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,7 +58,13 @@ pub trait Job {
 /// Loads the model on the backend `args` names and runs `job` on it.
 pub fn with_backend(args: &ModelArgs, job: impl Job) -> Result<()> {
     match args.backend {
-        BackendKind::Cpu => job.run(load(args, Arc::new(CpuBackend::new(args.threads())))?),
+        BackendKind::Cpu => {
+            let mut backend = CpuBackend::new(args.threads());
+            if args.no_repack {
+                backend = backend.without_packing();
+            }
+            job.run(load(args, Arc::new(backend))?)
+        }
         BackendKind::Wgpu => {
             let backend = WgpuBackend::new().context("cannot start the wgpu backend")?;
             job.run(load(args, Arc::new(backend))?)

@@ -18,6 +18,7 @@ use blockdraft_core::sampling::SamplingParams;
 use blockdraft_gguf::{GgmlType, TensorData};
 use kernels::{PackedWeight, WeightRef};
 use pool::ThreadPool;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// A row-major f32 matrix.
@@ -74,6 +75,10 @@ pub struct CpuBackend {
     /// reference.
     simd: bool,
     llamacpp_batches: bool,
+    /// Q4_K matrices are packed for the faster kernel on first use.
+    packing: bool,
+    /// Bytes of packed copies made so far.
+    packed_bytes: AtomicUsize,
 }
 
 impl CpuBackend {
@@ -88,6 +93,8 @@ impl CpuBackend {
             readback_hook: None,
             simd: true,
             llamacpp_batches: false,
+            packing: true,
+            packed_bytes: AtomicUsize::new(0),
         }
     }
 
@@ -113,6 +120,14 @@ impl CpuBackend {
         }
     }
 
+    /// Keeps every weight in place in the memory map, without packed copies
+    /// (see [`CpuWeight`]): loads faster, runs the ggml-layout kernels (same
+    /// results, slower on multi-row batches and on compute-bound CPUs).
+    pub fn without_packing(mut self) -> Self {
+        self.packing = false;
+        self
+    }
+
     /// Awaits `hook` before each readback (`read`, `argmax`). Readbacks
     /// complete at once here, so a browser engine yields to the JS event
     /// loop there: otherwise a whole generation would run before an abort
@@ -126,6 +141,12 @@ impl CpuBackend {
         if let Some(hook) = self.readback_hook {
             hook().await;
         }
+    }
+
+    /// Bytes of packed weight copies made so far (they replace the mapped
+    /// pages of the weights they copy).
+    pub fn packed_bytes(&self) -> usize {
+        self.packed_bytes.load(Ordering::Relaxed)
     }
 
     pub fn n_threads(&self) -> usize {
@@ -262,10 +283,11 @@ impl Backend for CpuBackend {
         // llama.cpp's batch order (its gemm, for whole groups of 4 rows) is
         // kept in the ggml layout only; the packed kernel has its gemv order.
         let gemm_rows = self.llamacpp_batches && x.rows >= 4;
-        if self.simd && !gemm_rows {
+        if self.simd && self.packing && !gemm_rows {
             let packed = w.packed.get_or_init(|| {
                 let p = kernels::pack(&self.pool, &w.matrix());
-                if p.is_some() {
+                if let Some(p) = &p {
+                    self.packed_bytes.fetch_add(p.bytes(), Ordering::Relaxed);
                     w.data.release_pages();
                 }
                 p
