@@ -292,9 +292,9 @@ pub(crate) fn matmul_with(
     run(pool, w, row_bytes, x, out, kernel, gemm_groups);
 }
 
-/// A weight matrix re-laid out at load for a kernel that reads several
-/// weight rows per vector (see `x86_packed`). Its results are bit-identical
-/// to the ggml-layout kernels', so it is used wherever it exists.
+/// A weight matrix re-laid out for a kernel that reads several weight rows
+/// per vector (see `x86_packed`). Its results are bit-identical to the
+/// ggml-layout kernels', so the CPU backend uses it wherever it exists.
 pub struct PackedWeight {
     data: Vec<u8>,
     ty: GgmlType,
