@@ -56,6 +56,8 @@ pub struct WeightRef<'a> {
 pub(crate) struct Act {
     /// Quantized values, `cols` of them.
     pub qs: *const i8,
+    /// The same values widened to i16 (only where [`WIDE_ACTIVATIONS`]).
+    pub qs16: *const i16,
     /// Scale per block (per 32 or per 256 values).
     pub d: *const f32,
     /// Per 32 values, `d * sum(qs)` (`d` of the enclosing block): the min
@@ -78,6 +80,7 @@ impl Act {
     fn offset(self, q: usize, d: usize, s: usize, b: usize, f: usize) -> Act {
         Act {
             qs: self.qs.wrapping_add(q),
+            qs16: self.qs16.wrapping_add(q),
             d: self.d.wrapping_add(d),
             s: self.s.wrapping_add(s),
             bs: self.bs.wrapping_add(b),
@@ -162,6 +165,11 @@ macro_rules! by_nr {
 #[allow(unused_imports)]
 pub(crate) use by_nr;
 
+/// wasm simd128 has no 8-bit dot product: its kernels multiply i16, so
+/// the activation quants are widened once per matmul instead of once per
+/// weight row.
+const WIDE_ACTIVATIONS: bool = cfg!(all(target_arch = "wasm32", target_feature = "simd128"));
+
 /// Activation rows handled per kernel call.
 pub(crate) const MAX_NR: usize = 8;
 
@@ -230,6 +238,7 @@ pub(crate) fn best_kernel(ty: GgmlType) -> Kernel {
 #[derive(Default)]
 struct Scratch {
     qs: Vec<i8>,
+    qs16: Vec<i16>,
     d: Vec<f32>,
     s: Vec<f32>,
     bs: Vec<i16>,
@@ -404,6 +413,9 @@ fn run(
         };
         if kind != ActKind::F32 {
             grow(&mut sc.qs, n * cols);
+            if WIDE_ACTIVATIONS {
+                grow(&mut sc.qs16, n * cols);
+            }
             grow(&mut sc.d, n * nblk);
             grow(&mut sc.s, n * cols / 32);
             if kind == ActKind::Q8K {
@@ -414,6 +426,7 @@ fn run(
         }
         let base = Act {
             qs: sc.qs.as_ptr(),
+            qs16: sc.qs16.as_ptr(),
             d: sc.d.as_ptr(),
             s: sc.s.as_ptr(),
             bs: sc.bs.as_ptr(),
@@ -490,6 +503,7 @@ fn quantize_rows(
     n: usize,
     sc: &mut Scratch,
 ) {
+    let qs16 = SendPtr(sc.qs16.as_mut_ptr());
     let (qs, d, s, bs, b32) = (
         SendPtr(sc.qs.as_mut_ptr()),
         SendPtr(sc.d.as_mut_ptr()),
@@ -525,7 +539,13 @@ fn quantize_rows(
                         *v = d[k / 8] * *v32 as f32;
                     }
                 }
-                ActKind::F32 => {}
+                ActKind::F32 => return,
+            }
+            if WIDE_ACTIVATIONS {
+                let q16 = std::slice::from_raw_parts_mut(qs16.get().add(r * cols), cols);
+                for (w, &v) in q16.iter_mut().zip(q.iter()) {
+                    *w = v as i16;
+                }
             }
         }
     };

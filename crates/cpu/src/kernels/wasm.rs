@@ -77,13 +77,13 @@ fn widen_u8(a: v128, b: v128) -> [v128; 4] {
 }
 
 /// `sum_k w[k] * x[k]` over 32 values as i32x4 partial sums; `w` widened,
-/// `x` the 32 activation quants at `xp`.
+/// `xp` the 32 activation quants, widened too (`Act::qs16`).
 #[inline(always)]
-unsafe fn dot32(w: &[v128; 4], xp: *const i8) -> v128 {
-    let x = widen_i8(load(xp as *const u8), load(xp.add(16) as *const u8));
+unsafe fn dot32(w: &[v128; 4], xp: *const i16) -> v128 {
+    let x = |k: usize| v128_load(xp.add(8 * k) as *const v128);
     i32x4_add(
-        i32x4_add(i32x4_dot_i16x8(w[0], x[0]), i32x4_dot_i16x8(w[1], x[1])),
-        i32x4_add(i32x4_dot_i16x8(w[2], x[2]), i32x4_dot_i16x8(w[3], x[3])),
+        i32x4_add(i32x4_dot_i16x8(w[0], x(0)), i32x4_dot_i16x8(w[1], x(1))),
+        i32x4_add(i32x4_dot_i16x8(w[2], x(2)), i32x4_dot_i16x8(w[3], x(3))),
     )
 }
 
@@ -126,7 +126,7 @@ macro_rules! kernel_32 {
                 let q: [v128; 4] = $quants;
                 let m = if $min { f16_at($blk.add(2)) } else { 0.0 };
                 for (i, xi) in x.iter().enumerate() {
-                    let s = dot32(&q, xi.qs.add(32 * b));
+                    let s = dot32(&q, xi.qs16.add(32 * b));
                     let scale = f32x4_splat(d * *xi.d.add(b));
                     acc[i] = f32x4_add(acc[i], f32x4_mul(f32x4_convert_i32x4(s), scale));
                     if $min {
@@ -211,7 +211,7 @@ macro_rules! k4_kernel {
                     let s = i16x8_splat(sc as i16);
                     let q = widen_u8(a, c).map(|v| i16x8_mul(v, s));
                     for (i, xi) in x.iter().enumerate() {
-                        isum[i] = i32x4_add(isum[i], dot32(&q, xi.qs.add(256 * b + 32 * j)));
+                        isum[i] = i32x4_add(isum[i], dot32(&q, xi.qs16.add(256 * b + 32 * j)));
                     }
                 }
                 for (i, xi) in x.iter().enumerate() {
@@ -241,7 +241,7 @@ unsafe fn q8_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f
             let qp = blk.add(4 + 32 * c);
             let q = widen_i8(load(qp), load(qp.add(16)));
             for (i, xi) in x.iter().enumerate() {
-                isum[i] = i32x4_add(isum[i], dot32(&q, xi.qs.add(256 * b + 32 * c)));
+                isum[i] = i32x4_add(isum[i], dot32(&q, xi.qs16.add(256 * b + 32 * c)));
             }
         }
         for (i, xi) in x.iter().enumerate() {
@@ -283,7 +283,7 @@ macro_rules! k23_kernel {
                             i16x8_mul(q[3], sb),
                         ];
                         for (i, xi) in x.iter().enumerate() {
-                            let xp = xi.qs.add(256 * b + 128 * $h + 32 * $j);
+                            let xp = xi.qs16.add(256 * b + 128 * $h + 32 * $j);
                             isum[i] = i32x4_add(isum[i], dot32(&q, xp));
                         }
                     }
@@ -378,7 +378,7 @@ unsafe fn q6_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f
                     i16x8_mul(q[3], sb),
                 ];
                 for (i, xi) in x.iter().enumerate() {
-                    let xp = xi.qs.add(256 * b + 128 * h + 32 * k);
+                    let xp = xi.qs16.add(256 * b + 128 * h + 32 * k);
                     isum[i] = i32x4_add(isum[i], dot32(&q, xp));
                 }
             }
