@@ -25,7 +25,7 @@ pub struct ModelArgs {
     #[arg(long = "backend", value_enum, default_value_t = BackendKind::Cpu)]
     pub backend: BackendKind,
     /// CPU: keep every weight in place in the memory map instead of packing
-    /// Q4_K matrices for the faster x86 kernel on first use (a one-time cost
+    /// Q4_K and Q4_0 matrices for the faster x86 kernels on first use (a one-time cost
     /// of under a second per GB; memory use is about the same either way).
     #[arg(long = "no-repack")]
     pub no_repack: bool,

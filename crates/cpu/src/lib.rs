@@ -42,9 +42,10 @@ impl CpuTensor {
 /// (norms, biases) are small and kept as f32.
 ///
 /// A matrix that this CPU has a packed kernel for is re-laid out on its
-/// first matmul (`kernels::pack`, bit-identical results, about twice as
-/// fast); the copy replaces the mapped pages in memory, which are released.
-/// Tables that are only embedded from are never packed.
+/// first matmul (`kernels::pack`: Q4_K and Q4_0 on x86, about twice as
+/// fast, in llama.cpp's float sequence for them); the copy replaces the
+/// mapped pages in memory, which are released. Tables that are only
+/// embedded from are never packed.
 pub struct CpuWeight {
     ty: GgmlType,
     rows: usize,
@@ -121,8 +122,9 @@ impl CpuBackend {
     }
 
     /// Keeps every weight in place in the memory map, without packed copies
-    /// (see [`CpuWeight`]): loads faster, runs the ggml-layout kernels (same
-    /// results, slower on multi-row batches and on compute-bound CPUs).
+    /// (see [`CpuWeight`]): loads faster, runs the ggml-layout kernels
+    /// (slower on multi-row batches and on compute-bound CPUs; the same
+    /// results for Q4_K, llama.cpp's unpacked sequence for Q4_0).
     pub fn without_packing(mut self) -> Self {
         self.packing = false;
         self
@@ -280,10 +282,7 @@ impl Backend for CpuBackend {
     fn matmul(&self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) {
         debug_assert_eq!(x.cols, w.cols);
         debug_assert_eq!((out.rows, out.cols), (x.rows, w.rows));
-        // llama.cpp's batch order (its gemm, for whole groups of 4 rows) is
-        // kept in the ggml layout only; the packed kernel has its gemv order.
-        let gemm_rows = self.llamacpp_batches && x.rows >= 4;
-        if self.simd && self.packing && !gemm_rows {
+        if self.simd && self.packing {
             let packed = w.packed.get_or_init(|| {
                 let p = kernels::pack(&self.pool, &w.matrix());
                 if let Some(p) = &p {
@@ -292,7 +291,13 @@ impl Backend for CpuBackend {
                 }
                 p
             });
-            if let Some(p) = packed {
+            // llama.cpp's batch order (its gemm, for whole groups of 4 rows)
+            // for Q4_K exists in the ggml layout only.
+            let gemm_rows = self.llamacpp_batches && x.rows >= 4;
+            if let Some(p) = packed
+                .as_ref()
+                .filter(|p| !gemm_rows || p.matches_llamacpp_batches())
+            {
                 return kernels::matmul_packed(&self.pool, p, x.as_slice(), out.as_mut_slice());
             }
         }

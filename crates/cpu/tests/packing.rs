@@ -1,6 +1,8 @@
 //! Packing Q4_K weights (`kernels::pack`, on x86 AVX2) changes nothing but
-//! speed: a real Q4_K_M model gives bit-identical logits with and without
-//! it, for a prompt pass and for verify-shaped passes of several rows.
+//! speed: a real Q4_K_M model (with no Q4_0 matrices, whose packed kernel
+//! follows llama.cpp's repacked sequence instead) gives bit-identical
+//! logits with and without it, for a prompt pass and for verify-shaped
+//! passes of several rows.
 
 mod common;
 use blockdraft_core::model::{Decoder, LogitRows};

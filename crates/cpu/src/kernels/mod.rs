@@ -3,7 +3,8 @@
 //! Weights stay in their ggml blocks (read in place from the mmap), except
 //! where a packed layout pays for itself: on x86 AVX2, Q4_K matrices are
 //! re-laid out eight rows at a time on first use (`pack`, `x86_packed`),
-//! with bit-identical results at about twice the speed. The
+//! with bit-identical results at about twice the speed, and so are Q4_0
+//! matrices (in llama.cpp's repacked-Q4_0 float sequence). The
 //! activations are quantized once per call to 8-bit blocks matching the weight
 //! family (32-blocks for Q4_0..Q8_1, 256-super-blocks for the K-quants) and the
 //! dots are integer per block, scaled once per block — the same scheme as
@@ -65,7 +66,7 @@ pub(crate) struct Act {
     pub s: *const f32,
     /// 256-blocks: sum of each 16 quants.
     pub bs: *const i16,
-    /// 256-blocks: sum of each 32 quants (the packed Q4_K kernel's mins).
+    /// Sum of each 32 quants (the packed kernels' mins and offsets).
     pub b32: *const i16,
     /// The f32 row itself (float weights).
     pub f: *const f32,
@@ -302,8 +303,9 @@ pub(crate) fn matmul_with(
 }
 
 /// A weight matrix re-laid out for a kernel that reads several weight rows
-/// per vector (see `x86_packed`). Its results are bit-identical to the
-/// ggml-layout kernels', so the CPU backend uses it wherever it exists.
+/// per vector (see `x86_packed`). Its float sequence is llama.cpp's for the
+/// same weights (Q4_K: bit-identical to the ggml-layout kernel; Q4_0:
+/// llama.cpp's repacked one), so the CPU backend uses it wherever it exists.
 pub struct PackedWeight {
     data: Vec<u8>,
     ty: GgmlType,
@@ -311,6 +313,7 @@ pub struct PackedWeight {
     cols: usize,
     row_bytes: usize,
     kernel: Kernel,
+    llamacpp_gemm_order: bool,
 }
 
 impl PackedWeight {
@@ -318,28 +321,36 @@ impl PackedWeight {
     pub fn bytes(&self) -> usize {
         self.data.len()
     }
+
+    /// Whether batches of 4 or more rows also get llama.cpp's float
+    /// sequence for them (its gemm), not only single rows.
+    pub fn matches_llamacpp_batches(&self) -> bool {
+        self.llamacpp_gemm_order
+    }
 }
 
 /// The packed form of `w`, where this CPU has a packed kernel for its type
-/// and shape (x86 AVX2: Q4_K with whole groups of 8 rows). Packing runs on
-/// the pool.
+/// and shape (x86 AVX2: Q4_K and Q4_0 with whole groups of 8 rows). Packing
+/// runs on the pool.
 pub fn pack(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
     #[cfg(target_arch = "x86_64")]
-    if w.ty == GgmlType::Q4_K
-        && x86::has_avx2()
-        && w.rows.is_multiple_of(x86_packed::GROUP_ROWS)
-        && w.cols.is_multiple_of(256)
-        && w.rows > 0
-    {
-        use x86_packed::{GROUP_BLOCK_BYTES, GROUP_ROWS};
-        let nb = w.cols / 256;
-        let group_bytes = nb * GROUP_BLOCK_BYTES;
-        let src_group = GROUP_ROWS * nb * 144;
+    if let Some(layout) = x86_packed::layout(w.ty) {
+        use x86_packed::GROUP_ROWS;
+        if !x86::has_avx2()
+            || w.rows == 0
+            || !w.rows.is_multiple_of(GROUP_ROWS)
+            || !w.cols.is_multiple_of(layout.block_len)
+        {
+            return None;
+        }
+        let nb = w.cols / layout.block_len;
+        let group_bytes = nb * layout.group_block_bytes;
+        let src_group = GROUP_ROWS * nb * layout.src_block_bytes;
+        let n_groups = w.rows / GROUP_ROWS;
         assert!(
-            w.data.len() >= w.rows * nb * 144,
+            w.data.len() >= n_groups * src_group,
             "pack: weight data too short"
         );
-        let n_groups = w.rows / GROUP_ROWS;
         let mut data = vec![0u8; n_groups * group_bytes];
         let dst = SendPtr(data.as_mut_ptr());
         pool.run(n_groups, &|g| {
@@ -347,7 +358,7 @@ pub fn pack(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
             let out = unsafe {
                 std::slice::from_raw_parts_mut(dst.get().add(g * group_bytes), group_bytes)
             };
-            x86_packed::pack_group(&w.data[g * src_group..(g + 1) * src_group], nb, out);
+            (layout.pack_group)(&w.data[g * src_group..(g + 1) * src_group], nb, out);
         });
         return Some(PackedWeight {
             data,
@@ -355,7 +366,8 @@ pub fn pack(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
             rows: w.rows,
             cols: w.cols,
             row_bytes: group_bytes / GROUP_ROWS,
-            kernel: x86_packed::q4_k_x8,
+            kernel: layout.kernel,
+            llamacpp_gemm_order: layout.llamacpp_gemm_order,
         });
     }
     let _ = (pool, w);
@@ -418,9 +430,9 @@ fn run(
             }
             grow(&mut sc.d, n * nblk);
             grow(&mut sc.s, n * cols / 32);
+            grow(&mut sc.b32, n * cols / 32);
             if kind == ActKind::Q8K {
                 grow(&mut sc.bs, n * cols / 16);
-                grow(&mut sc.b32, n * cols / 32);
             }
             quantize_rows(pool, w.ty, kind, x, cols, n, sc);
         }
@@ -524,6 +536,11 @@ fn quantize_rows(
                     let d = std::slice::from_raw_parts_mut(d.get().add(r * nbk), nbk);
                     let s = std::slice::from_raw_parts_mut(s.get().add(r * nbk), nbk);
                     quantize_q8_0(xr, q, d, s, q8_1_sums);
+                    let b32 = std::slice::from_raw_parts_mut(b32.get().add(r * nbk), nbk);
+                    for (sum, blk) in b32.iter_mut().zip(q.chunks_exact(32)) {
+                        // |sum of 32| <= 32 * 127: exact in i16.
+                        *sum = blk.iter().map(|&v| v as i16).sum();
+                    }
                 }
                 ActKind::Q8K => {
                     let nbk = cols / 256;

@@ -664,7 +664,7 @@ fn packed_weights_match_the_ggml_layout_bit_for_bit() {
             }
         }
     }
-    for (ty, rows) in [(Q4_K, 7), (Q4_K, 12), (Q6_K, 8), (Q8_0, 8)] {
+    for (ty, rows) in [(Q4_K, 7), (Q4_K, 12), (Q4_0, 12), (Q6_K, 8), (Q8_0, 8)] {
         let data = random_weights(ty, rows, 256, &mut rng);
         let w = WeightRef {
             ty,
@@ -673,5 +673,89 @@ fn packed_weights_match_the_ggml_layout_bit_for_bit() {
             cols: 256,
         };
         assert!(pack(&pools[0], &w).is_none(), "{ty} {rows} rows");
+    }
+}
+
+/// llama.cpp's repacked Q4_0 float sequence for one output (its AVX2 gemv
+/// and gemm alike): `acc = fma(sum_b, d_w * d_x, acc)` over the 32-blocks,
+/// `sum_b` the block's exact integer dot.
+fn q4_0_repacked_reference(w_row: &[u8], xq: &[i8], dx: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for (b, blk) in w_row.chunks_exact(18).enumerate() {
+        let dw = f16v(blk, 0);
+        let sum: i32 = (0..32)
+            .map(|t| {
+                let byte = blk[2 + t % 16];
+                let q = if t < 16 { byte & 15 } else { byte >> 4 } as i32 - 8;
+                q * xq[32 * b + t] as i32
+            })
+            .sum();
+        acc = (sum as f32).mul_add(dw * dx[b], acc);
+    }
+    acc
+}
+
+/// Packed Q4_0 gives llama.cpp's repacked-Q4_0 results bit for bit (the
+/// ggml-layout kernel follows its unpacked gemv instead, so the two agree
+/// only to rounding), for every batch size and thread count.
+#[test]
+fn packed_q4_0_follows_llamacpp_repacked_sequence() {
+    let mut rng = Rng::new(6);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    for (rows, cols) in [(8, 32), (16, 256), (40, 1536)] {
+        let data = random_weights(Q4_0, rows, cols, &mut rng);
+        let w = WeightRef {
+            ty: Q4_0,
+            data: &data,
+            rows,
+            cols,
+        };
+        let Some(packed) = pack(&pools[1], &w) else {
+            assert!(!cfg!(target_arch = "x86_64") || simd_level() != "avx2+fma");
+            return;
+        };
+        assert_eq!(packed.bytes(), data.len());
+        let row_bytes = cols / 32 * 18;
+        for n in [1, 3, 8, 11] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
+            let mut want = vec![0f32; n * rows];
+            for r in 0..n {
+                let (mut xq, mut dx, mut s) = (
+                    vec![0i8; cols],
+                    vec![0f32; cols / 32],
+                    vec![0f32; cols / 32],
+                );
+                scalar::quantize_q8_0(
+                    &x[r * cols..(r + 1) * cols],
+                    &mut xq,
+                    &mut dx,
+                    &mut s,
+                    false,
+                );
+                for o in 0..rows {
+                    let w_row = &data[o * row_bytes..(o + 1) * row_bytes];
+                    want[r * rows + o] = q4_0_repacked_reference(w_row, &xq, &dx);
+                }
+            }
+            for pool in &pools {
+                let mut got = vec![f32::NAN; n * rows];
+                matmul_packed(pool, &packed, &x, &mut got);
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        e.to_bits(),
+                        "{rows}x{cols} n={n} [{i}]: {g} vs {e}"
+                    );
+                }
+                let mut ggml = vec![0f32; n * rows];
+                matmul(pool, &w, &x, &mut ggml);
+                for (g, e) in got.iter().zip(&ggml) {
+                    assert!(
+                        (g - e).abs() <= 1e-4 * e.abs() + 1e-4,
+                        "{g} vs ggml layout {e}"
+                    );
+                }
+            }
+        }
     }
 }

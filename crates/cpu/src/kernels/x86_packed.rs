@@ -1,26 +1,72 @@
-//! Q4_K weights re-laid out eight rows at a time, and their AVX2 kernel.
+//! Q4_K and Q4_0 weights re-laid out eight rows at a time, and their AVX2
+//! kernels.
 //!
 //! In ggml's layout one 32-byte vector holds 64 values of one weight row, so
-//! every 32-value sub-block (which has its own scale) costs one `maddubs`
+//! every 32-value (sub-)block, which has its own scale, costs one `maddubs`
 //! and one `madd` per activation row, and each output needs a horizontal
 //! sum. Here a vector holds four values of each of eight rows (one i32 lane
 //! per row), with the activation's four values broadcast to every lane: the
-//! eight `maddubs` of a sub-block add up exactly in i16 before one `madd`
-//! applies the eight rows' scales, and lane r ends as output r, with no
-//! horizontal sum. That is 9 multiply instructions per (weight row,
-//! activation row, super-block) instead of 17, which is what makes a verify
-//! batch of 8 rows cheap.
+//! eight `maddubs` of a 32-value block add up exactly in i16 before one
+//! `madd` (applying the eight rows' scales, for Q4_K), and lane r ends as
+//! output r, with no horizontal sum. For Q4_K that is 9 multiply
+//! instructions per (weight row, activation row, super-block) instead of
+//! 17, which is what makes a verify batch of 8 rows cheap.
 //!
-//! The integer sums per super-block are the same exact values as the row
-//! kernel's, and the float steps per output are the same (`fma(sum, d * dx,
-//! acc)`, `fma(sum_min, dmin * dx, acc_min)`, `acc - acc_min`), so results
-//! are bit-identical to `x86::q4_k`.
+//! Float sequences: Q4_K's per-super-block integer sums are the row
+//! kernel's exact values and its float steps per output the same (`fma(sum,
+//! d * dx, acc)`, `fma(sum_min, dmin * dx, acc_min)`, `acc - acc_min`), so
+//! results are bit-identical to `x86::q4_k`. Q4_0 takes the sequence of
+//! llama.cpp's repacked Q4_0 kernels (what it runs on AVX2 for matrices
+//! with whole groups of 8 rows): `acc = fma(sum_b, d_w * d_x, acc)` per
+//! 32-block with the block's exact integer sum, in every batch shape.
 
 use super::x86::k4_scales;
-use super::Act;
+use super::{Act, Kernel};
+use blockdraft_gguf::GgmlType;
 use std::arch::x86_64::*;
 
-/// Bytes of one super-block of eight rows:
+/// A packed layout: how to build it and the kernel that reads it.
+pub(crate) struct Layout {
+    /// Values per block.
+    pub block_len: usize,
+    /// Bytes of one block of one row in ggml's layout.
+    pub src_block_bytes: usize,
+    /// Bytes of one block of [`GROUP_ROWS`] rows packed.
+    pub group_block_bytes: usize,
+    /// Packs `GROUP_ROWS` rows of `nb` blocks (`src`) into `out`.
+    pub pack_group: fn(src: &[u8], nb: usize, out: &mut [u8]),
+    pub kernel: Kernel,
+    /// The kernel's float sequence is also llama.cpp's for batches of 4 or
+    /// more rows (its gemm), not only for single rows (its gemv).
+    pub llamacpp_gemm_order: bool,
+}
+
+/// The packed layout of `ty`, if it has one.
+pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
+    static Q4_K: Layout = Layout {
+        block_len: 256,
+        src_block_bytes: 144,
+        group_block_bytes: Q4_K_GROUP_BLOCK,
+        pack_group: pack_q4_k_group,
+        kernel: q4_k_x8,
+        llamacpp_gemm_order: false,
+    };
+    static Q4_0: Layout = Layout {
+        block_len: 32,
+        src_block_bytes: 18,
+        group_block_bytes: Q4_0_GROUP_BLOCK,
+        pack_group: pack_q4_0_group,
+        kernel: q4_0_x8,
+        llamacpp_gemm_order: true,
+    };
+    match ty {
+        GgmlType::Q4_K => Some(&Q4_K),
+        GgmlType::Q4_0 => Some(&Q4_0),
+        _ => None,
+    }
+}
+
+/// Bytes of one Q4_K super-block of eight rows:
 /// - `0..16`: the rows' `d` (f16), row r at `2r`;
 /// - `16..32`: the rows' `dmin` (f16);
 /// - `32..96`: scales, `32 + 8j + r` = row r's scale of sub-block j;
@@ -28,18 +74,22 @@ use std::arch::x86_64::*;
 /// - `160..1184`: quants, 32 bytes per (sub-block j, quarter c) at
 ///   `160 + 32 (4j + c)`; byte `4r + t` holds row r's value `32j + 4c + t`
 ///   in its low nibble and value `32j + 16 + 4c + t` in its high nibble.
-pub(crate) const GROUP_BLOCK_BYTES: usize = 1184;
+const Q4_K_GROUP_BLOCK: usize = 1184;
 /// Rows per group.
 pub(crate) const GROUP_ROWS: usize = 8;
 const QS: usize = 160;
 
-/// Re-lays out rows `8g..8g + 8` of a Q4_K matrix (`nb` super-blocks per
-/// row, `row_bytes` = 144 `nb`) into `out` (`nb * GROUP_BLOCK_BYTES` bytes).
-pub(crate) fn pack_group(src: &[u8], nb: usize, out: &mut [u8]) {
+/// Bytes of one Q4_0 block of eight rows: the rows' `d` (f16) at `2r`,
+/// then 32 bytes per quarter c at `16 + 32c`, byte `4r + t` holding row r's
+/// ggml quant byte `4c + t` (values `4c + t` low, `16 + 4c + t` high).
+const Q4_0_GROUP_BLOCK: usize = 144;
+
+/// Re-lays out eight rows of a Q4_K matrix (`nb` super-blocks per row).
+fn pack_q4_k_group(src: &[u8], nb: usize, out: &mut [u8]) {
     let row_bytes = nb * 144;
-    assert!(src.len() >= GROUP_ROWS * row_bytes && out.len() == nb * GROUP_BLOCK_BYTES);
+    assert!(src.len() >= GROUP_ROWS * row_bytes && out.len() == nb * Q4_K_GROUP_BLOCK);
     for b in 0..nb {
-        let dst = &mut out[b * GROUP_BLOCK_BYTES..(b + 1) * GROUP_BLOCK_BYTES];
+        let dst = &mut out[b * Q4_K_GROUP_BLOCK..(b + 1) * Q4_K_GROUP_BLOCK];
         for r in 0..GROUP_ROWS {
             let blk = &src[r * row_bytes + b * 144..r * row_bytes + (b + 1) * 144];
             dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
@@ -65,85 +115,153 @@ pub(crate) fn pack_group(src: &[u8], nb: usize, out: &mut [u8]) {
     }
 }
 
-/// The kernel over packed groups: `w` points at a group, `row_bytes` is the
-/// packed bytes per row (`nb * GROUP_BLOCK_BYTES / 8`) and `nw` a multiple
-/// of 8; see [`super::Kernel`] for the rest.
-pub(crate) unsafe fn q4_k_x8(
-    w: *const u8,
-    row_bytes: usize,
-    nw: usize,
-    nb: usize,
-    x: &[Act],
-    out: *mut f32,
-    ldo: usize,
-) {
-    debug_assert_eq!(nw % GROUP_ROWS, 0);
-    match x.len() {
-        1 => groups::<1>(w, row_bytes, nw, nb, x, out, ldo),
-        2 => groups::<2>(w, row_bytes, nw, nb, x, out, ldo),
-        3 => groups::<3>(w, row_bytes, nw, nb, x, out, ldo),
-        4 => groups::<4>(w, row_bytes, nw, nb, x, out, ldo),
-        5 => groups::<5>(w, row_bytes, nw, nb, x, out, ldo),
-        6 => groups::<6>(w, row_bytes, nw, nb, x, out, ldo),
-        7 => groups::<7>(w, row_bytes, nw, nb, x, out, ldo),
-        _ => groups::<8>(w, row_bytes, nw, nb, x, out, ldo),
+/// Re-lays out eight rows of a Q4_0 matrix (`nb` blocks per row).
+fn pack_q4_0_group(src: &[u8], nb: usize, out: &mut [u8]) {
+    let row_bytes = nb * 18;
+    assert!(src.len() >= GROUP_ROWS * row_bytes && out.len() == nb * Q4_0_GROUP_BLOCK);
+    for b in 0..nb {
+        let dst = &mut out[b * Q4_0_GROUP_BLOCK..(b + 1) * Q4_0_GROUP_BLOCK];
+        for r in 0..GROUP_ROWS {
+            let blk = &src[r * row_bytes + b * 18..r * row_bytes + (b + 1) * 18];
+            dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+            for c in 0..4 {
+                let at = 16 + 32 * c + 4 * r;
+                dst[at..at + 4].copy_from_slice(&blk[2 + 4 * c..2 + 4 * c + 4]);
+            }
+        }
     }
 }
 
+/// The [`Kernel`] running `$group` (the eight outputs of one group of
+/// rows, for NR activation rows) over packed groups: `w` points at a group,
+/// `row_bytes` is the packed bytes per row and `nw` a multiple of 8.
+macro_rules! x8_kernel {
+    ($name:ident, $group:ident) => {
+        unsafe fn $name(
+            w: *const u8,
+            row_bytes: usize,
+            nw: usize,
+            nb: usize,
+            x: &[Act],
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn groups<const NR: usize>(
+                w: *const u8,
+                row_bytes: usize,
+                nw: usize,
+                nb: usize,
+                x: &[Act],
+                out: *mut f32,
+                ldo: usize,
+            ) {
+                let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+                for g in 0..nw / GROUP_ROWS {
+                    let r = $group::<NR>(w.add(g * GROUP_ROWS * row_bytes), nb, x);
+                    for (i, v) in r.iter().enumerate() {
+                        _mm256_storeu_ps(out.add(i * ldo + g * GROUP_ROWS), *v);
+                    }
+                }
+            }
+            debug_assert_eq!(nw % GROUP_ROWS, 0);
+            match x.len() {
+                1 => groups::<1>(w, row_bytes, nw, nb, x, out, ldo),
+                2 => groups::<2>(w, row_bytes, nw, nb, x, out, ldo),
+                3 => groups::<3>(w, row_bytes, nw, nb, x, out, ldo),
+                4 => groups::<4>(w, row_bytes, nw, nb, x, out, ldo),
+                5 => groups::<5>(w, row_bytes, nw, nb, x, out, ldo),
+                6 => groups::<6>(w, row_bytes, nw, nb, x, out, ldo),
+                7 => groups::<7>(w, row_bytes, nw, nb, x, out, ldo),
+                _ => groups::<8>(w, row_bytes, nw, nb, x, out, ldo),
+            }
+        }
+    };
+}
+
+x8_kernel!(q4_k_x8, q4_k_group);
+x8_kernel!(q4_0_x8, q4_0_group);
+
+/// Four activation values broadcast to every row's lane.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn x4(p: *const i8) -> __m256i {
+    _mm256_set1_epi32((p as *const i32).read_unaligned())
+}
+
+/// `sum_t q[r][t] x[t]` over one 32-value block in lane r: `q` the block's
+/// eight unpacked vectors (low nibbles of the four quarters, then high),
+/// `xp` its 32 activation quants. The eight `maddubs` add exactly in i16
+/// (|each| <= 2 * 15 * 127); the result is i16 pairs per lane.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn block_pairs(q: &[__m256i; 8], xp: *const i8) -> __m256i {
+    let mut p = _mm256_maddubs_epi16(q[0], x4(xp));
+    for (k, &qk) in q.iter().enumerate().skip(1) {
+        let off = if k < 4 { 4 * k } else { 16 + 4 * (k - 4) };
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(qk, x4(xp.add(off))));
+    }
+    p
+}
+
+/// The eight unpacked vectors of a 32-value block whose four packed
+/// quarters start at `p`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn unpack_block(p: *const u8) -> [__m256i; 8] {
+    let low4 = _mm256_set1_epi8(0x0F);
+    let mut q = [_mm256_setzero_si256(); 8];
+    for c in 0..4 {
+        let v = _mm256_loadu_si256(p.add(32 * c) as *const __m256i);
+        q[c] = _mm256_and_si256(v, low4);
+        q[4 + c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    }
+    q
+}
+
+/// Q4_0: the eight outputs of one group for each activation row. Quants
+/// are stored +8: `sum (q - 8) x = sum q x - 8 sum x`, exact in i32.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn groups<const NR: usize>(
-    w: *const u8,
-    row_bytes: usize,
-    nw: usize,
-    nb: usize,
-    x: &[Act],
-    out: *mut f32,
-    ldo: usize,
-) {
-    let x: &[Act; NR] = x.try_into().unwrap_unchecked();
-    for g in 0..nw / GROUP_ROWS {
-        let r = group::<NR>(w.add(g * GROUP_ROWS * row_bytes), nb, x);
-        for (i, v) in r.iter().enumerate() {
-            _mm256_storeu_ps(out.add(i * ldo + g * GROUP_ROWS), *v);
+#[inline]
+unsafe fn q4_0_group<const NR: usize>(w: *const u8, nb: usize, x: &[Act; NR]) -> [__m256; NR] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); NR];
+    for b in 0..nb {
+        let blk = w.add(b * Q4_0_GROUP_BLOCK);
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+        let q = unpack_block(blk.add(16));
+        for i in 0..NR {
+            let qx = _mm256_madd_epi16(block_pairs(&q, x[i].qs.add(32 * b)), ones);
+            let sum_x = _mm256_set1_epi32(*x[i].b32.add(b) as i32);
+            let sum = _mm256_sub_epi32(qx, _mm256_slli_epi32(sum_x, 3));
+            let dx = _mm256_set1_ps(*x[i].d.add(b));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, dx), acc[i]);
         }
     }
+    acc
 }
 
 /// The eight outputs (lanes) of one group for each activation row.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn group<const NR: usize>(w: *const u8, nb: usize, x: &[Act; NR]) -> [__m256; NR] {
-    let low4 = _mm256_set1_epi8(0x0F);
+unsafe fn q4_k_group<const NR: usize>(w: *const u8, nb: usize, x: &[Act; NR]) -> [__m256; NR] {
     let mut acc = [_mm256_setzero_ps(); NR];
     let mut acc_min = [_mm256_setzero_ps(); NR];
-    // Four activation values broadcast to every row's lane.
-    let x4 = |p: *const i8| _mm256_set1_epi32((p as *const i32).read_unaligned());
     // Eight u8 (one per row) as i16 pairs [v, v] in the rows' i32 lanes.
     let dup = |p: *const u8| {
         let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
         _mm256_or_si256(v, _mm256_slli_epi32(v, 16))
     };
     for b in 0..nb {
-        let blk = w.add(b * GROUP_BLOCK_BYTES);
+        let blk = w.add(b * Q4_K_GROUP_BLOCK);
         let d = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
         let dmin = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i));
         let mut sum = [_mm256_setzero_si256(); NR];
         for j in 0..8 {
             let scale = dup(blk.add(32 + 8 * j));
-            let mut q = [_mm256_setzero_si256(); 8];
-            for c in 0..4 {
-                let v = _mm256_loadu_si256(blk.add(QS + 32 * (4 * j + c)) as *const __m256i);
-                q[c] = _mm256_and_si256(v, low4);
-                q[4 + c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-            }
+            let q = unpack_block(blk.add(QS + 128 * j));
             for i in 0..NR {
-                let xp = x[i].qs.add(256 * b + 32 * j);
-                // |each i16| <= 2 * 15 * 127, so the eight add exactly.
-                let mut p = _mm256_maddubs_epi16(q[0], x4(xp));
-                for (k, &qk) in q.iter().enumerate().skip(1) {
-                    let off = if k < 4 { 4 * k } else { 16 + 4 * (k - 4) };
-                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(qk, x4(xp.add(off))));
-                }
+                let p = block_pairs(&q, x[i].qs.add(256 * b + 32 * j));
                 sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(p, scale));
             }
         }
