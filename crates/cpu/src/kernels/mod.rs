@@ -535,12 +535,8 @@ fn quantize_rows(
                     let nbk = cols / 32;
                     let d = std::slice::from_raw_parts_mut(d.get().add(r * nbk), nbk);
                     let s = std::slice::from_raw_parts_mut(s.get().add(r * nbk), nbk);
-                    quantize_q8_0(xr, q, d, s, q8_1_sums);
                     let b32 = std::slice::from_raw_parts_mut(b32.get().add(r * nbk), nbk);
-                    for (sum, blk) in b32.iter_mut().zip(q.chunks_exact(32)) {
-                        // |sum of 32| <= 32 * 127: exact in i16.
-                        *sum = blk.iter().map(|&v| v as i16).sum();
-                    }
+                    quantize_q8_0(xr, q, d, s, b32, q8_1_sums);
                 }
                 ActKind::Q8K => {
                     let nbk = cols / 256;
@@ -573,13 +569,20 @@ fn quantize_rows(
     }
 }
 
-fn quantize_q8_0(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], q8_1_sums: bool) {
+fn quantize_q8_0(
+    x: &[f32],
+    qs: &mut [i8],
+    d: &mut [f32],
+    s: &mut [f32],
+    sums: &mut [i16],
+    q8_1_sums: bool,
+) {
     #[cfg(target_arch = "x86_64")]
     if x86::has_avx2() {
         // SAFETY: AVX2 checked at runtime.
-        return unsafe { x86::quantize_q8_0(x, qs, d, s, q8_1_sums) };
+        return unsafe { x86::quantize_q8_0(x, qs, d, s, sums, q8_1_sums) };
     }
-    scalar::quantize_q8_0(x, qs, d, s, q8_1_sums)
+    scalar::quantize_q8_0(x, qs, d, s, sums, q8_1_sums)
 }
 
 fn quantize_q8_k(x: &[f32], qs: &mut [i8], d: &mut [f32], bs: &mut [i16]) {

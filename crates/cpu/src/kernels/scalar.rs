@@ -337,7 +337,8 @@ pub(crate) unsafe fn bf16w(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) 
 }
 
 /// Quantize `x` (a multiple of 32 long) to 32-blocks: `qs`, scale `d` and
-/// `s = d * sum(qs)` per block (the sum serves the offset and min terms).
+/// `s = d * sum(qs)` per block (the sum serves the offset and min terms),
+/// and the integer `sum(qs)` in `sums`.
 /// As llama.cpp does, the scale is rounded to f16 (its block_q8_0 stores
 /// it so) while the quants use the unrounded `127 / amax`: the same
 /// rounding on both sides keeps logits within noise of llama.cpp's.
@@ -349,6 +350,7 @@ pub(crate) fn quantize_q8_0(
     qs: &mut [i8],
     d: &mut [f32],
     s: &mut [f32],
+    sums: &mut [i16],
     q8_1_sums: bool,
 ) {
     for (b, xb) in x.chunks_exact(32).enumerate() {
@@ -360,6 +362,8 @@ pub(crate) fn quantize_q8_0(
             sum += *q as i32;
         }
         d[b] = round_f16(amax / 127.0);
+        // |sum of 32| <= 32 * 127: exact in i16.
+        sums[b] = sum as i16;
         s[b] = if q8_1_sums {
             round_f16(amax / 127.0 * sum as f32)
         } else {

@@ -214,7 +214,14 @@ fn requantized(ty: GgmlType, x: &[f32]) -> Vec<f32> {
     let nb = x.len() / blk;
     let mut d = vec![0f32; nb];
     if blk == 32 {
-        scalar::quantize_q8_0(x, &mut q, &mut d, &mut vec![0f32; nb], false);
+        scalar::quantize_q8_0(
+            x,
+            &mut q,
+            &mut d,
+            &mut vec![0f32; nb],
+            &mut vec![0i16; nb],
+            false,
+        );
     } else {
         scalar::quantize_q8_k(x, &mut q, &mut d, &mut vec![0i16; x.len() / 16]);
     }
@@ -404,10 +411,15 @@ fn simd_quantizers_match_scalar() {
     let (mut q1, mut q2) = (vec![0i8; 1536], vec![0i8; 1536]);
     let (mut d1, mut d2) = (vec![0f32; 48], vec![0f32; 48]);
     let (mut s1, mut s2) = (vec![0f32; 48], vec![0f32; 48]);
+    let (mut n1, mut n2) = (vec![0i16; 48], vec![0i16; 48]);
     for q8_1_sums in [false, true] {
-        scalar::quantize_q8_0(&x, &mut q1, &mut d1, &mut s1, q8_1_sums);
-        quantize_q8_0(&x, &mut q2, &mut d2, &mut s2, q8_1_sums);
-        assert_eq!((&q1, &d1, &s1), (&q2, &d2, &s2));
+        scalar::quantize_q8_0(&x, &mut q1, &mut d1, &mut s1, &mut n1, q8_1_sums);
+        quantize_q8_0(&x, &mut q2, &mut d2, &mut s2, &mut n2, q8_1_sums);
+        assert_eq!((&q1, &d1, &s1, &n1), (&q2, &d2, &s2, &n2));
+        for (b, &n) in n1.iter().enumerate() {
+            let want: i32 = q1[32 * b..32 * b + 32].iter().map(|&v| v as i32).sum();
+            assert_eq!(n as i32, want, "block {b}");
+        }
     }
     let (mut b1, mut b2) = (vec![0i16; 96], vec![0i16; 96]);
     scalar::quantize_q8_k(&x, &mut q1, &mut d1[..6], &mut b1);
@@ -730,6 +742,7 @@ fn packed_q4_0_follows_llamacpp_repacked_sequence() {
                     &mut xq,
                     &mut dx,
                     &mut s,
+                    &mut vec![0i16; cols / 32],
                     false,
                 );
                 for o in 0..rows {

@@ -113,10 +113,11 @@ pub(crate) unsafe fn quantize_q8_0(
     qs: &mut [i8],
     d: &mut [f32],
     s: &mut [f32],
+    sums: &mut [i16],
     q8_1_sums: bool,
 ) {
     let nb = x.len() / 32;
-    assert!(qs.len() >= nb * 32 && d.len() >= nb && s.len() >= nb);
+    assert!(qs.len() >= nb * 32 && d.len() >= nb && s.len() >= nb && sums.len() >= nb);
     let ones = _mm256_set1_epi8(1);
     for b in 0..nb {
         let p = x.as_ptr().add(32 * b);
@@ -126,13 +127,15 @@ pub(crate) unsafe fn quantize_q8_0(
         let v = round32(p, id, qs.as_mut_ptr().add(32 * b));
         // sum of the 32 quants: maddubs(1, v) gives pair sums as i16.
         let pairs = _mm256_maddubs_epi16(ones, v);
-        let sums = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+        let quads = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
         d[b] = super::scalar::round_f16(amax / 127.0);
-        let sum = hsum_i32(sums) as f32;
+        let sum = hsum_i32(quads);
+        // |sum of 32| <= 32 * 127: exact in i16.
+        sums[b] = sum as i16;
         s[b] = if q8_1_sums {
-            super::scalar::round_f16(amax / 127.0 * sum)
+            super::scalar::round_f16(amax / 127.0 * sum as f32)
         } else {
-            d[b] * sum
+            d[b] * sum as f32
         };
     }
 }
