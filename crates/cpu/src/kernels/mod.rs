@@ -144,21 +144,45 @@ macro_rules! per_row {
 #[allow(unused_imports)]
 pub(crate) use per_row;
 
-/// The [`Kernel`] running the row kernel `$f::<NR>` (NR = `x.len()`, up to
-/// `MAX_NR`) on each weight row: the dispatch every SIMD module shares.
+/// `with_nr!(n, f::<NR>(args))` calls `f::<n>(args)` (or `f::<G, n>` for
+/// `f::<G, NR>`): the one place a run-time count of activation rows (1 to
+/// `MAX_NR`; more counts as `MAX_NR`) becomes a kernel's constant.
+macro_rules! with_nr {
+    ($n:expr, $f:ident::<NR>($($arg:expr),* $(,)?)) => {
+        match $n {
+            1 => $f::<1>($($arg),*),
+            2 => $f::<2>($($arg),*),
+            3 => $f::<3>($($arg),*),
+            4 => $f::<4>($($arg),*),
+            5 => $f::<5>($($arg),*),
+            6 => $f::<6>($($arg),*),
+            7 => $f::<7>($($arg),*),
+            _ => $f::<8>($($arg),*),
+        }
+    };
+    ($n:expr, $f:ident::<$g:ty, NR>($($arg:expr),* $(,)?)) => {
+        match $n {
+            1 => $f::<$g, 1>($($arg),*),
+            2 => $f::<$g, 2>($($arg),*),
+            3 => $f::<$g, 3>($($arg),*),
+            4 => $f::<$g, 4>($($arg),*),
+            5 => $f::<$g, 5>($($arg),*),
+            6 => $f::<$g, 6>($($arg),*),
+            7 => $f::<$g, 7>($($arg),*),
+            _ => $f::<$g, 8>($($arg),*),
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use with_nr;
+
+/// The [`Kernel`] running the row kernel `$f::<NR>` (or `$f::<$g, NR>`;
+/// NR = `x.len()`, up to `MAX_NR`) on each weight row: the dispatch every
+/// SIMD module shares.
 macro_rules! by_nr {
-    ($f:ident) => {{
+    ($f:ident $(, $g:ty)?) => {{
         unsafe fn row(w: *const u8, nb: usize, x: &[$crate::kernels::Act], out: &mut [f32]) {
-            match x.len() {
-                1 => $f::<1>(w, nb, x, out),
-                2 => $f::<2>(w, nb, x, out),
-                3 => $f::<3>(w, nb, x, out),
-                4 => $f::<4>(w, nb, x, out),
-                5 => $f::<5>(w, nb, x, out),
-                6 => $f::<6>(w, nb, x, out),
-                7 => $f::<7>(w, nb, x, out),
-                _ => $f::<8>(w, nb, x, out),
-            }
+            $crate::kernels::with_nr!(x.len(), $f::<$($g,)? NR>(w, nb, x, out))
         }
         $crate::kernels::per_row!(row)
     }};

@@ -7,7 +7,7 @@
 //! match it within float reassociation. Every weight type has one.
 
 use super::scalar::{f16_at, q3k_scales, scale_min_k4};
-use super::{by_nr, per_row, Act, Kernel};
+use super::{by_nr, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use core::arch::aarch64::*;
 
@@ -23,25 +23,6 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
     kernel_with(ty, has_dotprod())
 }
 
-/// [`by_nr!`] for kernels generic over their [`Dot`].
-macro_rules! by_nr_dot {
-    ($f:ident, $dot:ty) => {{
-        unsafe fn row(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
-            match x.len() {
-                1 => $f::<$dot, 1>(w, nb, x, out),
-                2 => $f::<$dot, 2>(w, nb, x, out),
-                3 => $f::<$dot, 3>(w, nb, x, out),
-                4 => $f::<$dot, 4>(w, nb, x, out),
-                5 => $f::<$dot, 5>(w, nb, x, out),
-                6 => $f::<$dot, 6>(w, nb, x, out),
-                7 => $f::<$dot, 7>(w, nb, x, out),
-                _ => $f::<$dot, 8>(w, nb, x, out),
-            }
-        }
-        per_row!(row)
-    }};
-}
-
 /// The kernel for `ty` with the `sdot` integer kernels or the baseline
 /// ones (`sdot` must only be asked for where the CPU has it).
 pub(crate) fn kernel_with(ty: GgmlType, sdot: bool) -> Option<Kernel> {
@@ -49,18 +30,18 @@ pub(crate) fn kernel_with(ty: GgmlType, sdot: bool) -> Option<Kernel> {
     macro_rules! integer {
         ($dot:ty) => {
             match ty {
-                Q4_0 => by_nr_dot!(q4_0, $dot),
-                Q4_1 => by_nr_dot!(q4_1, $dot),
-                Q5_0 => by_nr_dot!(q5_0, $dot),
-                Q5_1 => by_nr_dot!(q5_1, $dot),
-                Q8_0 => by_nr_dot!(q8_0, $dot),
-                Q8_1 => by_nr_dot!(q8_1, $dot),
-                Q2_K => by_nr_dot!(q2_k, $dot),
-                Q3_K => by_nr_dot!(q3_k, $dot),
-                Q4_K => by_nr_dot!(q4_k, $dot),
-                Q5_K => by_nr_dot!(q5_k, $dot),
-                Q6_K => by_nr_dot!(q6_k, $dot),
-                Q8_K => by_nr_dot!(q8_k, $dot),
+                Q4_0 => by_nr!(q4_0, $dot),
+                Q4_1 => by_nr!(q4_1, $dot),
+                Q5_0 => by_nr!(q5_0, $dot),
+                Q5_1 => by_nr!(q5_1, $dot),
+                Q8_0 => by_nr!(q8_0, $dot),
+                Q8_1 => by_nr!(q8_1, $dot),
+                Q2_K => by_nr!(q2_k, $dot),
+                Q3_K => by_nr!(q3_k, $dot),
+                Q4_K => by_nr!(q4_k, $dot),
+                Q5_K => by_nr!(q5_k, $dot),
+                Q6_K => by_nr!(q6_k, $dot),
+                Q8_K => by_nr!(q8_k, $dot),
                 F32 => by_nr!(f32w),
                 F16 => by_nr!(f16w),
                 BF16 => by_nr!(bf16w),

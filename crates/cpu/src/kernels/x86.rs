@@ -1,6 +1,6 @@
 //! x86-64 AVX2 + FMA (+ F16C) kernels, selected at runtime.
 
-use super::{by_nr, per_row, Act, Kernel};
+use super::{by_nr, per_row, with_nr, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -241,16 +241,7 @@ macro_rules! rows {
             out: *mut f32,
             ldo: usize,
         ) {
-            match x.len() {
-                1 => each::<1>(w, rb, nw, nb, x, out, ldo),
-                2 => each::<2>(w, rb, nw, nb, x, out, ldo),
-                3 => each::<3>(w, rb, nw, nb, x, out, ldo),
-                4 => each::<4>(w, rb, nw, nb, x, out, ldo),
-                5 => each::<5>(w, rb, nw, nb, x, out, ldo),
-                6 => each::<6>(w, rb, nw, nb, x, out, ldo),
-                7 => each::<7>(w, rb, nw, nb, x, out, ldo),
-                _ => each::<8>(w, rb, nw, nb, x, out, ldo),
-            }
+            with_nr!(x.len(), each::<NR>(w, rb, nw, nb, x, out, ldo))
         }
         rows_kernel as Kernel
     }};

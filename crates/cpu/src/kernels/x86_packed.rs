@@ -21,7 +21,7 @@
 //! 32-block with the block's exact integer sum, in every batch shape.
 
 use super::x86::k4_scales;
-use super::{Act, Kernel};
+use super::{with_nr, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use std::arch::x86_64::*;
 
@@ -165,16 +165,7 @@ macro_rules! x8_kernel {
                 }
             }
             debug_assert_eq!(nw % GROUP_ROWS, 0);
-            match x.len() {
-                1 => groups::<1>(w, row_bytes, nw, nb, x, out, ldo),
-                2 => groups::<2>(w, row_bytes, nw, nb, x, out, ldo),
-                3 => groups::<3>(w, row_bytes, nw, nb, x, out, ldo),
-                4 => groups::<4>(w, row_bytes, nw, nb, x, out, ldo),
-                5 => groups::<5>(w, row_bytes, nw, nb, x, out, ldo),
-                6 => groups::<6>(w, row_bytes, nw, nb, x, out, ldo),
-                7 => groups::<7>(w, row_bytes, nw, nb, x, out, ldo),
-                _ => groups::<8>(w, row_bytes, nw, nb, x, out, ldo),
-            }
+            with_nr!(x.len(), groups::<NR>(w, row_bytes, nw, nb, x, out, ldo))
         }
     };
 }
