@@ -84,52 +84,61 @@ const QS: usize = 160;
 /// ggml quant byte `4c + t` (values `4c + t` low, `16 + 4c + t` high).
 const Q4_0_GROUP_BLOCK: usize = 144;
 
-/// Re-lays out eight rows of a Q4_K matrix (`nb` super-blocks per row).
-fn pack_q4_k_group(src: &[u8], nb: usize, out: &mut [u8]) {
-    let row_bytes = nb * 144;
-    assert!(src.len() >= GROUP_ROWS * row_bytes && out.len() == nb * Q4_K_GROUP_BLOCK);
-    for b in 0..nb {
-        let dst = &mut out[b * Q4_K_GROUP_BLOCK..(b + 1) * Q4_K_GROUP_BLOCK];
+/// Calls `f(r, block, packed)` for every block b of every row r of a group
+/// of [`GROUP_ROWS`] rows (`nb` blocks each): `block` is row r's ggml block
+/// b (`src_bytes` long), `packed` the group's packed block b.
+fn for_each_block(
+    src: &[u8],
+    nb: usize,
+    src_bytes: usize,
+    out: &mut [u8],
+    group_bytes: usize,
+    f: impl Fn(usize, &[u8], &mut [u8]),
+) {
+    let row_bytes = nb * src_bytes;
+    assert!(src.len() >= GROUP_ROWS * row_bytes && out.len() == nb * group_bytes);
+    for (b, packed) in out.chunks_exact_mut(group_bytes).enumerate() {
         for r in 0..GROUP_ROWS {
-            let blk = &src[r * row_bytes + b * 144..r * row_bytes + (b + 1) * 144];
-            dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
-            dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&blk[2..4]);
-            let (sc, mn) = k4_scales(blk[4..16].as_ptr());
-            for j in 0..8 {
-                dst[32 + 8 * j + r] = sc[j];
-                dst[96 + 8 * j + r] = mn[j];
-            }
-            // Sub-block j's 32 values are the low (j even) or high nibbles
-            // of the 32 bytes at 16 + 32 (j / 2); four values per word.
-            let word = |at: usize| u32::from_le_bytes(blk[at..at + 4].try_into().unwrap());
-            for j in 0..8 {
-                let (src, shift) = (16 + 32 * (j / 2), 4 * (j % 2));
-                for c in 0..4 {
-                    let lo = (word(src + 4 * c) >> shift) & 0x0F0F_0F0F;
-                    let hi = (word(src + 16 + 4 * c) >> shift) & 0x0F0F_0F0F;
-                    let at = QS + 32 * (4 * j + c) + 4 * r;
-                    dst[at..at + 4].copy_from_slice(&(lo | (hi << 4)).to_le_bytes());
-                }
-            }
+            let at = r * row_bytes + b * src_bytes;
+            f(r, &src[at..at + src_bytes], packed);
         }
     }
 }
 
-/// Re-lays out eight rows of a Q4_0 matrix (`nb` blocks per row).
-fn pack_q4_0_group(src: &[u8], nb: usize, out: &mut [u8]) {
-    let row_bytes = nb * 18;
-    assert!(src.len() >= GROUP_ROWS * row_bytes && out.len() == nb * Q4_0_GROUP_BLOCK);
-    for b in 0..nb {
-        let dst = &mut out[b * Q4_0_GROUP_BLOCK..(b + 1) * Q4_0_GROUP_BLOCK];
-        for r in 0..GROUP_ROWS {
-            let blk = &src[r * row_bytes + b * 18..r * row_bytes + (b + 1) * 18];
-            dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+/// Re-lays out eight rows of a Q4_K matrix (`nb` super-blocks per row).
+fn pack_q4_k_group(src: &[u8], nb: usize, out: &mut [u8]) {
+    for_each_block(src, nb, 144, out, Q4_K_GROUP_BLOCK, |r, blk, dst| {
+        dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+        dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&blk[2..4]);
+        let (sc, mn) = k4_scales(blk[4..16].as_ptr());
+        for j in 0..8 {
+            dst[32 + 8 * j + r] = sc[j];
+            dst[96 + 8 * j + r] = mn[j];
+        }
+        // Sub-block j's 32 values are the low (j even) or high nibbles
+        // of the 32 bytes at 16 + 32 (j / 2); four values per word.
+        let word = |at: usize| u32::from_le_bytes(blk[at..at + 4].try_into().unwrap());
+        for j in 0..8 {
+            let (src, shift) = (16 + 32 * (j / 2), 4 * (j % 2));
             for c in 0..4 {
-                let at = 16 + 32 * c + 4 * r;
-                dst[at..at + 4].copy_from_slice(&blk[2 + 4 * c..2 + 4 * c + 4]);
+                let lo = (word(src + 4 * c) >> shift) & 0x0F0F_0F0F;
+                let hi = (word(src + 16 + 4 * c) >> shift) & 0x0F0F_0F0F;
+                let at = QS + 32 * (4 * j + c) + 4 * r;
+                dst[at..at + 4].copy_from_slice(&(lo | (hi << 4)).to_le_bytes());
             }
         }
-    }
+    });
+}
+
+/// Re-lays out eight rows of a Q4_0 matrix (`nb` blocks per row).
+fn pack_q4_0_group(src: &[u8], nb: usize, out: &mut [u8]) {
+    for_each_block(src, nb, 18, out, Q4_0_GROUP_BLOCK, |r, blk, dst| {
+        dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+        for c in 0..4 {
+            let at = 16 + 32 * c + 4 * r;
+            dst[at..at + 4].copy_from_slice(&blk[2 + 4 * c..2 + 4 * c + 4]);
+        }
+    });
 }
 
 /// The [`Kernel`] running `$group` (the eight outputs of one group of
