@@ -639,6 +639,22 @@ fn results_independent_of_batch_and_tiling() {
     }
 }
 
+/// `pack(w)`, which packs exactly where this CPU has packed kernels (x86
+/// AVX2).
+fn packed_where_supported(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
+    let packed = pack(pool, w);
+    let supported = cfg!(target_arch = "x86_64") && simd_level() == "avx2+fma";
+    assert_eq!(
+        packed.is_some(),
+        supported,
+        "{} {}x{}",
+        w.ty,
+        w.rows,
+        w.cols
+    );
+    packed
+}
+
 /// A packed weight gives the ggml-layout kernels' results bit for bit, for
 /// every batch size and thread count; shapes it cannot pack are refused.
 #[test]
@@ -653,9 +669,7 @@ fn packed_weights_match_the_ggml_layout_bit_for_bit() {
             rows,
             cols,
         };
-        let Some(packed) = pack(&pools[1], &w) else {
-            // Only x86 AVX2 has a packed kernel.
-            assert!(!cfg!(target_arch = "x86_64") || simd_level() != "avx2+fma");
+        let Some(packed) = packed_where_supported(&pools[1], &w) else {
             return;
         };
         assert_eq!(packed.bytes(), rows / 8 * cols / 256 * 1184);
@@ -722,8 +736,7 @@ fn packed_q4_0_follows_llamacpp_repacked_sequence() {
             rows,
             cols,
         };
-        let Some(packed) = pack(&pools[1], &w) else {
-            assert!(!cfg!(target_arch = "x86_64") || simd_level() != "avx2+fma");
+        let Some(packed) = packed_where_supported(&pools[1], &w) else {
             return;
         };
         assert_eq!(packed.bytes(), data.len());
