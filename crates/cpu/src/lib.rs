@@ -76,7 +76,7 @@ pub struct CpuBackend {
     /// reference.
     simd: bool,
     llamacpp_batches: bool,
-    /// Q4_K matrices are packed for the faster kernel on first use.
+    /// Q4_K and Q4_0 matrices are packed for the faster kernels on first use.
     packing: bool,
     /// Bytes of packed copies made so far.
     packed_bytes: AtomicUsize,
