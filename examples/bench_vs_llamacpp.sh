@@ -7,7 +7,9 @@
 #   verify   T(k)/T(1) for k = 1, 2, 4, 8, 16 rows after a 64-token context
 #            (llama-bench -p k -n 0 -d 64). blockdraft computes logits for all
 #            k rows, as a verify needs; llama-bench only for the last one.
-# Prints one table with medians and blockdraft/llama.cpp ratios.
+# Prints one table with medians and blockdraft/llama.cpp ratios, and the decode's
+# weight bytes per second against this machine's memory read bandwidth measured
+# beside it by `blockdraft bench`.
 #
 # Usage: examples/bench_vs_llamacpp.sh [MODEL...]   (smollm2 qwen05 qwen15 gemma;
 #        default: smollm2 qwen05 qwen15)
@@ -73,6 +75,7 @@ for key in models:
             rows.append((f"T({k})/T(1)", bd_t[k] / bd_t[1], ll_t[k] / ll_t[1]))
         for name, a, b in rows:
             print(f"{key:8} {t:>3} {name:10} {a:11.2f} {b:10.2f} {a / b:6.2f}")
-        gbs = bd["decode_gb_per_second"]
+        gbs, read = bd["decode_gb_per_second"], bd["memory_read_gb_per_second"]
         print(f"{key:8} {t:>3} {'GB/s dec':10} {gbs:11.2f} {'':>10} {'':>6}   peak RSS {bd['peak_rss_bytes'] / 1e6:.0f} MB")
+        print(f"{key:8} {t:>3} {'GB/s read':10} {read:11.2f} {'':>10} {'':>6}   decode at {100 * gbs / read:.0f} % of it")
 EOF

@@ -1,5 +1,6 @@
 //! The `blockdraft` binary end to end: `run --json` on a real model gives
-//! the greedy text and its statistics; a bad path is a clean error; `split`
+//! the greedy text and its statistics; `bench --json` reports what it
+//! measures, plain and speculative; a bad path is a clean error; `split`
 //! writes a set that reads as the file. (This
 //! also builds the binary that the browser test compares against.)
 
@@ -39,6 +40,99 @@ fn run_json_gives_the_greedy_text_and_stats() {
     let text = v["text"].as_str().unwrap();
     assert!(text.starts_with(" Paris"), "{text:?}");
     assert!(v.to_string().contains("tokens_per_second"), "{v}");
+}
+
+/// `blockdraft ARGS --json` on success, parsed.
+fn json_of(args: &[&str]) -> serde_json::Value {
+    let out = blockdraft().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn bench_json_reports_speed_curve_bandwidth_and_memory() {
+    let Some(model) = blockdraft_core::testing::real_model("smollm2-135m-instruct-q4_1.gguf")
+    else {
+        return;
+    };
+    let v = json_of(&[
+        "bench",
+        "-m",
+        model.to_str().unwrap(),
+        "-t",
+        "2",
+        "-p",
+        "16",
+        "-n",
+        "8",
+        "-r",
+        "2",
+        "--verify-max",
+        "4",
+        "--json",
+    ]);
+    let num = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} in {v}"));
+    assert!(num("prefill_tokens_per_second") > 0.0, "{v}");
+    assert!(num("decode_tokens_per_second") > 0.0, "{v}");
+    // The decode streams the model's matrices once per token.
+    let per_token = num("weight_bytes_per_token");
+    assert!((50e6..200e6).contains(&per_token), "{v}");
+    let gbps = num("decode_gb_per_second");
+    let expected = num("decode_tokens_per_second") * per_token / 1e9;
+    assert!((gbps - expected).abs() < 1e-6 * expected, "{v}");
+    assert!(num("memory_read_gb_per_second") > 0.5, "{v}");
+    let fraction = num("decode_bandwidth_fraction");
+    assert!(
+        (fraction - gbps / num("memory_read_gb_per_second")).abs() < 1e-9,
+        "{v}"
+    );
+    // k = 1..=4, each relative to k = 1.
+    let curve = v["verify"].as_array().unwrap();
+    let ks: Vec<u64> = curve.iter().map(|p| p["k"].as_u64().unwrap()).collect();
+    assert_eq!(ks, [1, 2, 3, 4]);
+    assert_eq!(curve[0]["ratio"].as_f64(), Some(1.0));
+    // The model's pages, not the 256 MB bandwidth probe.
+    let rss = num("peak_rss_bytes");
+    assert!((50e6..250e6).contains(&rss), "peak RSS {rss}");
+}
+
+#[test]
+fn speculative_bench_at_forced_tau_matches_plain_decoding() {
+    let Some(model) = blockdraft_core::testing::real_model("smollm2-135m-instruct-q4_1.gguf")
+    else {
+        return;
+    };
+    // Three drafts per round, none corrupted: every round realises tau 4
+    // (bar a shorter last round), whatever the random drafter says.
+    let v = json_of(&[
+        "bench",
+        "-m",
+        model.to_str().unwrap(),
+        "-t",
+        "2",
+        "-n",
+        "24",
+        "-r",
+        "1",
+        "--draft",
+        "dflash-random",
+        "--forced-tau",
+        "4",
+        "--draft-max",
+        "3",
+        "--json",
+    ]);
+    assert_eq!(v["identical_to_plain"], true, "{v}");
+    assert_eq!(v["acceptance_rate"].as_f64(), Some(1.0), "{v}");
+    let tau = v["tau"].as_f64().unwrap();
+    assert!((3.5..=4.0).contains(&tau), "{v}");
+    for k in ["speedup", "predicted_speedup", "efficiency"] {
+        assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {v}");
+    }
 }
 
 #[test]

@@ -2,12 +2,15 @@
 //! like llama-bench), the verify cost curve T(k)/T(1), memory bandwidth
 //! achieved and peak RSS.
 
+mod memory;
+
 use crate::drafter::DraftArgs;
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use anyhow::{bail, Result};
 use blockdraft_core::model::{Decoder, DecoderState, LogitRows};
 use blockdraft_core::sampling::Rng;
 use blockdraft_core::Backend;
+use memory::{read_bandwidth, weight_bytes_per_token, PeakRss};
 use serde_json::json;
 use std::time::Instant;
 
@@ -37,8 +40,11 @@ pub struct Args {
     #[command(flatten)]
     pub draft: DraftArgs,
     /// With --draft: propose the target's own greedy continuation, corrupted
-    /// at the rate that gives this expected tau, while still running the
-    /// drafter for its cost (measures the engine apart from drafter quality).
+    /// at the rate that gives this expected tau for drafts of --draft-max
+    /// tokens, while still running the drafter for its cost (measures the
+    /// engine apart from drafter quality). With --draft-max = tau - 1 there
+    /// are no errors and every round realises tau; with longer drafts the
+    /// policy may stop them early, which realises less (the output says).
     #[arg(long = "forced-tau")]
     pub forced_tau: Option<f64>,
     /// With --draft: the prompt to generate from.
@@ -64,25 +70,6 @@ fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
     (0..n)
         .map(|_| (rng.next_u64() % n_vocab as u64) as u32)
         .collect()
-}
-
-/// Peak resident set size in bytes (Linux), if known.
-fn peak_rss() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-/// Bytes of weights one decoded token reads: every matrix except the
-/// embedding table (a one-row gather) — unless the head is tied to it.
-fn weight_bytes_per_token(file: &blockdraft_gguf::GgufFile) -> u64 {
-    let tied = file.tensor("output.weight").is_none();
-    file.tensors()
-        .iter()
-        .filter(|t| t.dims.len() == 2 && (tied || t.name != "token_embd.weight"))
-        .map(|t| t.n_bytes)
-        .sum()
 }
 
 fn time_forward<B: Backend>(
@@ -135,9 +122,19 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<()> {
     // spin up the pool.
     time_forward(dec, &mut state, &tokens[..1], LogitRows::Last)?;
 
+    // Decoding on the host streams the weights from memory: each decode
+    // repetition is paired with a read-bandwidth probe, so the fraction of
+    // the machine's bandwidth it achieves compares like with like.
+    let probe_bandwidth = args.n_gen > 0 && dec.backend.host_memory();
+    let mut peak_rss = PeakRss::default();
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
+    let mut bandwidth = Vec::new();
     for _ in 0..args.reps {
+        if probe_bandwidth {
+            let threads = args.model.threads();
+            bandwidth.push(peak_rss.around(|| read_bandwidth(threads)));
+        }
         if args.n_prompt > 0 {
             state.truncate(0);
             prefill.push(
@@ -158,6 +155,7 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<()> {
     }
     let prefill_tps = (!prefill.is_empty()).then(|| median(prefill));
     let decode_tps = (!decode.is_empty()).then(|| median(decode));
+    let read_gbps = (!bandwidth.is_empty()).then(|| median(bandwidth));
 
     let mut verify = Vec::new();
     if args.verify_max > 0 {
@@ -186,7 +184,8 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<()> {
     let t1 = verify.first().map(|v| v.1);
     let bytes = weight_bytes_per_token(&loaded.file);
     let gbps = decode_tps.map(|t| t * bytes as f64 / 1e9);
-    let rss = peak_rss();
+    let bandwidth_fraction = gbps.zip(read_gbps).map(|(d, r)| d / r);
+    let rss = peak_rss.get();
 
     if args.json {
         let curve: Vec<_> = verify
@@ -206,6 +205,8 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<()> {
                 "decode_tokens_per_second": decode_tps,
                 "weight_bytes_per_token": bytes,
                 "decode_gb_per_second": gbps,
+                "memory_read_gb_per_second": read_gbps,
+                "decode_bandwidth_fraction": bandwidth_fraction,
                 "verify": curve,
                 "peak_rss_bytes": rss,
             })
@@ -230,6 +231,13 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<()> {
             bytes as f64 / 1e6,
             gbps.unwrap_or(0.0)
         );
+        if let (Some(r), Some(f)) = (read_gbps, bandwidth_fraction) {
+            println!(
+                "memory   reads at {r:.2} GB/s with {} threads (beside each repetition): decode at {:.0} % of it",
+                args.model.threads(),
+                f * 100.0
+            );
+        }
     }
     if let Some(t1) = t1 {
         println!("verify   T(k)/T(1) at context {}:", args.verify_ctx);
