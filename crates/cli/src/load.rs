@@ -24,9 +24,10 @@ pub struct ModelArgs {
     /// Where the model runs: `cpu`, or `wgpu` (Vulkan, Metal or DX12).
     #[arg(long = "backend", value_enum, default_value_t = BackendKind::Cpu)]
     pub backend: BackendKind,
-    /// CPU: keep every weight in place in the memory map instead of packing
-    /// Q4_K and Q4_0 matrices for the faster x86 kernels on first use (a one-time cost
-    /// of under a second per GB; memory use is about the same either way).
+    /// CPU: keep every weight in place in the memory map instead of moving
+    /// each matrix into huge-page memory on first use, packed for the
+    /// faster x86 kernels where they exist (Q4_K, Q4_0): a one-time cost of
+    /// under a second per GB; memory use is about the same either way.
     #[arg(long = "no-repack")]
     pub no_repack: bool,
 }

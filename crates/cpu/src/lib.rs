@@ -6,6 +6,9 @@
 
 pub mod kernels;
 pub mod pool;
+mod weight_buffer;
+
+pub use weight_buffer::WeightBuffer;
 
 mod ops;
 
@@ -41,18 +44,27 @@ impl CpuTensor {
 /// A weight kept in its GGUF type, in place in the memory map. 1-D weights
 /// (norms, biases) are small and kept as f32.
 ///
-/// A matrix that this CPU has a packed kernel for is re-laid out on its
-/// first matmul (`kernels::pack`: Q4_K and Q4_0 on x86, about twice as
-/// fast, in llama.cpp's float sequence for them); the copy replaces the
-/// mapped pages in memory, which are released. Tables that are only
-/// embedded from are never packed.
+/// On its first matmul a matrix moves into huge-page memory
+/// ([`WeightBuffer`]), where decoding streams it faster: re-laid out if this
+/// CPU has a packed kernel for it (`kernels::pack`: Q4_K and Q4_0 on x86,
+/// about twice as fast, in llama.cpp's float sequence for them), copied as
+/// it is otherwise. The copy replaces the mapped pages in memory, which are
+/// released. Tables that are only embedded from stay in the map.
 pub struct CpuWeight {
     ty: GgmlType,
     rows: usize,
     cols: usize,
     data: TensorData,
     dense: Vec<f32>,
-    packed: OnceLock<Option<PackedWeight>>,
+    resident: OnceLock<Option<Resident>>,
+}
+
+/// A matrix's copy in [`WeightBuffer`] memory.
+enum Resident {
+    /// Re-laid out for a packed kernel.
+    Packed(PackedWeight),
+    /// The file's bytes, for the ggml-layout kernels.
+    Copied(WeightBuffer),
 }
 
 impl CpuWeight {
@@ -76,10 +88,13 @@ pub struct CpuBackend {
     /// reference.
     simd: bool,
     llamacpp_batches: bool,
-    /// Q4_K and Q4_0 matrices are packed for the faster kernels on first use.
+    /// Matrices move into huge-page memory on first use, Q4_K and Q4_0
+    /// packed for the faster kernels (see [`CpuWeight`]).
     packing: bool,
     /// Bytes of packed copies made so far.
     packed_bytes: AtomicUsize,
+    /// Bytes of plain (unpacked) copies made so far.
+    copied_bytes: AtomicUsize,
 }
 
 impl CpuBackend {
@@ -96,6 +111,7 @@ impl CpuBackend {
             llamacpp_batches: false,
             packing: true,
             packed_bytes: AtomicUsize::new(0),
+            copied_bytes: AtomicUsize::new(0),
         }
     }
 
@@ -121,10 +137,11 @@ impl CpuBackend {
         }
     }
 
-    /// Keeps every weight in place in the memory map, without packed copies
-    /// (see [`CpuWeight`]): loads faster, runs the ggml-layout kernels
-    /// (slower on multi-row batches and on compute-bound CPUs; the same
-    /// results for Q4_K, llama.cpp's unpacked sequence for Q4_0).
+    /// Keeps every weight in place in the memory map, without packed or
+    /// huge-page copies (see [`CpuWeight`]): loads faster, runs the
+    /// ggml-layout kernels (slower on multi-row batches and on
+    /// compute-bound CPUs; the same results for Q4_K, llama.cpp's unpacked
+    /// sequence for Q4_0) and streams the weights from 4 KiB pages.
     pub fn without_packing(mut self) -> Self {
         self.packing = false;
         self
@@ -149,6 +166,32 @@ impl CpuBackend {
     /// pages of the weights they copy).
     pub fn packed_bytes(&self) -> usize {
         self.packed_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of weights copied as they are into huge pages so far (they
+    /// replace the mapped pages too).
+    pub fn copied_bytes(&self) -> usize {
+        self.copied_bytes.load(Ordering::Relaxed)
+    }
+
+    /// `w` in huge-page memory: packed where a packed kernel exists, else
+    /// copied, where the OS gives huge pages for it.
+    fn make_resident(&self, w: &CpuWeight) -> Option<Resident> {
+        if let Some(p) = kernels::pack(&self.pool, &w.matrix()) {
+            self.packed_bytes.fetch_add(p.bytes(), Ordering::Relaxed);
+            return Some(Resident::Packed(p));
+        }
+        let mut copy = WeightBuffer::in_huge_pages(w.data.len())?;
+        // By pieces, releasing each piece's mapped pages once copied, so
+        // that a large head is never resident twice.
+        const PIECE: usize = 8 << 20;
+        for (i, piece) in copy.as_mut_slice().chunks_mut(PIECE).enumerate() {
+            let at = i * PIECE;
+            piece.copy_from_slice(&w.data[at..at + piece.len()]);
+            w.data.release_pages_in(at..at + piece.len());
+        }
+        self.copied_bytes.fetch_add(copy.len(), Ordering::Relaxed);
+        Some(Resident::Copied(copy))
     }
 
     pub fn n_threads(&self) -> usize {
@@ -227,7 +270,7 @@ impl Backend for CpuBackend {
             cols,
             data: src.data,
             dense,
-            packed: OnceLock::new(),
+            resident: OnceLock::new(),
         })
     }
 
@@ -282,23 +325,24 @@ impl Backend for CpuBackend {
     fn matmul(&self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) {
         debug_assert_eq!(x.cols, w.cols);
         debug_assert_eq!((out.rows, out.cols), (x.rows, w.rows));
+        let mut matrix = w.matrix();
         if self.simd && self.packing {
-            let packed = w.packed.get_or_init(|| {
-                let p = kernels::pack(&self.pool, &w.matrix());
-                if let Some(p) = &p {
-                    self.packed_bytes.fetch_add(p.bytes(), Ordering::Relaxed);
+            let resident = w.resident.get_or_init(|| {
+                let r = self.make_resident(w);
+                if r.is_some() {
                     w.data.release_pages();
                 }
-                p
+                r
             });
             // llama.cpp's batch order (its gemm, for whole groups of 4 rows)
             // for Q4_K exists in the ggml layout only.
             let gemm_rows = self.llamacpp_batches && x.rows >= 4;
-            if let Some(p) = packed
-                .as_ref()
-                .filter(|p| !gemm_rows || p.matches_llamacpp_batches())
-            {
-                return kernels::matmul_packed(&self.pool, p, x.as_slice(), out.as_mut_slice());
+            match resident {
+                Some(Resident::Packed(p)) if !gemm_rows || p.matches_llamacpp_batches() => {
+                    return kernels::matmul_packed(&self.pool, p, x.as_slice(), out.as_mut_slice());
+                }
+                Some(Resident::Copied(copy)) => matrix.data = copy.as_slice(),
+                _ => {}
             }
         }
         let kernel = if self.simd {
@@ -308,7 +352,7 @@ impl Backend for CpuBackend {
         };
         kernels::matmul_with(
             &self.pool,
-            &w.matrix(),
+            &matrix,
             x.as_slice(),
             out.as_mut_slice(),
             kernel,

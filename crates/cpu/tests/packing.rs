@@ -1,8 +1,8 @@
-//! Packing Q4_K weights (`kernels::pack`, on x86 AVX2) changes nothing but
-//! speed: a real Q4_K_M model (with no Q4_0 matrices, whose packed kernel
-//! follows llama.cpp's repacked sequence instead) gives bit-identical
-//! logits with and without it, for a prompt pass and for verify-shaped
-//! passes of several rows.
+//! Packing Q4_K weights (`kernels::pack`, on x86 AVX2) and copying the
+//! other matrices into huge pages change nothing but speed: a real Q4_K_M
+//! model (with no Q4_0 matrices, whose packed kernel follows llama.cpp's
+//! repacked sequence instead) gives bit-identical logits with and without
+//! them, for a prompt pass and for verify-shaped passes of several rows.
 
 mod common;
 use blockdraft_core::model::{Decoder, LogitRows};
@@ -56,6 +56,20 @@ fn packed_weights_give_bit_identical_logits() {
     } else {
         assert_eq!(packed.packed_bytes(), 0);
     }
+    // Every other matrix a forward pass multiplies by, of at least one
+    // huge page, is copied into huge pages (Linux only).
+    let tied_head = file.tensor("output.weight").is_none();
+    let copied: u64 = file
+        .tensors()
+        .iter()
+        .filter(|t| t.dims.len() == 2 && (tied_head || t.name != "token_embd.weight"))
+        .filter(|t| !(x86_avx2 && t.ty == blockdraft_gguf::GgmlType::Q4_K))
+        .filter(|t| t.n_bytes >= 2 << 20)
+        .map(|t| t.n_bytes)
+        .sum();
+    assert!(copied > 0);
+    let want_copied = if cfg!(target_os = "linux") { copied } else { 0 };
+    assert_eq!(packed.copied_bytes() as u64, want_copied);
     for (pass, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g.len(), w.len());
         for (i, (a, b)) in g.iter().zip(w).enumerate() {

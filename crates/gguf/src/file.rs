@@ -398,13 +398,24 @@ impl TensorData {
     /// process's resident memory. They stay in the page cache and fault back
     /// in, unchanged, if read. Does nothing for tensors held in memory.
     pub fn release_pages(&self) {
+        self.release_pages_in(0..self.range.len());
+    }
+
+    /// [`Self::release_pages`] for the bytes `within` the tensor (clamped to
+    /// it): lets a copy release its source as it goes, so that the source
+    /// and the copy are never both resident whole.
+    pub fn release_pages_in(&self, within: std::ops::Range<usize>) {
+        #[cfg(not(unix))]
+        let _ = within;
         #[cfg(unix)]
         if let Backing::Mmap(map) = &*self.backing {
-            // Whole 4 KiB pages inside the tensor; with larger pages the
+            // Whole 4 KiB pages inside the range; with larger pages the
             // kernel rounds down, which only drops bytes that fault back in.
             const PAGE: usize = 4096;
-            let start = self.range.start.next_multiple_of(PAGE);
-            let end = self.range.end / PAGE * PAGE;
+            let len = self.range.len();
+            let (from, to) = (within.start.min(len), within.end.min(len));
+            let start = (self.range.start + from).next_multiple_of(PAGE);
+            let end = (self.range.start + to) / PAGE * PAGE;
             if end > start {
                 // SAFETY: the map is read-only and file-backed, so dropping
                 // its pages loses nothing: later reads see the same bytes.

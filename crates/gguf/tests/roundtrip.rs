@@ -162,6 +162,10 @@ fn released_pages_read_back_unchanged() {
     let f = GgufFile::open(&path).unwrap();
     let data = f.tensor_data("big").unwrap();
     let want = data.to_vec();
+    // Parts, unaligned and past the end (clamped), then the whole.
+    data.release_pages_in(5000..70_001);
+    data.release_pages_in(200_000..1 << 30);
+    assert_eq!(&*data, &want[..]);
     data.release_pages();
     assert_eq!(&*data, &want[..]);
     assert_eq!(f.tensor_data("big").unwrap().to_f32().unwrap(), big);

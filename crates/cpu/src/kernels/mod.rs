@@ -331,7 +331,7 @@ pub(crate) fn matmul_with(
 /// same weights (Q4_K: bit-identical to the ggml-layout kernel; Q4_0:
 /// llama.cpp's repacked one), so the CPU backend uses it wherever it exists.
 pub struct PackedWeight {
-    data: Vec<u8>,
+    data: crate::WeightBuffer,
     ty: GgmlType,
     rows: usize,
     cols: usize,
@@ -375,8 +375,8 @@ pub fn pack(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
             w.data.len() >= n_groups * src_group,
             "pack: weight data too short"
         );
-        let mut data = vec![0u8; n_groups * group_bytes];
-        let dst = SendPtr(data.as_mut_ptr());
+        let mut data = crate::WeightBuffer::zeroed(n_groups * group_bytes);
+        let dst = SendPtr(data.as_mut_slice().as_mut_ptr());
         pool.run(n_groups, &|g| {
             // SAFETY: group g owns its disjoint range of `data`.
             let out = unsafe {
@@ -402,7 +402,7 @@ pub fn pack(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
 pub fn matmul_packed(pool: &ThreadPool, p: &PackedWeight, x: &[f32], out: &mut [f32]) {
     let w = WeightRef {
         ty: p.ty,
-        data: &p.data,
+        data: p.data.as_slice(),
         rows: p.rows,
         cols: p.cols,
     };
