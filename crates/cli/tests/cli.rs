@@ -10,33 +10,29 @@ fn blockdraft() -> Command {
     Command::new(env!("CARGO_BIN_EXE_blockdraft"))
 }
 
+/// The real SmolLM2 model's path, where the model cache has it.
+fn smollm2() -> Option<String> {
+    let path = blockdraft_core::testing::real_model("smollm2-135m-instruct-q4_1.gguf")?;
+    Some(path.to_str()?.to_string())
+}
+
 #[test]
 fn run_json_gives_the_greedy_text_and_stats() {
-    let Some(model) = blockdraft_core::testing::real_model("smollm2-135m-instruct-q4_1.gguf")
-    else {
+    let Some(model) = smollm2() else {
         return;
     };
-    let out = blockdraft()
-        .arg("run")
-        .arg("-m")
-        .arg(&model)
-        .args([
-            "-p",
-            "The capital of France is",
-            "-n",
-            "8",
-            "--temp",
-            "0",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_of(&[
+        "run",
+        "-m",
+        &model,
+        "-p",
+        "The capital of France is",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "--json",
+    ]);
     let text = v["text"].as_str().unwrap();
     assert!(text.starts_with(" Paris"), "{text:?}");
     assert!(v.to_string().contains("tokens_per_second"), "{v}");
@@ -55,14 +51,13 @@ fn json_of(args: &[&str]) -> serde_json::Value {
 
 #[test]
 fn bench_json_reports_speed_curve_bandwidth_and_memory() {
-    let Some(model) = blockdraft_core::testing::real_model("smollm2-135m-instruct-q4_1.gguf")
-    else {
+    let Some(model) = smollm2() else {
         return;
     };
     let v = json_of(&[
         "bench",
         "-m",
-        model.to_str().unwrap(),
+        &model,
         "-t",
         "2",
         "-p",
@@ -102,8 +97,7 @@ fn bench_json_reports_speed_curve_bandwidth_and_memory() {
 
 #[test]
 fn speculative_bench_at_forced_tau_matches_plain_decoding() {
-    let Some(model) = blockdraft_core::testing::real_model("smollm2-135m-instruct-q4_1.gguf")
-    else {
+    let Some(model) = smollm2() else {
         return;
     };
     // Three drafts per round (fixed: on a model this small the policy may
@@ -112,7 +106,7 @@ fn speculative_bench_at_forced_tau_matches_plain_decoding() {
     let v = json_of(&[
         "bench",
         "-m",
-        model.to_str().unwrap(),
+        &model,
         "-t",
         "2",
         "-n",

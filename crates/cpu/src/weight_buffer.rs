@@ -29,13 +29,9 @@ const HUGE_PAGE: usize = 2 << 20;
 impl WeightBuffer {
     /// `len` zero bytes.
     pub fn zeroed(len: usize) -> Self {
-        #[cfg(target_os = "linux")]
-        if let Some(inner) = Self::huge(len) {
-            return WeightBuffer { inner };
-        }
-        WeightBuffer {
+        Self::in_huge_pages(len).unwrap_or_else(|| WeightBuffer {
             inner: Inner::Heap(vec![0; len]),
-        }
+        })
     }
 
     /// `len` zero bytes in huge pages; `None` where they are not to be had
