@@ -1,6 +1,7 @@
 //! `blockdraft`: generate, tokenize, score, benchmark, inspect and split GGUF
 //! models; convert HF drafter checkpoints.
 
+mod chat;
 mod commands;
 mod drafter;
 mod load;
@@ -35,6 +36,9 @@ enum Command {
     Convert(commands::convert::Args),
     /// Write a GGUF file as a split set (gguf-split layout).
     Split(commands::split::Args),
+    /// Drafter training data: the target's greedy answers to prompts, with
+    /// the hidden-state taps a drafter reads.
+    GenData(commands::gen_data::Args),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +51,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Convert(a) => commands::convert::run(a),
         Command::Split(a) => commands::split::run(a),
+        Command::GenData(a) => commands::gen_data::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,8 +2,7 @@
 
 use crate::drafter::DraftArgs;
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
-use anyhow::{bail, Context, Result};
-use blockdraft_core::chat_template::{ChatMessage, ChatTemplate};
+use anyhow::{bail, Result};
 use blockdraft_core::generate::{generate, StopStrings};
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{generate_speculative, DraftPolicy};
@@ -82,20 +81,12 @@ impl Job for Args {
 
 fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
     let tok = &loaded.tokenizer;
-    let text = if args.chat {
-        let template = ChatTemplate::from_gguf(&loaded.file)?.context(
-            "the model has no chat template (tokenizer.chat_template); run without --chat",
-        )?;
-        let mut messages = Vec::new();
-        if let Some(system) = &args.system {
-            messages.push(ChatMessage::new("system", system));
-        }
-        messages.push(ChatMessage::new("user", &args.prompt));
-        template.render(&messages, true)?
+    let prompt = if args.chat {
+        let template = crate::chat::template(&loaded.file)?;
+        crate::chat::user_turn_tokens(&template, tok, args.system.as_deref(), &args.prompt)?
     } else {
-        args.prompt.clone()
+        tok.encode(&args.prompt, true, true)?
     };
-    let prompt = tok.encode(&text, true, true)?;
     if prompt.is_empty() {
         bail!("the prompt tokenizes to nothing");
     }

@@ -1,0 +1,272 @@
+//! `blockdraft gen-data`: drafter training data from the target itself.
+//!
+//! Each prompt is rendered with the model's chat template (exactly as
+//! `run --chat` does), the target answers greedily, and the hidden states a
+//! drafter reads (the taps) are captured during that same generation, so no
+//! second pass is needed. Output: `shard.rs`'s format. Interrupted runs
+//! resume at the first missing shard.
+
+mod shard;
+
+use crate::load::{with_backend, Job, Loaded, ModelArgs};
+use anyhow::{bail, ensure, Context, Result};
+use blockdraft_core::model::{DecoderState, LogitRows, Taps};
+use blockdraft_core::Backend;
+use half::f16;
+use indicatif::{ProgressBar, ProgressStyle};
+use shard::{check_shard, fnv1a, shard_path, Manifest, Sequence, ShardBuilder, FORMAT};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// JSON Lines file, one `{"prompt": "..."}` object per line (the user turn).
+    #[arg(long = "prompts")]
+    pub prompts: PathBuf,
+    /// Output directory (created; resumed when it holds a matching run).
+    #[arg(short = 'o', long = "out")]
+    pub out: PathBuf,
+    /// GGUF tap layers the drafter reads, comma-separated (HF layer id + 1;
+    /// the number of layers means the last block's output).
+    #[arg(long = "taps", value_delimiter = ',', required = true)]
+    pub taps: Vec<usize>,
+    /// Most response tokens per prompt.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 384)]
+    pub n_predict: usize,
+    /// Prompts longer than this (in tokens, template included) are skipped.
+    #[arg(long = "max-prompt-tokens", default_value_t = 512)]
+    pub max_prompt_tokens: usize,
+    /// Prompts per shard: what an interruption can lose at most.
+    #[arg(long = "shard-size", default_value_t = 16)]
+    pub shard_size: usize,
+    /// System message for every prompt.
+    #[arg(long = "system")]
+    pub system: Option<String>,
+    /// Stop after this many prompts of the file (default: all).
+    #[arg(long = "limit")]
+    pub limit: Option<usize>,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    ensure!(args.shard_size > 0, "--shard-size must be at least 1");
+    ensure!(args.n_predict > 0, "--n-predict must be at least 1");
+    let model = args.model.clone();
+    with_backend(&model, args)
+}
+
+impl Job for Args {
+    fn run<B: Backend>(self, loaded: Loaded<B>) -> Result<()> {
+        generate_data(self, loaded)
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct PromptLine {
+    prompt: String,
+}
+
+fn read_prompts(path: &Path, limit: Option<usize>) -> Result<(Vec<String>, String)> {
+    let raw = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text =
+        std::str::from_utf8(&raw).with_context(|| format!("{} is not UTF-8", path.display()))?;
+    let mut prompts = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let p: PromptLine = serde_json::from_str(line).with_context(|| {
+            format!(
+                "{} line {}: expected {{\"prompt\": \"...\"}}",
+                path.display(),
+                i + 1
+            )
+        })?;
+        prompts.push(p.prompt);
+    }
+    if let Some(n) = limit {
+        prompts.truncate(n);
+    }
+    ensure!(!prompts.is_empty(), "{} holds no prompts", path.display());
+    Ok((prompts, fnv1a(&raw)))
+}
+
+fn generate_data<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
+    let dec = &loaded.decoder;
+    let cfg = &dec.config;
+    if let Some(&l) = args.taps.iter().find(|&&l| l > cfg.n_layer) {
+        bail!(
+            "tap layer {l} is beyond the model's {} layers (taps are GGUF block inputs, 0..={})",
+            cfg.n_layer,
+            cfg.n_layer
+        );
+    }
+    let md = loaded.file.metadata();
+    let template_src = md
+        .get_str("tokenizer.chat_template")
+        .context("the model has no chat template; gen-data needs one")?;
+    let template = crate::chat::template(&loaded.file)?;
+    let (prompts, prompts_hash) = read_prompts(&args.prompts, args.limit)?;
+    let manifest = Manifest {
+        format: FORMAT.into(),
+        model_name: md.get_str("general.name").unwrap_or("").to_string(),
+        architecture: md.get_str("general.architecture")?.to_string(),
+        n_layer: cfg.n_layer,
+        n_embd: cfg.n_embd,
+        n_vocab: cfg.n_vocab,
+        tap_layers: args.taps.clone(),
+        template_hash: fnv1a(template_src.as_bytes()),
+        system: args.system.clone(),
+        prompts_hash,
+        n_prompts: prompts.len(),
+        shard_size: args.shard_size,
+        max_new_tokens: args.n_predict,
+        max_prompt_tokens: args.max_prompt_tokens,
+    };
+    let manifest_path = args.out.join("manifest.json");
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    if manifest_path.exists() {
+        let stored: Manifest = serde_json::from_slice(&std::fs::read(&manifest_path)?)
+            .with_context(|| format!("{} is not a gen-data manifest", manifest_path.display()))?;
+        manifest.check_resumable(&stored, &args.out)?;
+    } else {
+        std::fs::write(&manifest_path, serde_json::to_string_pretty(&manifest)?)?;
+    }
+
+    // Shards already written are kept (and checked); the first missing one
+    // and everything after it are generated.
+    let n_shards = manifest.n_shards();
+    let mut done = Vec::new();
+    for k in 0..n_shards {
+        let path = shard_path(&args.out, k);
+        if path.exists() {
+            done.push(check_shard(&path, &manifest)?);
+        }
+    }
+    let done_prompts = (done.len() * args.shard_size).min(prompts.len());
+    let bar = ProgressBar::new(prompts.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} prompts, {msg} [{elapsed_precise}, ETA {eta_precise}]",
+        )
+        .expect("static template"),
+    );
+    bar.set_position(done_prompts as u64);
+    if !done.is_empty() {
+        eprintln!(
+            "resuming: {} of {n_shards} shards present ({} response tokens)",
+            done.len(),
+            done.iter().map(|s| s.response_tokens).sum::<usize>()
+        );
+    }
+
+    let batch = 64;
+    let n_ctx = args.max_prompt_tokens + args.n_predict + 1;
+    let mut state = dec.new_state(n_ctx, batch);
+    let mut taps = Taps::new(&*dec.backend, cfg, &args.taps, batch)?;
+    let started = Instant::now();
+    let mut new_tokens = 0usize;
+    let mut skipped = 0usize;
+    for k in 0..n_shards {
+        let path = shard_path(&args.out, k);
+        if path.exists() {
+            continue;
+        }
+        let mut shard = ShardBuilder::default();
+        let range = k * args.shard_size..((k + 1) * args.shard_size).min(prompts.len());
+        for i in range {
+            let ids = crate::chat::user_turn_tokens(
+                &template,
+                &loaded.tokenizer,
+                args.system.as_deref(),
+                &prompts[i],
+            )
+            .with_context(|| format!("prompt {} (line {})", i, i + 1))?;
+            if ids.len() > args.max_prompt_tokens {
+                skipped += 1;
+            } else {
+                state.truncate(0);
+                let seq = answer(&loaded, &mut state, &mut taps, i, ids, args.n_predict)?;
+                new_tokens += seq.ids.len() - seq.prompt_len;
+                shard.push(seq);
+            }
+            bar.inc(1);
+            let secs = started.elapsed().as_secs_f64().max(1e-9);
+            bar.set_message(format!(
+                "{new_tokens} response tokens, {:.1} tok/s, {skipped} skipped",
+                new_tokens as f64 / secs
+            ));
+        }
+        shard.write(&path, &manifest)?;
+        if bar.is_hidden() {
+            // No terminal (a log file): one line per shard instead of the bar.
+            eprintln!(
+                "{}: {}/{} prompts, {}",
+                path.display(),
+                bar.position(),
+                prompts.len(),
+                bar.message()
+            );
+        }
+    }
+    bar.finish();
+    let all: Vec<_> = (0..n_shards)
+        .map(|k| check_shard(&shard_path(&args.out, k), &manifest))
+        .collect::<Result<_>>()?;
+    eprintln!(
+        "{}: {} shards, {} sequences, {} tokens ({} response)",
+        args.out.display(),
+        all.len(),
+        all.iter().map(|s| s.sequences).sum::<usize>(),
+        all.iter().map(|s| s.tokens).sum::<usize>(),
+        all.iter().map(|s| s.response_tokens).sum::<usize>()
+    );
+    Ok(())
+}
+
+/// The target's greedy answer to `prompt`, with the taps of every position.
+fn answer<B: Backend>(
+    loaded: &Loaded<B>,
+    state: &mut DecoderState<B>,
+    taps: &mut Taps<B>,
+    prompt_index: usize,
+    mut ids: Vec<u32>,
+    n_predict: usize,
+) -> Result<Sequence> {
+    let dec = &loaded.decoder;
+    let be = &*dec.backend;
+    let prompt_len = ids.len();
+    let mut rows: Vec<f16> = Vec::new();
+    let mut forward = |state: &mut DecoderState<B>, tokens: &[u32]| -> Result<()> {
+        dec.forward(state, tokens, LogitRows::Last, true, Some(&mut *taps))?;
+        let captured = pollster::block_on(be.read(taps.output()));
+        rows.extend(captured.iter().map(|&v| f16::from_f32(v)));
+        Ok(())
+    };
+    for chunk in ids.chunks(state.max_batch()) {
+        forward(state, chunk)?;
+    }
+    let mut finished = false;
+    for _ in 0..n_predict {
+        let next = pollster::block_on(be.argmax(state.logits()))[0];
+        ids.push(next);
+        // The last token's taps are captured too, so row j of the taps is
+        // always position j; the logits of that pass go unused.
+        forward(state, &[next])?;
+        if loaded.tokenizer.is_eog(next) {
+            finished = true;
+            break;
+        }
+    }
+    drop(forward);
+    Ok(Sequence {
+        prompt_index,
+        ids,
+        prompt_len,
+        finished,
+        taps: rows,
+    })
+}

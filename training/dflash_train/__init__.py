@@ -1,0 +1,1 @@
+"""Training DFlash block drafters on data written by `blockdraft gen-data`."""

