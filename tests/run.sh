@@ -9,6 +9,12 @@ tests/fetch_models.sh >/dev/null
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 
 cargo fmt --all -- --check
+# The drafter trainer (training/): masks, labels, loss and data checks.
+if [ -n "${BLOCKDRAFT_TRAIN_PYTHON:-}" ]; then
+    "$BLOCKDRAFT_TRAIN_PYTHON" -m unittest discover -s training -t training
+else
+    echo "SKIPPED: the trainer's tests (set BLOCKDRAFT_TRAIN_PYTHON to a python with training/requirements.txt; .ci/run does)"
+fi
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --no-fail-fast
 # The wasm32 simd128 and aarch64 NEON kernels against the scalar ones,

@@ -106,6 +106,38 @@ class DrafterForward(unittest.TestCase):
         self.assertGreater((one - moved).abs().amax(dim=-1).min().item(), 1e-4)
 
 
+class AgainstPyPIReference(unittest.TestCase):
+    """The trainer's forward is the PyPI `dflash` 0.1.0 DFlashDraftModel's:
+    same tensors, same block hidden states (context = positions < anchor)."""
+
+    def test_block_hidden_states_match_dflash(self):
+        try:
+            from dflash.model import DFlashDraftModel
+            from transformers import Qwen3Config
+        except ImportError:
+            self.skipTest("PyPI dflash 0.1.0 / transformers not installed (.ci/run installs them)")
+        m, c = tiny(layers=2)
+        hf = c.hf_config()
+        cfg = Qwen3Config(**{k: v for k, v in hf.items() if k not in ("architectures", "dflash_config")})
+        cfg.dflash_config = hf["dflash_config"]
+        cfg._attn_implementation = "eager"
+        ref = DFlashDraftModel(cfg).float().eval()
+        missing, unexpected = ref.load_state_dict(m.state_dict(), strict=False)
+        self.assertEqual((unexpected, [k for k in missing if "rotary" not in k]), ([], []))
+        g = torch.Generator().manual_seed(3)
+        taps = torch.randn(S, 2 * H, generator=g)
+        ids = torch.randint(0, V - 1, (S,), generator=g)
+        embed = torch.randn(V, H, generator=g)
+        anchors = torch.tensor([1, 6, 11])
+        with torch.no_grad():
+            ours = m(taps, ids, anchors, embed)
+            for i, a in enumerate(anchors.tolist()):
+                blk = torch.tensor([int(ids[a])] + [c.mask_token_id] * (B - 1))
+                want = ref(position_ids=torch.arange(a + B)[None], noise_embedding=embed[blk][None],
+                           target_hidden=taps[:a][None])[0, 1:]
+                torch.testing.assert_close(ours[i], want, atol=1e-5, rtol=1e-5)
+
+
 class Objective(unittest.TestCase):
     def test_labels_are_the_tokens_at_the_same_position(self):
         ids = torch.arange(100, 110)

@@ -157,6 +157,9 @@ def main():
         opt.load_state_dict(ck["opt"])
         step, order_pos, order = ck["step"], ck["order_pos"], ck["order"]
         gen.set_state(ck["gen"])
+        if len(order) != len(seqs):
+            # gen-data wrote more shards since: a new epoch over all of them.
+            order, order_pos = torch.randperm(len(seqs), generator=gen), 0
         print(f"resumed at step {step}", flush=True)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{len(seqs)} sequences, {sum(len(s.ids) - s.prompt_len for s in seqs)} response tokens; "

@@ -48,7 +48,12 @@ class DrafterConfig:
             "tie_word_embeddings": False,
             "vocab_size": self.vocab_size,
             "block_size": self.block_size,
-            "num_target_layers": self.num_target_layers,
+            # llama.cpp's converter wants the number of taps here (the z-lab
+            # reference reads it only when target_layer_ids is absent); the
+            # target's depth goes in target_num_hidden_layers.
+            "num_target_layers": len(self.target_layer_ids),
+            "target_num_hidden_layers": self.num_target_layers,
+            "target_hidden_size": self.hidden_size,
             "dflash_config": {"target_layer_ids": self.target_layer_ids,
                               "mask_token_id": self.mask_token_id},
             **self.extra,

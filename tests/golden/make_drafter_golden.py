@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Golden block logits of a shipped drafter from the PyTorch reference (run
+once per shipped drafter; CI only reads the output).
+
+The PyPI `dflash` 0.1.0 `DFlashDraftModel` is built from the shipped GGUF's
+own weights (dequantized with the PyPI `gguf` package), so the reference and
+blockdraft run the very same numbers. Input: the first sequence of a
+`blockdraft gen-data` directory made from the same target (its f16 taps are
+the drafter's context), cut at CONTEXT positions; the anchor is the token at
+CONTEXT. Output JSON: the taps, anchor, positions, and per draft slot the
+argmax and the top-64 logits (ids and values) of the reference.
+
+  python3 tests/golden/make_drafter_golden.py --drafter drafters/smollm2-dflash.gguf \
+      --target smollm2.gguf --data DATA_DIR --out tests/fixtures/drafters/smollm2-dflash-golden.json
+
+Environment: training/requirements.txt plus transformers==5.15.0 and
+`pip install --no-deps dflash==0.1.0`.
+"""
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "training"))
+from dflash_train.data import load_shards, read_manifest  # noqa: E402
+
+CONTEXT = 24
+GGUF_TO_HF = {
+    "fc.weight": "fc.weight",
+    "enc.output_norm.weight": "hidden_norm.weight",
+    "output_norm.weight": "norm.weight",
+    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+
+
+def field(r, key):
+    f = r.fields[key]
+    v = f.parts[f.data[0]]
+    return bytes(v).decode() if f.types[0].name == "STRING" else v.tolist()[0]
+
+
+def array(r, key):
+    f = r.fields[key]
+    return [int(f.parts[i][0]) for i in f.data]
+
+
+def weights(r):
+    out = {}
+    for t in r.tensors:
+        w = torch.from_numpy(np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32))
+        if t.name.startswith("blk."):
+            _, i, rest = t.name.split(".", 2)
+            base = rest.removesuffix(".weight")
+            out[f"layers.{i}.{GGUF_TO_HF[base]}.weight"] = w
+        else:
+            out[GGUF_TO_HF[t.name]] = w
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--drafter", type=Path, required=True)
+    ap.add_argument("--target", type=Path, required=True)
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    from dflash.model import DFlashDraftModel
+    from transformers import Qwen3Config
+
+    r = GGUFReader(str(args.drafter))
+    taps_ids = array(r, "dflash.target_layers")
+    n = lambda k: field(r, f"dflash.{k}")  # noqa: E731
+    w = weights(r)
+    cfg = Qwen3Config(
+        hidden_size=n("embedding_length"), intermediate_size=w["layers.0.mlp.gate_proj.weight"].shape[0],
+        num_hidden_layers=n("block_count"), num_attention_heads=n("attention.head_count"),
+        num_key_value_heads=n("attention.head_count_kv"), head_dim=n("attention.key_length"),
+        rms_norm_eps=n("attention.layer_norm_rms_epsilon"), rope_theta=n("rope.freq_base"),
+        max_position_embeddings=n("context_length"), attention_bias=False, vocab_size=1,
+        tie_word_embeddings=False)
+    cfg.num_target_layers = len(taps_ids)
+    cfg.dflash_config = {"target_layer_ids": [t - 1 for t in taps_ids],
+                         "mask_token_id": field(r, "tokenizer.ggml.mask_token_id")}
+    cfg.block_size = n("block_size")
+    cfg._attn_implementation = "eager"
+    model = DFlashDraftModel(cfg).float().eval()
+    missing, unexpected = model.load_state_dict(w, strict=False)
+    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+
+    tr = GGUFReader(str(args.target))
+    tt = {t.name: t for t in tr.tensors}
+    H = cfg.hidden_size
+    deq = lambda t: torch.from_numpy(np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)).reshape(-1, H)  # noqa: E731
+    embed = deq(tt["token_embd.weight"])
+    head = deq(tt["output.weight"]) if "output.weight" in tt else embed
+
+    manifest = read_manifest(args.data)
+    assert manifest["tap_layers"] == taps_ids, "the data's taps differ from the drafter's"
+    seq = load_shards(args.data, manifest)[0]
+    B = cfg.block_size
+    c = CONTEXT
+    taps = seq.taps[:c].float()
+    anchor = int(seq.ids[c])
+    block = torch.tensor([anchor] + [cfg.dflash_config["mask_token_id"]] * (B - 1))
+    with torch.no_grad():
+        hidden = model(position_ids=torch.arange(c + B)[None], noise_embedding=embed[block][None],
+                       target_hidden=taps[None])
+        logits = model.compute_logits(hidden[:, 1:], lambda h: h @ head.T)[0]
+    top = logits.topk(64, dim=-1)
+    golden = {
+        "drafter": args.drafter.name,
+        "drafter_sha256": hashlib.sha256(args.drafter.read_bytes()).hexdigest(),
+        "target": args.target.name,
+        "versions": {"torch": torch.__version__, "dflash": "0.1.0"},
+        "context": c, "anchor": anchor, "prompt_ids": seq.ids[:c].tolist(),
+        "taps": [round(float(x), 6) for x in taps.flatten()],
+        "argmax": logits.argmax(-1).tolist(),
+        "top_ids": top.indices.tolist(),
+        "top_logits": [[round(float(x), 5) for x in row] for row in top.values],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(golden))
+    print(f"wrote {args.out}: argmax {golden['argmax']}")
+
+
+if __name__ == "__main__":
+    main()
