@@ -1,8 +1,9 @@
 //! DSpark (Markov head, confidence head, `sample_from_anchor`) and reduced
 //! draft vocabularies (`d2t`) on the CPU backend: the Markov chain and the
 //! confidences against a scalar f64 reference, the row convention, every
-//! rejection, the d2t scatter and its validation, and greedy speculative
-//! output identical to plain decoding on a synthetic and a real target.
+//! rejection (unused tensors included), the d2t scatter and its
+//! validation, and greedy speculative output identical to plain decoding on
+//! a synthetic and a real target.
 
 mod common;
 
@@ -14,6 +15,7 @@ use blockdraft_core::testing::{
     greedy_plain, greedy_speculative, synthetic_decoder, synthetic_dflash_d2t, synthetic_dspark,
     SyntheticDFlash, SyntheticDSpark, SyntheticDims, SyntheticModel,
 };
+use blockdraft_core::ModelError;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile, GgufWriter};
 use std::sync::Arc;
@@ -65,8 +67,15 @@ fn close(a: f32, b: f64) -> bool {
 }
 
 fn load(t: &Target, bytes: Vec<u8>) -> Result<DFlashDrafter<CpuBackend>, String> {
-    let file = GgufFile::from_bytes(bytes).unwrap();
-    DFlashDrafter::load(&file, &t.dec, 64, 16).map_err(|e| e.to_string())
+    load_typed(t, bytes).map_err(|e| e.to_string())
+}
+
+fn load_typed(t: &Target, bytes: Vec<u8>) -> Result<DFlashDrafter<CpuBackend>, ModelError> {
+    DFlashDrafter::load(&GgufFile::from_bytes(bytes).unwrap(), &t.dec, 64, 16)
+}
+
+fn load_err(t: &Target, bytes: Vec<u8>) -> ModelError {
+    load_typed(t, bytes).err().expect("must be rejected")
 }
 
 /// Prefills the target with taps and injects them into `d`.
@@ -219,6 +228,39 @@ fn dspark_and_d2t_rejections() {
     expect(
         rewrite(&full, &[], &[("markov_w2.weight", vec![8, 60])]),
         "markov_w2.weight",
+    );
+    // DFlash2's selector is not read by a DSpark drafter.
+    match load_err(
+        &t,
+        rewrite(&full, &[], &[("selector_hidden.weight", vec![48, 8])]),
+    ) {
+        ModelError::UnusedTensors { variant, names } => {
+            assert_eq!(
+                (variant, names),
+                ("DSpark", vec!["selector_hidden.weight".to_string()])
+            )
+        }
+        e => panic!("{e}"),
+    }
+    // `conf_proj` is known optional only while the metadata declares no head.
+    let declared_absent = SyntheticDSpark {
+        has_confidence_head: Some(false),
+        ..dspark(true, None)
+    };
+    assert!(load(&t, synthetic_dspark(&s, &declared_absent, 5).bytes).is_ok());
+    let undeclared = SyntheticDSpark {
+        has_confidence_head: None,
+        confidence_tensors: false,
+        ..dspark(true, None)
+    };
+    let bias_only = rewrite(
+        &synthetic_dspark(&s, &undeclared, 5).bytes,
+        &[],
+        &[("conf_proj.bias", vec![1])],
+    );
+    expect(
+        bias_only,
+        "holds tensor `conf_proj.bias` that a DSpark drafter does not use",
     );
     // No confidence head: p_min must be 0.
     let no_head = SyntheticDSpark {
