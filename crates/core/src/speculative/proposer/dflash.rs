@@ -22,7 +22,7 @@
 //! map to target ids.
 
 use super::dflash2::{Convs, DFlash2Config, DeviceSelector, Lattice, Selector};
-use super::dfly::{Correction, DFlyConfig};
+use super::dfly::{Correction, DFlyConfig, CORRECTION};
 use super::dspark::{load_d2t, DSparkConfig, DeviceMarkov, MarkovHead, CONF_BIAS, CONF_WEIGHT};
 use super::{Draft, Drafter};
 use crate::backend::{Backend, RopeParams};
@@ -93,6 +93,11 @@ impl DFlashConfig {
         // DFly first: its own rejections of d2t and markov_w1 say more.
         let is_dfly = file.tensor("layer_fusion").is_some();
         let is_dspark = !is_dfly && file.tensor("markov_w1.weight").is_some();
+        // Without DFly's fusion there is no correction to run; on a Markov
+        // head it would not even be clear what to run.
+        if is_dspark && CORRECTION.iter().any(|n| file.tensor(n).is_some()) {
+            return Err(reject("DSpark drafter (tensor `markov_w1.weight`) carries a predecessor correction (`hidden_correction.*`), which needs DFly's fusion (`layer_fusion`); supporting the lineage properly would mean deciding how a markov bias and a predecessor correction compose on the same block, which is not something to guess at"));
+        }
         if !is_dfly && !is_dspark && md.opt_bool("dflash.has_confidence_head")? == Some(true) {
             return Err(reject("metadata declares a confidence head, but markov_w1.weight is missing: the file would load as plain DFlash and read drafts one row late"));
         }

@@ -9,7 +9,7 @@ use crate::error::ModelError;
 use crate::model::FileTensors;
 use blockdraft_gguf::GgmlType;
 
-const CORRECTION: [&str; 5] = [
+pub(super) const CORRECTION: [&str; 5] = [
     "hidden_correction.hidden_norm.weight",
     "hidden_correction.embed_norm.weight",
     "hidden_correction.gate.weight",
