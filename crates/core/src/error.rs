@@ -27,10 +27,29 @@ pub enum ModelError {
     TokenOutOfRange { id: u32, n_vocab: usize },
     #[error("tap {layer} is beyond the model's {n_layer} layers")]
     TapOutOfRange { layer: usize, n_layer: usize },
+    /// A drafter's file holds tensors that the variant it was detected as
+    /// never reads: loading it would run the drafter as something it is not.
+    #[error("DFlash drafter: the file holds {} that a {variant} drafter does not use (another variant's, stale or misnamed?); loading would silently ignore them", tensor_list(names))]
+    UnusedTensors {
+        variant: &'static str,
+        names: Vec<String>,
+    },
     #[error("{0}")]
     Usage(String),
     #[error("out of memory: {what} needs {bytes} bytes")]
     OutOfMemory { what: String, bytes: u64 },
+}
+
+/// "tensors `a`, `b` and 3 more": at most eight of `names`, by name.
+fn tensor_list(names: &[String]) -> String {
+    const SHOWN: usize = 8;
+    let mut s = format!("tensor{} ", if names.len() == 1 { "" } else { "s" });
+    let shown: Vec<String> = names.iter().take(SHOWN).map(|n| format!("`{n}`")).collect();
+    s += &shown.join(", ");
+    if names.len() > SHOWN {
+        s += &format!(" and {} more", names.len() - SHOWN);
+    }
+    s
 }
 
 impl ModelError {

@@ -236,6 +236,12 @@ fn dfly_loading_rejects_broken_exports() {
             vec![],
             "lacks `context_norm.weight`",
         ),
+        // Exactly one context norm: DFly never reads `enc.output_norm`.
+        (
+            vec![],
+            vec![("enc.output_norm.weight", vec![48])],
+            "holds tensor `enc.output_norm.weight` that a DFly drafter does not use",
+        ),
         (vec!["hidden_correction.up.weight"], vec![], "partial set"),
         (vec!["hidden_correction.down.weight"], vec![], "partial set"),
         // Transposed {L, T}.

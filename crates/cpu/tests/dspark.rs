@@ -1,8 +1,9 @@
 //! DSpark (Markov head, confidence head, `sample_from_anchor`) and reduced
 //! draft vocabularies (`d2t`) on the CPU backend: the Markov chain and the
 //! confidences against a scalar f64 reference, the row convention, every
-//! rejection, the d2t scatter and its validation, and greedy speculative
-//! output identical to plain decoding on a synthetic and a real target.
+//! rejection (a predecessor correction and unused tensors included), the
+//! d2t scatter and its validation, and greedy speculative output identical
+//! to plain decoding on a synthetic and a real target.
 
 mod common;
 
@@ -14,6 +15,7 @@ use blockdraft_core::testing::{
     greedy_plain, greedy_speculative, synthetic_decoder, synthetic_dflash_d2t, synthetic_dspark,
     SyntheticDFlash, SyntheticDSpark, SyntheticDims, SyntheticModel,
 };
+use blockdraft_core::ModelError;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile, GgufWriter};
 use std::sync::Arc;
@@ -65,8 +67,26 @@ fn close(a: f32, b: f64) -> bool {
 }
 
 fn load(t: &Target, bytes: Vec<u8>) -> Result<DFlashDrafter<CpuBackend>, String> {
-    let file = GgufFile::from_bytes(bytes).unwrap();
-    DFlashDrafter::load(&file, &t.dec, 64, 16).map_err(|e| e.to_string())
+    load_typed(t, bytes).map_err(|e| e.to_string())
+}
+
+fn load_typed(t: &Target, bytes: Vec<u8>) -> Result<DFlashDrafter<CpuBackend>, ModelError> {
+    DFlashDrafter::load(&GgufFile::from_bytes(bytes).unwrap(), &t.dec, 64, 16)
+}
+
+fn load_err(t: &Target, bytes: Vec<u8>) -> ModelError {
+    load_typed(t, bytes).err().expect("must be rejected")
+}
+
+/// DFly's five `hidden_correction.*` tensors for width `d` (intermediate 64).
+fn correction(d: u64) -> Vec<(&'static str, Vec<u64>)> {
+    vec![
+        ("hidden_correction.hidden_norm.weight", vec![d]),
+        ("hidden_correction.embed_norm.weight", vec![d]),
+        ("hidden_correction.gate.weight", vec![2 * d, 64]),
+        ("hidden_correction.up.weight", vec![2 * d, 64]),
+        ("hidden_correction.down.weight", vec![64, d]),
+    ]
 }
 
 /// Prefills the target with taps and injects them into `d`.
@@ -220,6 +240,45 @@ fn dspark_and_d2t_rejections() {
         rewrite(&full, &[], &[("markov_w2.weight", vec![8, 60])]),
         "markov_w2.weight",
     );
+    // A predecessor correction needs DFly's fusion; on a Markov head its
+    // meaning is undefined, so the file is refused rather than half-run.
+    expect(
+        rewrite(&full, &[], &correction(48)),
+        "carries a predecessor correction (`hidden_correction.*`), which needs DFly's fusion",
+    );
+    // DFlash2's selector is not read by a DSpark drafter.
+    match load_err(
+        &t,
+        rewrite(&full, &[], &[("selector_hidden.weight", vec![48, 8])]),
+    ) {
+        ModelError::UnusedTensors { variant, names } => {
+            assert_eq!(
+                (variant, names),
+                ("DSpark", vec!["selector_hidden.weight".to_string()])
+            )
+        }
+        e => panic!("{e}"),
+    }
+    // `conf_proj` is known optional only while the metadata declares no head.
+    let declared_absent = SyntheticDSpark {
+        has_confidence_head: Some(false),
+        ..dspark(true, None)
+    };
+    assert!(load(&t, synthetic_dspark(&s, &declared_absent, 5).bytes).is_ok());
+    let undeclared = SyntheticDSpark {
+        has_confidence_head: None,
+        confidence_tensors: false,
+        ..dspark(true, None)
+    };
+    let bias_only = rewrite(
+        &synthetic_dspark(&s, &undeclared, 5).bytes,
+        &[],
+        &[("conf_proj.bias", vec![1])],
+    );
+    expect(
+        bias_only,
+        "holds tensor `conf_proj.bias` that a DSpark drafter does not use",
+    );
     // No confidence head: p_min must be 0.
     let no_head = SyntheticDSpark {
         has_confidence_head: Some(false),
@@ -319,6 +378,11 @@ fn greedy_is_identical_to_plain_on_smollm2() {
     let s = spec(576, n_vocab, vec![1, 15, 30], GgmlType::Q8_0);
     let prompt = [1, 504, 3458, 282, 4649, 314];
     let m = synthetic_dspark(&s, &dspark(true, None), 11);
+    // The file: this drafter plus a predecessor correction.
+    let err = load(&t, rewrite(&m.bytes, &[], &correction(576)))
+        .err()
+        .unwrap();
+    assert!(err.contains("which needs DFly's fusion"), "{err}");
     greedy_matches_plain(&t, m, &prompt, 12);
     let m = synthetic_dflash_d2t(&s, &stride_map(4096, n_vocab), 12);
     greedy_matches_plain(&t, m, &prompt, 12);

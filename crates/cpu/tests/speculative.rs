@@ -1,8 +1,9 @@
 //! Speculative decoding on the CPU backend: for every drafter kind, greedy
 //! speculative output is token-identical to plain greedy decoding on real
 //! models (rounds where every draft is accepted and where none is
-//! included); DFlash loading rejects every mismatch; at temperature > 0 the
-//! output follows the target's distribution.
+//! included); DFlash loading rejects every mismatch and every tensor its
+//! variant would not read; at temperature > 0 the output follows the
+//! target's distribution.
 
 mod common;
 
@@ -15,8 +16,9 @@ use blockdraft_core::speculative::{
 use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
     greedy_plain, greedy_speculative, synthetic_decoder, synthetic_dflash, synthetic_dflash2,
-    synthetic_dflash2_d2t, SyntheticDFlash, SyntheticDFlash2, SyntheticDims,
+    synthetic_dflash2_d2t, synthetic_dfly, SyntheticDFlash, SyntheticDFlash2, SyntheticDims,
 };
+use blockdraft_core::ModelError;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile, GgufWriter};
 use std::sync::Arc;
@@ -364,6 +366,162 @@ fn dflash_loading_rejects_mismatches() {
     // DFlash2 is supported, but the selector tensor alone is not a DFlash2 file.
     assert!(rewrite(None, Some("selector_hidden.weight"))
         .contains("DFlash2 model is missing conv/selector metadata"));
+}
+
+/// `base` without the tensors `drop` picks, plus those of `donor` that
+/// `take` picks (or F32 zeros of the given dims).
+fn splice(
+    base: &GgufFile,
+    drop: impl Fn(&str) -> bool,
+    donor: Option<&GgufFile>,
+    take: impl Fn(&str) -> bool,
+    zeros: &[(&str, &[u64])],
+) -> Vec<u8> {
+    let mut w = GgufWriter::new();
+    w.add_all(base.metadata());
+    let kept = base
+        .tensors()
+        .iter()
+        .filter(|t| !drop(&t.name))
+        .map(|t| (base, t));
+    let taken = donor.into_iter().flat_map(|d| {
+        d.tensors()
+            .iter()
+            .filter(|t| take(&t.name))
+            .map(move |t| (d, t))
+    });
+    for (f, t) in kept.chain(taken) {
+        let data = f.tensor_data(&t.name).unwrap().to_vec();
+        w.add_tensor(t.name.clone(), &t.dims, t.ty, data).unwrap();
+    }
+    for (name, dims) in zeros {
+        let n = dims.iter().product::<u64>() as usize;
+        w.add_f32_tensor(*name, dims, &vec![0.0; n]).unwrap();
+    }
+    w.to_bytes().unwrap()
+}
+
+#[test]
+fn drafter_files_account_for_every_tensor() {
+    let target = synthetic_decoder("qwen3", SyntheticDims::default(), 1);
+    let tfile = GgufFile::from_bytes(target.bytes).unwrap();
+    let tdec = Decoder::load(&tfile, Arc::new(CpuBackend::new(1)), &mut |_| {}).unwrap();
+    // A target may hold what the decoder does not run (an MTP layer).
+    let mtp = splice(
+        &tfile,
+        |_| false,
+        None,
+        |_| false,
+        &[("blk.7.nextn.eh_proj.weight", &[96, 48])],
+    );
+    let mtp = GgufFile::from_bytes(mtp).unwrap();
+    assert!(Decoder::load(&mtp, Arc::new(CpuBackend::new(1)), &mut |_| {}).is_ok());
+
+    let mut spec = SyntheticDFlash::small(48, vec![1, 4, 7], GgmlType::F32);
+    spec.dims.n_vocab = 61;
+    let v2 = SyntheticDFlash2 {
+        conv_kernel_size: 2,
+        conv_group_size: 16,
+        selector_rank: 8,
+        selector_top_k: 4,
+    };
+    let file = |bytes: Vec<u8>| GgufFile::from_bytes(bytes).unwrap();
+    let v1 = file(synthetic_dflash(&spec, 2).bytes);
+    let dflash2 = file(synthetic_dflash2(&spec, &v2, 2).bytes);
+    let dfly = file(synthetic_dfly(&spec, true, 2).bytes);
+    let load = |bytes: Vec<u8>| {
+        DFlashDrafter::load(&GgufFile::from_bytes(bytes).unwrap(), &tdec, 64, 16).map(|_| ())
+    };
+    let none = |_: &str| false;
+    for (bytes, variant, names, more) in [
+        // DFlash2 that lost its selector: the convolutions would be skipped.
+        (
+            splice(&dflash2, |n| n.starts_with("selector_"), None, none, &[]),
+            "DFlash v1",
+            vec!["blk.0.attn_conv_base", "blk.1.ffn_conv_proj.weight"],
+            "",
+        ),
+        // A predecessor correction without DFly's fusion.
+        (
+            splice(
+                &v1,
+                none,
+                Some(&dfly),
+                |n| n.starts_with("hidden_correction."),
+                &[],
+            ),
+            "DFlash v1",
+            vec![
+                "hidden_correction.hidden_norm.weight",
+                "hidden_correction.down.weight",
+            ],
+            "",
+        ),
+        // A typo'd optional tensor, and one of llama.cpp's this port never reads.
+        (
+            splice(
+                &v1,
+                none,
+                None,
+                none,
+                &[("blk.0.attn_q.bais", &[64]), ("fc.scale", &[1])],
+            ),
+            "DFlash v1",
+            vec!["blk.0.attn_q.bais", "fc.scale"],
+            "",
+        ),
+        // DFly reads `context_norm`, never a leftover `enc.output_norm`.
+        (
+            splice(
+                &dfly,
+                none,
+                Some(&v1),
+                |n| n == "enc.output_norm.weight",
+                &[],
+            ),
+            "DFly",
+            vec!["enc.output_norm.weight"],
+            "",
+        ),
+        // Every tensor is named in the error, eight in its message.
+        (
+            splice(
+                &dflash2,
+                |n| n.starts_with("selector_"),
+                Some(&dfly),
+                |n| n.starts_with("hidden_correction."),
+                &[],
+            ),
+            "DFlash v1",
+            vec!["blk.0.attn_conv_base", "hidden_correction.down.weight"],
+            " and 5 more",
+        ),
+    ] {
+        let err = load(bytes).unwrap_err();
+        let msg = err.to_string();
+        let ModelError::UnusedTensors {
+            variant: v,
+            names: all,
+        } = err
+        else {
+            panic!("{variant} {names:?}: {msg}")
+        };
+        assert_eq!(v, variant, "{msg}");
+        for n in &names {
+            assert!(all.iter().any(|a| a == n), "{n} in {all:?}");
+        }
+        assert!(
+            msg.contains(&format!("a {variant} drafter does not use")),
+            "{msg}"
+        );
+        assert!(msg.contains(&format!("`{}`", names[0])), "{msg}");
+        assert_eq!(msg.contains(" more"), !more.is_empty(), "{msg}");
+        assert!(msg.contains(more), "{msg}");
+    }
+    // The valid files load.
+    for f in [&v1, &dflash2, &dfly] {
+        assert!(DFlashDrafter::load(f, &tdec, 64, 16).is_ok());
+    }
 }
 
 /// At temperature > 0 the joint distribution of the first two generated

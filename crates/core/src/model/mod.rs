@@ -138,7 +138,19 @@ impl<B: Backend> Decoder<B> {
         on_progress: &mut dyn FnMut(u64),
     ) -> Result<Self, ModelError> {
         let config = ModelConfig::from_metadata(file.metadata())?;
-        Self::load_with_config(config, &mut FileTensors(file), None, backend, on_progress)
+        let mut tensors = FileTensors::new(file);
+        let decoder = Self::load_with_config(config, &mut tensors, None, backend, on_progress)?;
+        // Unlike a drafter's, a model's file may hold tensors that serve
+        // another use (an MTP layer for self-speculation): noted, not refused.
+        let ignored = tensors.untaken();
+        if !ignored.is_empty() {
+            log::debug!(
+                "{} tensor(s) of the model are not used: {}",
+                ignored.len(),
+                ignored.join(", ")
+            );
+        }
+        Ok(decoder)
     }
 
     /// Loads with an explicit config from `source`; embeddings and head

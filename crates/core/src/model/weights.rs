@@ -4,7 +4,9 @@
 use super::config::{Architecture, ModelConfig};
 use crate::backend::{Backend, WeightSource};
 use crate::error::ModelError;
-use blockdraft_gguf::{GgufFile, TensorInfo};
+use blockdraft_gguf::{GgmlType, GgufFile, TensorData, TensorInfo};
+use std::cell::RefCell;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 pub struct LayerWeights<B: Backend> {
@@ -43,27 +45,87 @@ pub trait TensorSource<B: Backend> {
     fn load(&mut self, name: &str, backend: &B) -> Result<B::Weight, ModelError>;
 }
 
-/// A GGUF file (or split set) whose tensors are uploaded when asked for.
-pub struct FileTensors<'a>(pub &'a GgufFile);
+/// A GGUF file (or split set) whose tensors are uploaded when asked for,
+/// remembering which ones were taken: a loader can then account for every
+/// tensor in the file, as llama.cpp refuses a file whose tensor count
+/// differs from what its architecture creates.
+pub struct FileTensors<'a> {
+    file: &'a GgufFile,
+    /// Shared access, so that the several parts of a drafter's loader can
+    /// take tensors from one ledger.
+    taken: RefCell<HashSet<String>>,
+}
+
+impl<'a> FileTensors<'a> {
+    pub fn new(file: &'a GgufFile) -> Self {
+        FileTensors {
+            file,
+            taken: RefCell::default(),
+        }
+    }
+
+    pub fn file(&self) -> &'a GgufFile {
+        self.file
+    }
+
+    /// Type and dims of `name` without taking it (detecting a variant).
+    pub fn peek(&self, name: &str) -> Option<&'a TensorInfo> {
+        self.file.tensor(name)
+    }
+
+    /// Takes `name`, which must have exactly the dims `expected` (ggml order).
+    pub fn take(&self, name: &str, expected: &[u64]) -> Result<(GgmlType, TensorData), ModelError> {
+        let info = self.peek(name).ok_or_else(|| ModelError::MissingTensor {
+            name: name.to_string(),
+        })?;
+        check_dims(name, &info.dims, expected)?;
+        let data = self.file.tensor_data(name)?;
+        self.taken.borrow_mut().insert(name.to_string());
+        Ok((info.ty, data))
+    }
+
+    /// [`Self::take`] made resident on `backend`.
+    pub fn weight<B: Backend>(
+        &self,
+        backend: &B,
+        name: &str,
+        expected: &[u64],
+    ) -> Result<B::Weight, ModelError> {
+        let (ty, data) = self.take(name, expected)?;
+        Ok(backend.load_weight(WeightSource {
+            name,
+            ty,
+            dims: expected,
+            data,
+        })?)
+    }
+
+    /// The file's tensors not taken so far, in file order.
+    pub fn untaken(&self) -> Vec<String> {
+        let taken = self.taken.borrow();
+        self.file
+            .tensors()
+            .iter()
+            .filter(|t| !taken.contains(&t.name))
+            .map(|t| t.name.clone())
+            .collect()
+    }
+}
 
 impl<B: Backend> TensorSource<B> for FileTensors<'_> {
     fn info(&self, name: &str) -> Option<&TensorInfo> {
-        self.0.tensor(name)
+        self.peek(name)
     }
 
     fn load(&mut self, name: &str, backend: &B) -> Result<B::Weight, ModelError> {
-        let info = self
-            .0
-            .tensor(name)
+        let dims = self
+            .peek(name)
             .ok_or_else(|| ModelError::MissingTensor {
                 name: name.to_string(),
-            })?;
-        Ok(backend.load_weight(WeightSource {
-            name,
-            ty: info.ty,
-            dims: &info.dims,
-            data: self.0.tensor_data(name)?,
-        })?)
+            })?
+            .dims
+            .clone();
+        self.weight(backend, name, &dims)
     }
 }
 

@@ -22,8 +22,8 @@
 //! map to target ids.
 
 use super::dflash2::{Convs, DFlash2Config, DeviceSelector, Lattice, Selector};
-use super::dfly::{load_checked, Correction, DFlyConfig};
-use super::dspark::{load_d2t, DSparkConfig, DeviceMarkov, MarkovHead};
+use super::dfly::{Correction, DFlyConfig, CORRECTION};
+use super::dspark::{load_d2t, DSparkConfig, DeviceMarkov, MarkovHead, CONF_BIAS, CONF_WEIGHT};
 use super::{Draft, Drafter};
 use crate::backend::{Backend, RopeParams};
 use crate::error::ModelError;
@@ -59,6 +59,13 @@ fn reject(reason: impl Into<String>) -> ModelError {
 impl DFlashConfig {
     /// Reads and checks the `dflash.*` keys against the target.
     pub fn from_gguf(file: &GgufFile, target: &ModelConfig) -> Result<Self, ModelError> {
+        Self::read(&FileTensors::new(file), target)
+    }
+
+    /// [`Self::from_gguf`], taking the tensors it reads (`layer_fusion`,
+    /// `d2t`) from `tensors`.
+    fn read(tensors: &FileTensors, target: &ModelConfig) -> Result<Self, ModelError> {
+        let file = tensors.file();
         let md = file.metadata();
         let arch = md.get_str("general.architecture")?;
         if arch != "dflash" {
@@ -86,6 +93,11 @@ impl DFlashConfig {
         // DFly first: its own rejections of d2t and markov_w1 say more.
         let is_dfly = file.tensor("layer_fusion").is_some();
         let is_dspark = !is_dfly && file.tensor("markov_w1.weight").is_some();
+        // Without DFly's fusion there is no correction to run; on a Markov
+        // head it would not even be clear what to run.
+        if is_dspark && CORRECTION.iter().any(|n| file.tensor(n).is_some()) {
+            return Err(reject("DSpark drafter (tensor `markov_w1.weight`) carries a predecessor correction (`hidden_correction.*`), which needs DFly's fusion (`layer_fusion`); supporting the lineage properly would mean deciding how a markov bias and a predecessor correction compose on the same block, which is not something to guess at"));
+        }
         if !is_dfly && !is_dspark && md.opt_bool("dflash.has_confidence_head")? == Some(true) {
             return Err(reject("metadata declares a confidence head, but markov_w1.weight is missing: the file would load as plain DFlash and read drafts one row late"));
         }
@@ -108,7 +120,7 @@ impl DFlashConfig {
             }
         }
         let dfly = if is_dfly {
-            Some(DFlyConfig::from_gguf(file, target_layers.len()).map_err(reject)?)
+            Some(DFlyConfig::from_gguf(tensors, target_layers.len()).map_err(reject)?)
         } else {
             None
         };
@@ -149,7 +161,7 @@ impl DFlashConfig {
                 )),
                 (Some(_), Some(head)) => {
                     let rows = head.dims.get(1).copied().unwrap_or(0) as usize;
-                    Some(load_d2t(file, rows, target.n_vocab)?)
+                    Some(load_d2t(tensors, rows, target.n_vocab)?)
                 }
             };
         let block_size = md.opt_u64("dflash.block_size")?.unwrap_or(16) as usize;
@@ -169,6 +181,26 @@ impl DFlashConfig {
             dspark,
             d2t,
         })
+    }
+
+    /// The variant the tensors say this is (as errors name it).
+    pub fn variant(&self) -> &'static str {
+        match (&self.dfly, &self.dspark, &self.v2) {
+            (Some(_), _, _) => "DFly",
+            (_, Some(_), _) => "DSpark",
+            (_, _, Some(_)) => "DFlash2",
+            _ => "DFlash v1",
+        }
+    }
+
+    /// Tensors the variant may carry without reading them. Only DSpark's
+    /// confidence head declared absent: PrismML's loader requires
+    /// `conf_proj` on every DSpark file, so such files still ship it.
+    pub fn known_optional(&self) -> &'static [&'static str] {
+        match &self.dspark {
+            Some(ds) if ds.has_confidence_head == Some(false) => &[CONF_WEIGHT, CONF_BIAS],
+            _ => &[],
+        }
     }
 
     /// First block row that predicts: 0 for anchor-first DSpark, else 1.
@@ -234,13 +266,16 @@ pub struct DFlashDrafter<B: Backend> {
 impl<B: Backend> DFlashDrafter<B> {
     /// Loads a drafter for `target` (which lends its embeddings and head
     /// when the drafter has none). `n_ctx` must match the target's cache.
+    /// A tensor in the file that the detected variant does not read (bar
+    /// [`DFlashConfig::known_optional`]) is a [`ModelError::UnusedTensors`].
     pub fn load(
         file: &GgufFile,
         target: &Decoder<B>,
         n_ctx: usize,
         max_batch: usize,
     ) -> Result<Self, ModelError> {
-        let config = DFlashConfig::from_gguf(file, &target.config)?;
+        let mut tensors = FileTensors::new(file);
+        let config = DFlashConfig::read(&tensors, &target.config)?;
         let mut mcfg =
             ModelConfig::from_metadata_with_vocab(file.metadata(), target.config.n_vocab)?;
         if let Some(d2t) = &config.d2t {
@@ -260,16 +295,11 @@ impl<B: Backend> DFlashDrafter<B> {
             )));
         }
         let be = target.backend.clone();
-        let model = Decoder::load_with_config(
-            mcfg,
-            &mut FileTensors(file),
-            Some(target),
-            be.clone(),
-            &mut |_| {},
-        )?;
+        let model =
+            Decoder::load_with_config(mcfg, &mut tensors, Some(target), be.clone(), &mut |_| {})?;
         let d = model.config.n_embd as u64;
         let width = config.target_layers.len() as u64 * d;
-        let load = |name: &str, dims: &[u64]| load_checked(&*be, file, name, dims);
+        let load = |name: &str, dims: &[u64]| tensors.weight(&*be, name, dims);
         let norm = match config.dfly {
             Some(_) => "context_norm.weight",
             None => "enc.output_norm.weight",
@@ -298,11 +328,11 @@ impl<B: Backend> DFlashDrafter<B> {
         let state = model.new_state(n_ctx, max_block);
         let v2 = match &config.v2 {
             Some(v2) => Some(V2 {
-                convs: Convs::load(&*be, file, v2, c.n_layer, c.n_embd, max_block)?,
-                selector: Selector::load(&*be, file, v2, c.n_embd, c.n_vocab)?,
+                convs: Convs::load(&*be, &tensors, v2, c.n_layer, c.n_embd, max_block)?,
+                selector: Selector::load(&*be, &tensors, v2, c.n_embd, c.n_vocab)?,
                 gates: be.tensor(max_block, v2.selector_rank),
                 device: match config.d2t {
-                    None => DeviceSelector::load(&*be, file, v2, c.n_vocab, max_block)?,
+                    None => DeviceSelector::load(&*be, &tensors, v2, c.n_vocab, max_block)?,
                     Some(_) => None,
                 },
             }),
@@ -310,13 +340,13 @@ impl<B: Backend> DFlashDrafter<B> {
         };
         let correction = match &config.dfly {
             Some(f) if f.hidden_correction => {
-                Some(Correction::load(&*be, file, c.n_embd, c.n_vocab)?)
+                Some(Correction::load(&*be, &tensors, c.n_embd, c.n_vocab)?)
             }
             _ => None,
         };
         let markov = match &config.dspark {
             Some(ds) => Some(MarkovHead::load(
-                file,
+                &tensors,
                 ds,
                 c.n_embd,
                 c.n_vocab,
@@ -325,9 +355,23 @@ impl<B: Backend> DFlashDrafter<B> {
             None => None,
         };
         let markov_device = match (&config.dspark, &config.d2t) {
-            (Some(ds), None) => DeviceMarkov::load(&*be, file, ds, c.n_vocab)?,
+            (Some(ds), None) => DeviceMarkov::load(&*be, &tensors, ds, c.n_vocab)?,
             _ => None,
         };
+        // Every tensor accounted for: one the variant never reads (another
+        // variant's, a stale or a misnamed one) would silently make the
+        // drafter something other than what was exported.
+        let unused: Vec<String> = tensors
+            .untaken()
+            .into_iter()
+            .filter(|n| !config.known_optional().contains(&n.as_str()))
+            .collect();
+        if !unused.is_empty() {
+            return Err(ModelError::UnusedTensors {
+                variant: config.variant(),
+                names: unused,
+            });
+        }
         Ok(DFlashDrafter {
             anchor: be.tensor(1, 1),
             config,

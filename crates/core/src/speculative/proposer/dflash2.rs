@@ -2,9 +2,9 @@
 //! depthwise convolutions around each sublayer of the block path, and a
 //! candidate selector whose greedy lattice walk replaces per-row argmax.
 
-use crate::backend::{Backend, BackendError, ConvParams, WeightSource};
+use crate::backend::{Backend, BackendError, ConvParams};
 use crate::error::ModelError;
-use crate::model::{HookPoint, LayerHook};
+use crate::model::{FileTensors, HookPoint, LayerHook};
 use crate::sampling::argmax;
 use blockdraft_gguf::{GgmlType, GgufFile, TensorData};
 
@@ -85,40 +85,6 @@ impl DFlash2Config {
     }
 }
 
-/// Looks a tensor up and checks its ggml dims.
-fn checked(
-    file: &GgufFile,
-    name: &str,
-    dims: &[u64],
-) -> Result<(GgmlType, TensorData), ModelError> {
-    let info = file
-        .tensor(name)
-        .ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
-    if info.dims != dims {
-        return Err(ModelError::TensorShape {
-            name: name.into(),
-            found: info.dims.clone(),
-            expected: dims.to_vec(),
-        });
-    }
-    Ok((info.ty, file.tensor_data(name)?))
-}
-
-fn load_weight<B: Backend>(
-    be: &B,
-    file: &GgufFile,
-    name: &str,
-    dims: &[u64],
-) -> Result<B::Weight, ModelError> {
-    let (ty, data) = checked(file, name, dims)?;
-    Ok(be.load_weight(WeightSource {
-        name,
-        ty,
-        dims,
-        data,
-    })?)
-}
-
 /// One sublayer's convolution pair: static base (`2T x d`, row `side·T + t`)
 /// and the projection giving the per-token group deltas of both sides.
 struct ConvPair<B: Backend> {
@@ -141,7 +107,7 @@ pub(super) struct Convs<B: Backend> {
 impl<B: Backend> Convs<B> {
     pub(super) fn load(
         be: &B,
-        file: &GgufFile,
+        tensors: &FileTensors,
         cfg: &DFlash2Config,
         n_layer: usize,
         n_embd: usize,
@@ -151,7 +117,7 @@ impl<B: Backend> Convs<B> {
         let dyn_cols = 2 * cfg.conv_kernel_size * (n_embd / cfg.conv_group_size);
         let pair = |prefix: &str| -> Result<ConvPair<B>, ModelError> {
             let name = format!("{prefix}_conv_base");
-            let (ty, data) = checked(file, &name, &[d, t, 2])?;
+            let (ty, data) = tensors.take(&name, &[d, t, 2])?;
             if ty != GgmlType::F32 {
                 return Err(ModelError::Usage(format!(
                     "DFlash drafter: `{name}` is {ty}, expected F32"
@@ -163,9 +129,8 @@ impl<B: Backend> Convs<B> {
                 .collect();
             let mut base = be.tensor(2 * cfg.conv_kernel_size, n_embd);
             be.write(&mut base, &values);
-            let proj = load_weight(
+            let proj = tensors.weight(
                 be,
-                file,
                 &format!("{prefix}_conv_proj.weight"),
                 &[d, dyn_cols as u64],
             )?;
@@ -252,7 +217,7 @@ impl<B: Backend> DeviceSelector<B> {
     /// cannot keep the codebooks' type resident: the host walks then.
     pub(super) fn load(
         be: &B,
-        file: &GgufFile,
+        tensors: &FileTensors,
         cfg: &DFlash2Config,
         n_vocab: usize,
         max_rows: usize,
@@ -262,7 +227,7 @@ impl<B: Backend> DeviceSelector<B> {
         }
         let (r, k) = (cfg.selector_rank, cfg.selector_top_k);
         let dims = [r as u64, n_vocab as u64];
-        let table = |name| match load_weight(be, file, name, &dims) {
+        let table = |name| match tensors.weight(be, name, &dims) {
             Err(ModelError::Backend(BackendError::Unsupported { .. })) => Ok(None),
             other => other.map(Some),
         };
@@ -350,7 +315,7 @@ pub struct Lattice {
 impl<B: Backend> Selector<B> {
     pub(super) fn load(
         be: &B,
-        file: &GgufFile,
+        tensors: &FileTensors,
         cfg: &DFlash2Config,
         n_embd: usize,
         n_vocab: usize,
@@ -362,9 +327,10 @@ impl<B: Backend> Selector<B> {
                 cfg.selector_top_k
             )));
         }
-        let hidden = load_weight(be, file, "selector_hidden.weight", &[n_embd as u64, r])?;
-        let (ty, predecessor) = checked(file, "selector_predecessor.weight", &[r, n_vocab as u64])?;
-        let (ty2, successor) = checked(file, "selector_successor.weight", &[r, n_vocab as u64])?;
+        let hidden = tensors.weight(be, "selector_hidden.weight", &[n_embd as u64, r])?;
+        let (ty, predecessor) =
+            tensors.take("selector_predecessor.weight", &[r, n_vocab as u64])?;
+        let (ty2, successor) = tensors.take("selector_successor.weight", &[r, n_vocab as u64])?;
         if ty != ty2 || !cfg.selector_rank.is_multiple_of(ty.block_len()) {
             return Err(ModelError::Usage(format!(
                 "DFlash drafter: selector codebooks of types {ty}/{ty2} with rank {r} cannot be read by row"

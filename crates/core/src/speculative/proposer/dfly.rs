@@ -4,11 +4,12 @@
 //! predecessor correction refines every block row with the embedding of the
 //! token drafted just before it.
 
-use crate::backend::{Backend, GatedActivation, WeightSource};
+use crate::backend::{Backend, GatedActivation};
 use crate::error::ModelError;
-use blockdraft_gguf::{GgmlType, GgufFile};
+use crate::model::FileTensors;
+use blockdraft_gguf::GgmlType;
 
-const CORRECTION: [&str; 5] = [
+pub(super) const CORRECTION: [&str; 5] = [
     "hidden_correction.hidden_norm.weight",
     "hidden_correction.embed_norm.weight",
     "hidden_correction.gate.weight",
@@ -29,21 +30,24 @@ pub struct DFlyConfig {
 impl DFlyConfig {
     /// `n_taps` = len(target_layers); the error strings name the variant so
     /// a misdetected file says why.
-    pub fn from_gguf(file: &GgufFile, n_taps: usize) -> Result<Self, String> {
-        if file.tensor("d2t").is_some() {
+    pub fn from_gguf(tensors: &FileTensors, n_taps: usize) -> Result<Self, String> {
+        if tensors.peek("d2t").is_some() {
             return Err("DFly with a reduced draft vocabulary (d2t) is not supported. The reference chain runs the full target head".into());
         }
-        if file.tensor("markov_w1.weight").is_some() {
+        if tensors.peek("markov_w1.weight").is_some() {
             return Err("checkpoint has both a DFly layer_fusion and a DSpark markov_w1; they are mutually exclusive, the export is wrong".into());
         }
-        if file.tensor("context_norm.weight").is_none() {
+        if tensors.peek("context_norm.weight").is_none() {
             return Err("DFly drafter (tensor `layer_fusion`) lacks `context_norm.weight`".into());
         }
-        let n_layer = file
+        let n_layer = tensors
+            .file()
             .metadata()
             .get_usize("dflash.block_count")
             .map_err(|e| e.to_string())?;
-        let info = file.tensor("layer_fusion").expect("DFly is detected by it");
+        let info = tensors
+            .peek("layer_fusion")
+            .expect("DFly is detected by it");
         let expected = [n_taps as u64, n_layer as u64];
         if info.dims != expected {
             return Err(format!(
@@ -58,8 +62,8 @@ impl DFlyConfig {
                 info.ty
             ));
         }
-        let data = file
-            .tensor_data("layer_fusion")
+        let (_, data) = tensors
+            .take("layer_fusion", &expected)
             .map_err(|e| e.to_string())?;
         let logits: Vec<f32> = data
             .chunks_exact(4)
@@ -69,12 +73,12 @@ impl DFlyConfig {
         let fusion = logits.chunks_exact(n_taps).map(softmax).collect();
         let present = CORRECTION
             .iter()
-            .filter(|n| file.tensor(n).is_some())
+            .filter(|n| tensors.peek(n).is_some())
             .count();
         if present != 0 && present != CORRECTION.len() {
             let missing: Vec<_> = CORRECTION
                 .iter()
-                .filter(|n| file.tensor(n).is_none())
+                .filter(|n| tensors.peek(n).is_none())
                 .collect();
             return Err(format!(
                 "DFly hidden correction is a partial set (missing {missing:?}): a broken export"
@@ -92,31 +96,6 @@ fn softmax(x: &[f32]) -> Vec<f32> {
     let e: Vec<f32> = x.iter().map(|v| (v - m).exp()).collect();
     let s: f32 = e.iter().sum();
     e.iter().map(|v| v / s).collect()
-}
-
-/// Loads `name` after checking its ggml dims.
-pub(super) fn load_checked<B: Backend>(
-    be: &B,
-    file: &GgufFile,
-    name: &str,
-    dims: &[u64],
-) -> Result<B::Weight, ModelError> {
-    let info = file
-        .tensor(name)
-        .ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
-    if info.dims != dims {
-        return Err(ModelError::TensorShape {
-            name: name.into(),
-            found: info.dims.clone(),
-            expected: dims.to_vec(),
-        });
-    }
-    Ok(be.load_weight(WeightSource {
-        name,
-        ty: info.ty,
-        dims: &info.dims,
-        data: file.tensor_data(name)?,
-    })?)
 }
 
 /// The predecessor correction (TreeFlash): weights and one-row scratch.
@@ -141,23 +120,24 @@ pub(super) struct Correction<B: Backend> {
 impl<B: Backend> Correction<B> {
     pub(super) fn load(
         be: &B,
-        file: &GgufFile,
+        tensors: &FileTensors,
         d: usize,
         n_vocab: usize,
     ) -> Result<Self, ModelError> {
-        let ff = file
-            .tensor("hidden_correction.down.weight")
+        let ff = tensors
+            .peek("hidden_correction.down.weight")
             .map(|t| t.dims[0])
             .ok_or_else(|| ModelError::MissingTensor {
                 name: "hidden_correction.down.weight".into(),
             })?;
         let (d64, n) = (d as u64, CORRECTION);
+        let load = |name, dims: &[u64]| tensors.weight(be, name, dims);
         Ok(Correction {
-            hidden_norm: load_checked(be, file, n[0], &[d64])?,
-            embed_norm: load_checked(be, file, n[1], &[d64])?,
-            gate: load_checked(be, file, n[2], &[2 * d64, ff])?,
-            up: load_checked(be, file, n[3], &[2 * d64, ff])?,
-            down: load_checked(be, file, n[4], &[ff, d64])?,
+            hidden_norm: load(n[0], &[d64])?,
+            embed_norm: load(n[1], &[d64])?,
+            gate: load(n[2], &[2 * d64, ff])?,
+            up: load(n[3], &[2 * d64, ff])?,
+            down: load(n[4], &[ff, d64])?,
             z: be.tensor(1, d),
             z_normed: be.tensor(1, d),
             e: be.tensor(1, d),

@@ -13,6 +13,7 @@
 
 use crate::backend::{Backend, BackendError, WeightSource};
 use crate::error::ModelError;
+use crate::model::FileTensors;
 use blockdraft_gguf::{quants, GgmlType, GgufFile};
 
 pub const CONF_WEIGHT: &str = "conf_proj.weight";
@@ -45,22 +46,10 @@ impl DSparkConfig {
     }
 }
 
-/// Reads `name` to host memory as F32 after checking its ggml dims.
-fn host_tensor(file: &GgufFile, name: &str, dims: &[u64]) -> Result<Vec<f32>, ModelError> {
-    let info = file
-        .tensor(name)
-        .ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
-    if info.dims != dims {
-        return Err(ModelError::TensorShape {
-            name: name.into(),
-            found: info.dims.clone(),
-            expected: dims.to_vec(),
-        });
-    }
-    Ok(quants::dequantize_to_vec(
-        info.ty,
-        &file.tensor_data(name)?,
-    )?)
+/// Takes `name` to host memory as F32 after checking its ggml dims.
+fn host_tensor(tensors: &FileTensors, name: &str, dims: &[u64]) -> Result<Vec<f32>, ModelError> {
+    let (ty, data) = tensors.take(name, dims)?;
+    Ok(quants::dequantize_to_vec(ty, &data)?)
 }
 
 /// The Markov head, host-side: per row it is one R_m-wide gather and one
@@ -77,27 +66,28 @@ pub struct MarkovHead {
 
 impl MarkovHead {
     pub fn load(
-        file: &GgufFile,
+        tensors: &FileTensors,
         cfg: &DSparkConfig,
         n_embd: usize,
         n_vocab: usize,
         n_vocab_draft: usize,
     ) -> Result<Self, ModelError> {
         let r = cfg.rank as u64;
-        let w1 = host_tensor(file, "markov_w1.weight", &[r, n_vocab as u64])?;
-        let mut w2 = host_tensor(file, "markov_w2.weight", &[r, n_vocab_draft as u64])?;
-        if file.tensor("markov_w2.scale").is_some() {
-            let s = host_tensor(file, "markov_w2.scale", &[1])?[0];
+        let w1 = host_tensor(tensors, "markov_w1.weight", &[r, n_vocab as u64])?;
+        let mut w2 = host_tensor(tensors, "markov_w2.weight", &[r, n_vocab_draft as u64])?;
+        if tensors.peek("markov_w2.scale").is_some() {
+            let s = host_tensor(tensors, "markov_w2.scale", &[1])?[0];
             w2.iter_mut().for_each(|w| *w *= s);
         }
         // A head declared absent is not loaded even if a tensor is there:
-        // the metadata is what llama.cpp's driver trusts.
+        // the metadata is what llama.cpp's driver trusts (the tensors are
+        // then known optional, see `DFlashConfig::known_optional`).
         let conf = if cfg.has_confidence_head == Some(false) {
             None
-        } else if file.tensor(CONF_WEIGHT).is_some() {
-            let w = host_tensor(file, CONF_WEIGHT, &[(n_embd + cfg.rank) as u64, 1])?;
-            let b = match file.tensor(CONF_BIAS) {
-                Some(_) => host_tensor(file, CONF_BIAS, &[1])?[0],
+        } else if tensors.peek(CONF_WEIGHT).is_some() {
+            let w = host_tensor(tensors, CONF_WEIGHT, &[(n_embd + cfg.rank) as u64, 1])?;
+            let b = match tensors.peek(CONF_BIAS) {
+                Some(_) => host_tensor(tensors, CONF_BIAS, &[1])?[0],
                 None => 0.0,
             };
             Some((w, b))
@@ -165,40 +155,30 @@ impl<B: Backend> DeviceMarkov<B> {
     /// backend cannot keep their type resident: the host chains then.
     pub(super) fn load(
         be: &B,
-        file: &GgufFile,
+        tensors: &FileTensors,
         cfg: &DSparkConfig,
         n_vocab: usize,
     ) -> Result<Option<Self>, ModelError> {
-        let r = cfg.rank as u64;
+        let dims = [cfg.rank as u64, n_vocab as u64];
         let mut weights = Vec::with_capacity(2);
         for name in ["markov_w1.weight", "markov_w2.weight"] {
-            let info = file
-                .tensor(name)
-                .ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
-            let dims = [r, n_vocab as u64];
-            if info.dims != dims {
-                return Err(ModelError::TensorShape {
-                    name: name.into(),
-                    found: info.dims.clone(),
-                    expected: dims.to_vec(),
-                });
-            }
-            if !cfg.rank.is_multiple_of(info.ty.block_len()) {
+            let (ty, data) = tensors.take(name, &dims)?;
+            if !cfg.rank.is_multiple_of(ty.block_len()) {
                 return Ok(None);
             }
             match be.load_weight(WeightSource {
                 name,
-                ty: info.ty,
-                dims: &info.dims,
-                data: file.tensor_data(name)?,
+                ty,
+                dims: &dims,
+                data,
             }) {
                 Ok(w) => weights.push(w),
                 Err(BackendError::Unsupported { .. }) => return Ok(None),
                 Err(e) => return Err(e.into()),
             }
         }
-        let scale = match file.tensor("markov_w2.scale") {
-            Some(_) => Some(host_tensor(file, "markov_w2.scale", &[1])?[0]),
+        let scale = match tensors.peek("markov_w2.scale") {
+            Some(_) => Some(host_tensor(tensors, "markov_w2.scale", &[1])?[0]),
             None => None,
         };
         let w2 = weights.pop().expect("two weights");
@@ -238,25 +218,19 @@ impl<B: Backend> DeviceMarkov<B> {
 /// Reads and checks `d2t` (draft row → target id) for a head of
 /// `n_vocab_draft` rows over a target vocabulary of `n_vocab`.
 pub fn load_d2t(
-    file: &GgufFile,
+    tensors: &FileTensors,
     n_vocab_draft: usize,
     n_vocab: usize,
 ) -> Result<Vec<u32>, ModelError> {
     let bad = |why: String| ModelError::Usage(format!("DFlash drafter: tensor `d2t` {why}"));
-    let info = file.tensor("d2t").expect("checked by the caller");
+    let info = tensors.peek("d2t").expect("checked by the caller");
     if info.ty != GgmlType::I64 {
         return Err(bad(format!("is {:?}, expected I64", info.ty)));
     }
-    if info.dims != [n_vocab_draft as u64] {
-        return Err(ModelError::TensorShape {
-            name: "d2t".into(),
-            found: info.dims.clone(),
-            expected: vec![n_vocab_draft as u64],
-        });
-    }
+    let (_, data) = tensors.take("d2t", &[n_vocab_draft as u64])?;
     let mut seen = vec![false; n_vocab];
     let mut map = Vec::with_capacity(n_vocab_draft);
-    for (j, b) in file.tensor_data("d2t")?.chunks_exact(8).enumerate() {
+    for (j, b) in data.chunks_exact(8).enumerate() {
         let t = i64::from_le_bytes(b.try_into().expect("8 bytes"));
         let id = usize::try_from(t)
             .ok()
