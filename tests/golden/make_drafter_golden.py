@@ -6,8 +6,8 @@ The PyPI `dflash` 0.1.0 `DFlashDraftModel` is built from the shipped GGUF's
 own weights (dequantized with the PyPI `gguf` package), so the reference and
 blockdraft run the very same numbers. Input: the first sequence of a
 `blockdraft gen-data` directory made from the same target (its f16 taps are
-the drafter's context), cut at CONTEXT positions; the anchor is the token at
-CONTEXT. Output JSON: the taps, anchor, positions, and per draft slot the
+the drafter's context), cut RESPONSE_CONTEXT tokens into the response; the
+anchor is the token there. Output JSON: the taps, anchor, positions, and per draft slot the
 argmax and the top-64 logits (ids and values) of the reference.
 
   python3 tests/golden/make_drafter_golden.py --drafter drafters/smollm2-dflash.gguf \
@@ -30,7 +30,9 @@ from gguf.quants import dequantize
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "training"))
 from dflash_train.data import load_shards, read_manifest  # noqa: E402
 
-CONTEXT = 24
+# The context ends 8 tokens into the response: drafting happens there, not
+# inside the prompt (where a drafter was never trained).
+RESPONSE_CONTEXT = 8
 GGUF_TO_HF = {
     "fc.weight": "fc.weight",
     "enc.output_norm.weight": "hidden_norm.weight",
@@ -108,7 +110,7 @@ def main():
     assert manifest["tap_layers"] == taps_ids, "the data's taps differ from the drafter's"
     seq = load_shards(args.data, manifest)[0]
     B = cfg.block_size
-    c = CONTEXT
+    c = seq.prompt_len + RESPONSE_CONTEXT
     taps = seq.taps[:c].float()
     anchor = int(seq.ids[c])
     block = torch.tensor([anchor] + [cfg.dflash_config["mask_token_id"]] * (B - 1))
@@ -123,7 +125,7 @@ def main():
         "target": args.target.name,
         "versions": {"torch": torch.__version__, "dflash": "0.1.0"},
         "context": c, "anchor": anchor, "prompt_ids": seq.ids[:c].tolist(),
-        "taps": [round(float(x), 6) for x in taps.flatten()],
+        "taps": [float(f"{x:.5g}") for x in taps.flatten().tolist()],
         "argmax": logits.argmax(-1).tolist(),
         "top_ids": top.indices.tolist(),
         "top_logits": [[round(float(x), 5) for x in row] for row in top.values],

@@ -1,0 +1,98 @@
+//! The drafters shipped in `drafters/`, end to end through `run`: each
+//! loads, its greedy speculative output is token-identical to plain
+//! decoding, and its tau on a fixed set of held-out prompts (greedy, whole
+//! blocks, so deterministic) stays above the floor recorded in
+//! drafters/README.md: a regression in drafting shows up here.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+struct Shipped {
+    drafter: &'static str,
+    target: &'static str,
+    /// Tokens per round over `PROMPTS`, measured when the drafter shipped,
+    /// less a margin for other CPUs' rounding.
+    tau_floor: f64,
+}
+
+const SHIPPED: &[Shipped] = &[Shipped {
+    drafter: "smollm2-dflash.gguf",
+    target: "smollm2-135m-instruct-q4_1.gguf",
+    tau_floor: 1.10,
+}];
+
+/// Chat prompts the drafters were not trained on (none is in the training
+/// prompts that training/prompts.py makes).
+const PROMPTS: &[&str] = &[
+    "Write a haiku about the sea.",
+    "What are the benefits of regular exercise?",
+    "Explain what a hash table is in simple terms.",
+    "Give me three tips for writing a good cover letter.",
+];
+
+fn run(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_blockdraft"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn shipped_drafters_match_plain_decoding_and_keep_their_tau() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for s in SHIPPED {
+        let Some(model) = blockdraft_core::testing::real_model(s.target) else {
+            eprintln!(
+                "SKIPPED: {} is not in the model cache (tests/fetch_models.sh)",
+                s.target
+            );
+            continue;
+        };
+        let model = model.to_str().unwrap().to_string();
+        let drafter = root.join("drafters").join(s.drafter);
+        let drafter = drafter.to_str().unwrap();
+        let (mut rounds, mut produced) = (0u64, 0u64);
+        for p in PROMPTS {
+            let v = run(&[
+                "run",
+                "-m",
+                &model,
+                "-p",
+                p,
+                "--chat",
+                "--temp",
+                "0",
+                "-n",
+                "64",
+                "-t",
+                "2",
+                "--json",
+                "--draft",
+                drafter,
+                "--compare",
+                "--fixed-draft",
+                "--draft-max",
+                "7",
+            ]);
+            let st = &v["stats"];
+            assert_eq!(st["compare"]["identical_output"], true, "{p}: {v}");
+            assert_eq!(st["drafter"], "dflash");
+            rounds += st["rounds"].as_u64().unwrap();
+            produced += st["rounds"].as_u64().unwrap() + st["accepted"].as_u64().unwrap();
+        }
+        let tau = produced as f64 / rounds as f64;
+        eprintln!("{}: tau {tau:.3} over {} prompts", s.drafter, PROMPTS.len());
+        assert!(
+            tau >= s.tau_floor,
+            "{}: tau {tau:.3} < floor {}",
+            s.drafter,
+            s.tau_floor
+        );
+    }
+}
