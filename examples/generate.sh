@@ -6,4 +6,7 @@ cd "$(dirname "$0")/.."
 prompt="${1:-Write a haiku about the sea.}"
 shift || true
 model=$(tests/fetch_models.sh smollm2)
-cargo run --release -q -p blockdraft-cli -- run -m "$model" -p "$prompt" --chat -n 128 "$@"
+# A mild repeat penalty: without one a model this small often loops
+# (the same line again and again). Later flags override it.
+cargo run --release -q -p blockdraft-cli -- run -m "$model" -p "$prompt" --chat -n 128 \
+  --repeat-penalty 1.1 "$@"

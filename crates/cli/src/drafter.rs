@@ -1,9 +1,13 @@
 //! `--draft`: building a drafter from a file or a name.
 
+use crate::args::{f32_in, usize_in};
 use crate::load::{open_gguf, Loaded};
 use anyhow::{Context, Result};
 use blockdraft_core::model::{Decoder, ModelConfig};
-use blockdraft_core::speculative::{DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter};
+use blockdraft_core::sampling::Bounds;
+use blockdraft_core::speculative::{
+    DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter, PolicyConfig,
+};
 use blockdraft_core::testing::{synthetic_dflash, SyntheticDFlash, SyntheticDims};
 use blockdraft_core::Backend;
 use blockdraft_gguf::{GgmlType, GgufFile};
@@ -17,23 +21,33 @@ pub struct DraftArgs {
     /// `dflash-random[:LAYERS]` (random weights; for benchmarks only).
     #[arg(long = "draft")]
     pub draft: Option<String>,
-    /// Most tokens drafted per round.
-    #[arg(long = "draft-max", default_value_t = 8)]
+    /// Most tokens drafted per round (1..=64).
+    #[arg(long = "draft-max", default_value_t = 8, requires = "draft",
+          value_parser = usize_in(PolicyConfig::LENGTHS))]
     pub draft_max: usize,
-    /// Drafts shorter than this are not verified.
-    #[arg(long = "draft-min", default_value_t = 1)]
+    /// Drafts shorter than this are not verified (1..=--draft-max).
+    #[arg(long = "draft-min", default_value_t = 1, requires = "draft",
+          value_parser = usize_in(PolicyConfig::LENGTHS))]
     pub draft_min: usize,
     /// DFlash: stop a draft at the first token whose probability is below this.
-    #[arg(long = "p-min", default_value_t = 0.0)]
+    #[arg(long = "p-min", default_value_t = 0.0, requires = "draft",
+          value_parser = f32_in(Bounds { lo: 0.0, hi: 1.0 }))]
     pub p_min: f32,
     /// Always draft --draft-max tokens instead of adapting the length to measured costs.
-    #[arg(long = "fixed-draft")]
+    #[arg(long = "fixed-draft", requires = "draft")]
     pub fixed_draft: bool,
 }
 
 impl DraftArgs {
-    pub fn policy(&self) -> blockdraft_core::speculative::PolicyConfig {
-        blockdraft_core::speculative::PolicyConfig {
+    /// Refuses lengths that would silently turn speculation off.
+    pub fn check(&self) -> Result<()> {
+        self.policy()
+            .check()
+            .map_err(|e| anyhow::anyhow!("--draft-min/--draft-max: {e}"))
+    }
+
+    pub fn policy(&self) -> PolicyConfig {
+        PolicyConfig {
             n_max: self.draft_max,
             n_min: self.draft_min,
             adaptive: !self.fixed_draft,

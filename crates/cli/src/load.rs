@@ -18,8 +18,8 @@ pub struct ModelArgs {
     /// Path to a GGUF model file.
     #[arg(short = 'm', long = "model")]
     pub model: std::path::PathBuf,
-    /// Worker threads (default: all cores).
-    #[arg(short = 't', long = "threads")]
+    /// Worker threads (default, and at most: all cores).
+    #[arg(short = 't', long = "threads", value_parser = crate::args::at_least(1))]
     pub threads: Option<usize>,
     /// Where the model runs: `cpu`, or `wgpu` (Vulkan, Metal or DX12).
     #[arg(long = "backend", value_enum, default_value_t = BackendKind::Cpu)]
@@ -39,16 +39,47 @@ pub enum BackendKind {
 }
 
 impl ModelArgs {
+    /// The worker threads: `-t`, capped at the cores (more threads than
+    /// cores only take turns, several times slower).
     pub fn threads(&self) -> usize {
-        self.threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        let cores = cores();
+        self.threads.map_or(cores, |t| t.min(cores))
     }
+
+    /// Warns about settings that do not apply as given, refuses those that
+    /// cannot apply at all.
+    fn check(&self) -> Result<()> {
+        if self.backend == BackendKind::Wgpu && self.no_repack {
+            anyhow::bail!("--no-repack applies to the cpu backend only");
+        }
+        match self.threads {
+            Some(_) if self.backend == BackendKind::Wgpu => {
+                crate::out::warn("-t/--threads has no effect on the wgpu backend")
+            }
+            Some(t) if t > cores() => crate::out::warn(format!(
+                "-t {t} is more than the {} cores; using {}",
+                cores(),
+                cores()
+            )),
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 pub struct Loaded<B: Backend> {
     pub file: GgufFile,
     pub decoder: Decoder<B>,
     pub tokenizer: Tokenizer,
+    /// Seconds to read the file and make the weights resident.
+    pub load_seconds: f64,
+    /// Seconds of the warm-up pass ([`Decoder::warm_up`]: repacking,
+    /// shader compilation), so that no prefill figure includes it.
+    pub warmup_seconds: f64,
 }
 
 /// A command's work once the model is loaded, generic over the backend.
@@ -58,6 +89,7 @@ pub trait Job {
 
 /// Loads the model on the backend `args` names and runs `job` on it.
 pub fn with_backend(args: &ModelArgs, job: impl Job) -> Result<()> {
+    args.check()?;
     match args.backend {
         BackendKind::Cpu => {
             let mut backend = CpuBackend::new(args.threads());
@@ -73,8 +105,10 @@ pub fn with_backend(args: &ModelArgs, job: impl Job) -> Result<()> {
     }
 }
 
+/// Opens a GGUF file; its errors name the file (and the part of a split
+/// set) already.
 pub fn open_gguf(path: &Path) -> Result<GgufFile> {
-    GgufFile::open(path).with_context(|| format!("cannot load model {}", path.display()))
+    GgufFile::open(path).context("cannot load model")
 }
 
 pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
@@ -83,6 +117,7 @@ pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
 
 /// Loads model and tokenizer, with a progress bar on a terminal.
 fn load<B: Backend>(args: &ModelArgs, backend: Arc<B>) -> Result<Loaded<B>> {
+    let started = std::time::Instant::now();
     let file = open_gguf(&args.model)?;
     let tokenizer = tokenizer(&file)?;
     let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
@@ -99,9 +134,14 @@ fn load<B: Backend>(args: &ModelArgs, backend: Arc<B>) -> Result<Loaded<B>> {
     let decoder = Decoder::load(&file, backend, &mut |done| bar.set_position(done))
         .with_context(|| format!("cannot load model {}", args.model.display()))?;
     bar.finish_and_clear();
+    let load_seconds = started.elapsed().as_secs_f64();
+    let started = std::time::Instant::now();
+    pollster::block_on(decoder.warm_up()).context("the warm-up pass failed")?;
     Ok(Loaded {
         file,
         decoder,
         tokenizer,
+        load_seconds,
+        warmup_seconds: started.elapsed().as_secs_f64(),
     })
 }

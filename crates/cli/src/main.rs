@@ -1,10 +1,17 @@
 //! `blockdraft`: generate, tokenize, score, benchmark, inspect and split GGUF
 //! models; convert HF drafter checkpoints.
 
+// Stdout is written through `out`, which turns a closed pipe into an error.
+#![warn(clippy::print_stdout)]
+
+mod args;
 mod chat;
 mod commands;
 mod drafter;
+mod interrupt;
 mod load;
+mod out;
+mod progress;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -20,24 +27,34 @@ struct Cli {
     command: Command,
 }
 
+// Every subcommand takes negative numbers as values, so that `--temp -1`
+// gets the range check's message rather than "unexpected argument".
 #[derive(Subcommand)]
 enum Command {
     /// Generate text from a prompt, streaming it to stdout.
+    #[command(allow_negative_numbers = true)]
     Run(commands::run::Args),
     /// Print the token ids of a text as a JSON array.
+    #[command(allow_negative_numbers = true)]
     Tokenize(commands::tokenize::Args),
     /// Forced decoding of given token ids: argmax and log-prob per position.
+    #[command(allow_negative_numbers = true)]
     Score(commands::score::Args),
     /// Prefill and decode speed, verify cost curve, peak memory.
+    #[command(allow_negative_numbers = true)]
     Bench(commands::bench::Args),
     /// Metadata, tensors, types and sizes of a GGUF file.
+    #[command(allow_negative_numbers = true)]
     Inspect(commands::inspect::Args),
     /// Convert an HF DFlash/DFlash2/DFly drafter checkpoint to GGUF.
+    #[command(allow_negative_numbers = true)]
     Convert(commands::convert::Args),
     /// Write a GGUF file as a split set (gguf-split layout).
+    #[command(allow_negative_numbers = true)]
     Split(commands::split::Args),
     /// Drafter training data: the target's greedy answers to prompts, with
     /// the hidden-state taps a drafter reads.
+    #[command(allow_negative_numbers = true)]
     GenData(commands::gen_data::Args),
 }
 
@@ -57,7 +74,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            if e.is::<interrupt::Interrupted>() {
+                ExitCode::from(130)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

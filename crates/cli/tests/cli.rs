@@ -183,3 +183,456 @@ fn split_writes_a_set_that_reads_as_the_file() {
     assert!(!bad.status.success());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The output of `blockdraft ARGS`, whatever its status.
+fn output(args: &[&str]) -> std::process::Output {
+    blockdraft().args(args).output().unwrap()
+}
+
+/// Runs `blockdraft ARGS`, expects it to fail cleanly with `code` and
+/// returns its stderr.
+fn fails_with(code: i32, args: &[&str]) -> String {
+    let out = output(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+    err
+}
+
+/// A scratch directory of its own for a test.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("blockdraft-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn fixture(name: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    path.join(name).to_str().unwrap().to_string()
+}
+
+/// Item: one context rule for run, score and bench: never beyond the
+/// trained context (SmolLM2's is 8192), checked before anything is
+/// allocated.
+#[test]
+fn the_context_never_goes_beyond_the_trained_one() {
+    let Some(model) = smollm2() else {
+        return;
+    };
+    let m = model.as_str();
+    for c in ["100000000", "9000"] {
+        let err = fails_with(1, &["run", "-m", m, "-p", "hi", "-n", "4", "-c", c]);
+        assert!(
+            err.contains(&format!(
+                "--ctx-size {c}: {c} positions exceed the model's trained context of 8192"
+            )),
+            "{err}"
+        );
+        assert!(!err.contains("memory allocation"), "{err}");
+    }
+    let err = fails_with(1, &["run", "-m", m, "-p", "hi", "-n", "9000"]);
+    assert!(err.contains("--n-predict (9000)"), "{err}");
+    assert!(err.contains("trained context of 8192"), "{err}");
+    let err = fails_with(
+        1,
+        &["run", "-m", m, "-p", "hi there", "-n", "20", "-c", "4"],
+    );
+    assert!(err.contains("context full"), "{err}");
+    let err = fails_with(1, &["bench", "-m", m, "-p", "9000", "-n", "1", "-r", "1"]);
+    assert!(err.contains("trained context of 8192"), "{err}");
+    // The whole context is fine.
+    let v = json_of(&[
+        "run", "-m", m, "-p", "hi", "-n", "1", "-c", "8192", "--temp", "0", "--json",
+    ]);
+    assert_eq!(v["stats"]["generated_tokens"], 1, "{v}");
+}
+
+/// Item: `--draft-max` is bounded as in the npm API (the policy's cost is
+/// linear in it, see core's policy tests).
+#[test]
+fn draft_lengths_are_bounded() {
+    for bad in ["30000", "0", "65"] {
+        let err = fails_with(
+            2,
+            &[
+                "run",
+                "-m",
+                "x.gguf",
+                "-p",
+                "hi",
+                "--draft",
+                "ngram",
+                "--draft-max",
+                bad,
+            ],
+        );
+        assert!(err.contains("must be an integer within 1..=64"), "{err}");
+    }
+    let err = fails_with(
+        1,
+        &[
+            "run",
+            "-m",
+            "x.gguf",
+            "-p",
+            "hi",
+            "--draft",
+            "ngram",
+            "--draft-min",
+            "9",
+            "--draft-max",
+            "8",
+        ],
+    );
+    assert!(err.contains("turns speculation off"), "{err}");
+}
+
+/// Item: a closed or full stdout is a clean error in every command.
+#[test]
+fn a_closed_stdout_is_an_error_in_every_command() {
+    let expect_clean = |out: std::process::Output, what: &str| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{what}: {err}");
+        assert!(
+            err.contains("error: cannot write to stdout"),
+            "{what}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{what}: {err}");
+    };
+    let full = || std::fs::File::create("/dev/full").unwrap();
+    let to_full = |args: &[&str]| blockdraft().args(args).stdout(full()).output().unwrap();
+    let target = fixture("dflash/target-qwen3.gguf");
+    expect_clean(to_full(&["inspect", &target]), "inspect > /dev/full");
+    // A pipe whose reader is gone (`| head` after its lines).
+    let mut child = blockdraft()
+        .args(["inspect", &target])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    expect_clean(child.wait_with_output().unwrap(), "inspect | head");
+    let Some(model) = smollm2() else {
+        return;
+    };
+    let m = model.as_str();
+    expect_clean(to_full(&["tokenize", "-m", m, "hello"]), "tokenize");
+    let dir = scratch("full");
+    let ids = dir.join("ids.json");
+    std::fs::write(&ids, "[1, 2, 3, 4]").unwrap();
+    let ids = ids.to_str().unwrap();
+    expect_clean(to_full(&["score", "-m", m, "--tokens", ids]), "score");
+    expect_clean(
+        to_full(&["run", "-m", m, "-p", "hi", "-n", "2", "--json"]),
+        "run --json",
+    );
+    expect_clean(
+        to_full(&[
+            "bench",
+            "-m",
+            m,
+            "-p",
+            "4",
+            "-n",
+            "2",
+            "-r",
+            "1",
+            "--verify-max",
+            "1",
+        ]),
+        "bench",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Item: `split` never leaves a partial set: its parts get their names
+/// only once all are written, and a failure removes what it wrote.
+#[test]
+fn split_leaves_a_whole_set_or_nothing() {
+    let target = fixture("dflash/target-qwen3.gguf");
+    let listing = |dir: &std::path::Path| {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    // The reader goes away before the listing is printed: the set is whole.
+    let dir = scratch("split-pipe");
+    let mut child = blockdraft()
+        .args(["split", &target, "--max-size", "300K", "-o"])
+        .arg(dir.join("t"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let names: Vec<String> = (1..=4)
+        .map(|i| format!("t-0000{i}-of-00004.gguf"))
+        .collect();
+    assert_eq!(listing(&dir), names);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // Part 3's name is taken by a directory: nothing is left behind.
+    let dir = scratch("split-fail");
+    std::fs::create_dir(dir.join("t-00003-of-00004.gguf")).unwrap();
+    let err = fails_with(
+        1,
+        &[
+            "split",
+            &target,
+            "--max-size",
+            "300K",
+            "-o",
+            dir.join("t").to_str().unwrap(),
+        ],
+    );
+    assert!(err.contains("t-00003-of-00004.gguf"), "{err}");
+    assert_eq!(listing(&dir), ["t-00003-of-00004.gguf"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Item: `score` checks the context before it starts and shows progress
+/// on long inputs.
+#[test]
+fn score_checks_the_context_and_shows_progress() {
+    let Some(model) = smollm2() else {
+        return;
+    };
+    let dir = scratch("score");
+    let path = dir.join("ids.json");
+    let ids = |n: usize| {
+        serde_json::to_string(&(0..n).map(|i| 100 + i % 1000).collect::<Vec<_>>()).unwrap()
+    };
+    std::fs::write(&path, ids(8193)).unwrap();
+    let p = path.to_str().unwrap();
+    let started = std::time::Instant::now();
+    let err = fails_with(1, &["score", "-m", &model, "--tokens", p]);
+    assert!(err.contains("cannot score 8193 token ids"), "{err}");
+    assert!(err.contains("trained context of 8192"), "{err}");
+    assert!(started.elapsed().as_secs() < 60, "refused before scoring");
+    std::fs::write(&path, ids(300)).unwrap();
+    let out = output(&["score", "-m", &model, "--tokens", p]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("scoring: 300/300 tokens"), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["positions"].as_array().unwrap().len(), 299);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Item: every numeric flag is range-checked, in either flag form.
+#[test]
+fn numeric_flags_are_range_checked() {
+    let run = |flag: &str, value: &str| {
+        for form in [
+            vec![flag.to_string(), value.to_string()],
+            vec![format!("{flag}={value}")],
+        ] {
+            let mut args = vec!["run", "-m", "x.gguf", "-p", "hi", "--draft", "ngram"];
+            args.extend(form.iter().map(String::as_str));
+            let err = fails_with(2, &args);
+            assert!(err.contains("must be"), "{form:?}: {err}");
+            assert!(err.contains(flag), "{form:?}: {err}");
+        }
+    };
+    run("--temp", "-1");
+    run("--temp", "nan");
+    run("--temp", "3");
+    run("--top-p", "1.5");
+    run("--min-p", "-0.1");
+    run("--repeat-penalty", "0");
+    run("--repeat-penalty", "-1");
+    run("--repeat-penalty", "nan");
+    run("--repeat-last-n", "-1");
+    run("--n-predict", "0");
+    run("--threads", "0");
+    run("--ctx-size", "0");
+    run("--p-min", "2");
+    for tau in ["nan", "0.5", "-2", "100"] {
+        let err = fails_with(
+            2,
+            &[
+                "bench",
+                "-m",
+                "x.gguf",
+                "--draft",
+                "ngram",
+                "--forced-tau",
+                tau,
+            ],
+        );
+        assert!(err.contains("--forced-tau"), "{err}");
+    }
+    let err = fails_with(
+        1,
+        &[
+            "bench",
+            "-m",
+            "x.gguf",
+            "--draft",
+            "ngram",
+            "--draft-max",
+            "3",
+            "--forced-tau",
+            "6",
+        ],
+    );
+    assert!(
+        err.contains("--forced-tau 6 needs drafts of at least 5 tokens"),
+        "{err}"
+    );
+    fails_with(2, &["bench", "-m", "x.gguf", "-r", "0"]);
+    // An ordinary negative-looking prompt is still a prompt.
+    let err = fails_with(1, &["run", "-m", "/nonexistent.gguf", "-p", "-1"]);
+    assert!(err.contains("/nonexistent.gguf"), "{err}");
+}
+
+/// Item: a flag that would be ignored is refused, or warned about.
+#[test]
+fn flags_are_honoured_refused_or_warned_about() {
+    for (args, needs) in [
+        (
+            vec!["run", "-m", "x.gguf", "-p", "hi", "--system", "be brief"],
+            "--chat",
+        ),
+        (
+            vec!["run", "-m", "x.gguf", "-p", "hi", "--fixed-draft"],
+            "--draft",
+        ),
+        (
+            vec!["run", "-m", "x.gguf", "-p", "hi", "--compare"],
+            "--draft",
+        ),
+        (
+            vec!["run", "-m", "x.gguf", "-p", "hi", "--draft-max", "4"],
+            "--draft",
+        ),
+        (
+            vec!["bench", "-m", "x.gguf", "--forced-tau", "4"],
+            "--draft",
+        ),
+        (
+            vec!["bench", "-m", "x.gguf", "--prompt-text", "x"],
+            "--draft",
+        ),
+    ] {
+        let err = fails_with(2, &args);
+        assert!(err.contains(needs), "{args:?}: {err}");
+    }
+    let err = fails_with(
+        2,
+        &["bench", "-m", "x.gguf", "--draft", "ngram", "-p", "64"],
+    );
+    assert!(err.contains("cannot be used with"), "{err}");
+    let err = fails_with(
+        1,
+        &[
+            "run",
+            "-m",
+            "x.gguf",
+            "-p",
+            "hi",
+            "--backend",
+            "wgpu",
+            "--no-repack",
+        ],
+    );
+    assert!(
+        err.contains("--no-repack applies to the cpu backend only"),
+        "{err}"
+    );
+    let Some(model) = smollm2() else {
+        return;
+    };
+    let out = output(&[
+        "run", "-m", &model, "-p", "hi", "-n", "2", "-t", "1000", "--json",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("warning: -t 1000 is more than the"), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let backend = v["stats"]["backend"].as_str().unwrap();
+    assert!(!backend.contains("1000 threads"), "{backend}");
+}
+
+/// Item: messages name the problem once.
+#[test]
+fn messages_name_the_problem_once() {
+    let dir = scratch("messages");
+    let d = dir.to_str().unwrap();
+    let err = fails_with(1, &["run", "-m", d, "-p", "x"]);
+    assert!(err.contains("is a directory, not a GGUF file"), "{err}");
+    assert_eq!(err.matches(d).count(), 1, "{err}");
+    let err = fails_with(1, &["inspect", "/nonexistent/m.gguf"]);
+    assert_eq!(err.matches("/nonexistent/m.gguf").count(), 1, "{err}");
+    // convert: the missing config once, the unreadable target once.
+    let target = fixture("dflash/target-qwen3.gguf");
+    let out = dir.join("o.gguf");
+    let o = out.to_str().unwrap();
+    let err = fails_with(1, &["convert", d, "--target", &target, "-o", o]);
+    assert!(err.contains("config.json"), "{err}");
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+    let err = fails_with(
+        1,
+        &["convert", d, "--target", "/nonexistent/t.gguf", "-o", o],
+    );
+    assert_eq!(err.matches("/nonexistent/t.gguf").count(), 1, "{err}");
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Item: `bench` shows progress on stderr as it measures; Ctrl-C prints
+/// what was measured so far, as valid JSON, and exits with 130.
+#[test]
+fn bench_reports_progress_and_what_it_measured_before_ctrl_c() {
+    let Some(model) = smollm2() else {
+        return;
+    };
+    use std::io::BufRead;
+    let mut child = blockdraft()
+        .args([
+            "bench", "-m", &model, "-t", "2", "-p", "8", "-n", "8", "-r", "100000",
+        ])
+        .args(["--verify-max", "2", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "bench ended early: {seen}"
+        );
+        seen.push_str(&line);
+        if line.starts_with("bench: repetition 2/100000:") {
+            break;
+        }
+    }
+    assert!(seen.contains("decode"), "{seen}");
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{rest}");
+    assert!(rest.contains("interrupted"), "{rest}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["interrupted"], true, "{v}");
+    assert!(v["decode_repetitions"].as_u64().unwrap() >= 2, "{v}");
+    assert!(v["decode_tokens_per_second"].as_f64().unwrap() > 0.0, "{v}");
+}

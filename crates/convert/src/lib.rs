@@ -13,15 +13,17 @@ use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
-    #[error("{path}: {source}")]
+    // The causes are named `error`, not `source`: the message holds them,
+    // and a `source` would print them a second time in an error chain.
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Json {
         path: PathBuf,
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
     #[error("{path}: {message}")]
     Safetensors { path: PathBuf, message: String },
@@ -60,8 +62,8 @@ pub enum ConvertError {
     },
     #[error("tensor `{tensor}` has unsupported dtype {dtype} (F32, F16 or BF16)")]
     Dtype { tensor: String, dtype: String },
-    #[error("target: {0}")]
-    Target(String),
+    #[error("{path}: {message}")]
+    Target { path: PathBuf, message: String },
     #[error(transparent)]
     Gguf(#[from] GgufError),
 }
@@ -95,7 +97,10 @@ impl TargetGeometry {
                     .get(k)
                     .and_then(Value::as_u64)
                     .map(|v| v as usize)
-                    .ok_or_else(|| ConvertError::Target(format!("config.json lacks `{k}`")))
+                    .ok_or_else(|| ConvertError::Target {
+                        path: path.join("config.json"),
+                        message: format!("lacks `{k}`"),
+                    })
             };
             return Ok(TargetGeometry {
                 n_layer: get("num_hidden_layers")?,
@@ -108,7 +113,10 @@ impl TargetGeometry {
             let key = format!("{arch}.{k}");
             file.metadata()
                 .get_usize(&key)
-                .map_err(|e| ConvertError::Target(format!("`{key}`: {e}")))
+                .map_err(|e| ConvertError::Target {
+                    path: path.into(),
+                    message: format!("`{key}`: {e}"),
+                })
         };
         Ok(TargetGeometry {
             n_layer: get("block_count")?,
@@ -118,13 +126,13 @@ impl TargetGeometry {
 }
 
 fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConvertError::Io {
+    let text = std::fs::read_to_string(path).map_err(|error| ConvertError::Io {
         path: path.into(),
-        source,
+        error,
     })?;
-    serde_json::from_str(&text).map_err(|source| ConvertError::Json {
+    serde_json::from_str(&text).map_err(|error| ConvertError::Json {
         path: path.into(),
-        source,
+        error,
     })
 }
 
@@ -241,7 +249,7 @@ impl Weights {
     fn open(dir: &Path) -> Result<Self> {
         let io = |path: &Path| {
             let path = path.to_path_buf();
-            move |source| ConvertError::Io { path, source }
+            move |error| ConvertError::Io { path, error }
         };
         let mut paths = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(io(dir))? {

@@ -631,7 +631,7 @@ fn target_geometry_from_gguf_and_hf_dir() {
     .unwrap();
     assert!(matches!(
         TargetGeometry::read(&dir),
-        Err(ConvertError::Target(_))
+        Err(ConvertError::Target { .. })
     ));
 }
 

@@ -22,6 +22,47 @@ pub enum BackendError {
     Device(String),
 }
 
+/// What a backend can hold ([`Backend::memory_limits`]); `None` where it
+/// cannot tell.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryLimits {
+    /// Bytes that new tensors may take in all (for the CPU backend, the
+    /// host memory available now).
+    pub available: Option<u64>,
+    /// Bytes of the largest single tensor (a GPU's largest buffer).
+    pub max_tensor: Option<u64>,
+}
+
+impl MemoryLimits {
+    /// Fails unless f32 tensors of `shapes` (rows, columns) fit, naming
+    /// `what` they are for.
+    pub fn check(&self, what: &str, shapes: &[(usize, usize)]) -> Result<(), crate::ModelError> {
+        let bytes = |&(rows, cols): &(usize, usize)| {
+            (rows as u64).saturating_mul(cols as u64).saturating_mul(4)
+        };
+        if let Some(max) = self.max_tensor {
+            if let Some(big) = shapes.iter().map(bytes).find(|&b| b > max) {
+                return Err(crate::ModelError::MemoryLimit {
+                    what: format!("one tensor of {what}"),
+                    bytes: big,
+                    limit: "the backend's largest buffer",
+                    available: max,
+                });
+            }
+        }
+        let total = shapes.iter().map(bytes).fold(0u64, u64::saturating_add);
+        match self.available {
+            Some(available) if total > available => Err(crate::ModelError::MemoryLimit {
+                what: what.to_string(),
+                bytes: total,
+                limit: "the memory available",
+                available,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// A weight tensor as the GGUF file stores it, handed to a backend to make resident.
 pub struct WeightSource<'a> {
     pub name: &'a str,
@@ -199,6 +240,13 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// What new tensors may take, where the backend knows; checked before
+    /// the allocations a user's numbers size (a context's KV cache), so
+    /// that too large a request is an error rather than an abort.
+    fn memory_limits(&self) -> MemoryLimits {
+        MemoryLimits::default()
+    }
+
     /// `x = cap · tanh(x / cap)` (final logit softcapping).
     fn softcap(&self, x: &mut Self::Tensor, cap: f32);
 
@@ -290,4 +338,35 @@ pub trait Backend: Send + Sync + 'static {
         row0: usize,
         out: &mut Self::Tensor,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MemoryLimits;
+
+    #[test]
+    fn memory_limits_refuse_what_does_not_fit() {
+        let shapes = [(1000, 250), (10, 10)]; // 1 MB + 400 B
+        assert!(MemoryLimits::default().check("x", &shapes).is_ok());
+        let roomy = MemoryLimits {
+            available: Some(2_000_000),
+            max_tensor: Some(1_000_000),
+        };
+        assert!(roomy.check("x", &shapes).is_ok());
+        let small = MemoryLimits {
+            available: Some(1_000_000),
+            max_tensor: None,
+        };
+        let e = small.check("a context", &shapes).unwrap_err().to_string();
+        assert!(e.contains("a context needs 1.0 MB"), "{e}");
+        assert!(e.contains("the memory available is 1.0 MB"), "{e}");
+        let narrow = MemoryLimits {
+            available: None,
+            max_tensor: Some(999_999),
+        };
+        assert!(narrow.check("x", &shapes).is_err());
+        // Sizes beyond u64 saturate rather than wrap.
+        let huge = [(usize::MAX, usize::MAX)];
+        assert!(roomy.check("x", &huge).is_err());
+    }
 }

@@ -23,6 +23,8 @@ pub enum ModelError {
     },
     #[error("context full: {needed} positions needed, the KV cache holds {capacity}")]
     ContextFull { needed: usize, capacity: usize },
+    #[error("{needed} positions exceed the model's trained context of {trained}")]
+    ContextTooLong { needed: usize, trained: usize },
     #[error("token id {id} is outside the vocabulary of {n_vocab}")]
     TokenOutOfRange { id: u32, n_vocab: usize },
     #[error("tap {layer} is beyond the model's {n_layer} layers")]
@@ -38,6 +40,19 @@ pub enum ModelError {
     Usage(String),
     #[error("out of memory: {what} needs {bytes} bytes")]
     OutOfMemory { what: String, bytes: u64 },
+    /// Refused before allocating: more than the backend says it can hold.
+    #[error(
+        "not enough memory: {what} needs {:.1} MB, but {limit} is {:.1} MB",
+        *.bytes as f64 / 1e6,
+        *.available as f64 / 1e6
+    )]
+    MemoryLimit {
+        what: String,
+        bytes: u64,
+        /// What bounds it: "the memory available", "the largest buffer".
+        limit: &'static str,
+        available: u64,
+    },
 }
 
 /// "tensors `a`, `b` and 3 more": at most eight of `names`, by name.

@@ -55,6 +55,18 @@ fn rate(n: usize, seconds: f64) -> f64 {
     }
 }
 
+/// Whether `tokens` end in a loop: a block of up to 64 tokens repeated
+/// back to back, at least three times and over at least 16 tokens (" of of
+/// of ...", the same sentence again and again), which small models fall
+/// into without a repetition penalty. Front ends flag it in their stats.
+pub fn ends_in_a_loop(tokens: &[u32]) -> bool {
+    (1..=64usize).any(|period| {
+        let need = (2 * period).max(16);
+        tokens.len() >= need + period
+            && (tokens.len() - need..tokens.len()).all(|i| tokens[i] == tokens[i - period])
+    })
+}
+
 /// Runs `tokens` through the decoder in chunks of the state's batch size;
 /// the last chunk leaves the logits of the final row in `state`.
 pub fn prefill<B: Backend>(
@@ -228,6 +240,23 @@ impl StopStrings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loops_at_the_end_are_found() {
+        assert!(ends_in_a_loop(&[7; 20]), "of of of ...");
+        let sentence: Vec<u32> = (1..=10).collect();
+        let thrice: Vec<u32> = [5, 6].into_iter().chain(sentence.repeat(3)).collect();
+        assert!(ends_in_a_loop(&thrice));
+        assert!(
+            !ends_in_a_loop(&sentence.repeat(2)),
+            "twice is not a loop yet"
+        );
+        assert!(!ends_in_a_loop(&(0..200).collect::<Vec<u32>>()));
+        assert!(!ends_in_a_loop(&[7; 15]), "too short to tell");
+        let mut recovered = vec![7; 20];
+        recovered.extend(100..120);
+        assert!(!ends_in_a_loop(&recovered), "only the end counts");
+    }
 
     #[test]
     fn stop_strings_hold_back_partial_matches() {

@@ -32,7 +32,98 @@ impl Default for SamplingParams {
     }
 }
 
+/// An accepted range of a numeric setting. Every front end (the CLI's
+/// flags, the npm API's request fields) checks its values against the one
+/// table below, so that they accept the same values with the same message.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bounds<T> {
+    pub lo: T,
+    pub hi: T,
+}
+
+impl Bounds<f32> {
+    /// `v` if it is a finite number within the bounds, else why not (a
+    /// phrase to follow the setting's name: "must be ...").
+    pub fn check(&self, v: f32) -> Result<f32, String> {
+        if v.is_finite() && (self.lo..=self.hi).contains(&v) {
+            Ok(v)
+        } else {
+            Err(format!(
+                "must be a number within {}..={}, got {v}",
+                self.lo, self.hi
+            ))
+        }
+    }
+}
+
+impl Bounds<f64> {
+    pub fn check(&self, v: f64) -> Result<f64, String> {
+        if v.is_finite() && (self.lo..=self.hi).contains(&v) {
+            Ok(v)
+        } else {
+            Err(format!(
+                "must be a number within {}..={}, got {v}",
+                self.lo, self.hi
+            ))
+        }
+    }
+}
+
+impl Bounds<usize> {
+    pub fn check(&self, v: usize) -> Result<usize, String> {
+        if (self.lo..=self.hi).contains(&v) {
+            Ok(v)
+        } else {
+            Err(self.refusal(v))
+        }
+    }
+
+    /// Why `got` (outside the bounds, perhaps not even a `usize`) is refused.
+    pub fn refusal(&self, got: impl std::fmt::Display) -> String {
+        if self.hi == usize::MAX {
+            format!("must be at least {}, got {got}", self.lo)
+        } else {
+            format!(
+                "must be an integer within {}..={}, got {got}",
+                self.lo, self.hi
+            )
+        }
+    }
+}
+
+/// The accepted ranges of [`SamplingParams`]' fields.
+pub mod limits {
+    use super::Bounds;
+
+    /// 0 is greedy; beyond 2 the text is noise (OpenAI's bound too).
+    pub const TEMPERATURE: Bounds<f32> = Bounds { lo: 0.0, hi: 2.0 };
+    pub const TOP_P: Bounds<f32> = Bounds { lo: 0.0, hi: 1.0 };
+    pub const MIN_P: Bounds<f32> = Bounds { lo: 0.0, hi: 1.0 };
+    /// 1 disables; below 1 it rewards repeats (the text loops), far above
+    /// it forbids every common word.
+    pub const REPEAT_PENALTY: Bounds<f32> = Bounds { lo: 1.0, hi: 2.0 };
+    /// Any window: one longer than the history is the whole history.
+    pub const REPEAT_LAST_N: Bounds<usize> = Bounds {
+        lo: 0,
+        hi: usize::MAX,
+    };
+}
+
 impl SamplingParams {
+    /// Checks every field against [`limits`]; the error names the field as
+    /// this struct does.
+    pub fn check(&self) -> Result<(), String> {
+        let named = |name: &str, r: Result<f32, String>| r.map_err(|e| format!("{name} {e}"));
+        named("temperature", limits::TEMPERATURE.check(self.temperature))?;
+        named("top_p", limits::TOP_P.check(self.top_p))?;
+        named("min_p", limits::MIN_P.check(self.min_p))?;
+        named(
+            "repeat_penalty",
+            limits::REPEAT_PENALTY.check(self.repeat_penalty),
+        )?;
+        Ok(())
+    }
+
     pub fn greedy() -> Self {
         SamplingParams {
             temperature: 0.0,
@@ -469,6 +560,37 @@ mod tests {
         let mean = u.iter().sum::<f32>() / 1000.0;
         assert!((mean - 0.5).abs() < 0.05, "mean {mean}");
         assert_ne!(device_uniform(9, 0), device_uniform(10, 0), "seeded");
+    }
+
+    #[test]
+    fn settings_are_checked_against_the_limits() {
+        assert!(SamplingParams::default().check().is_ok());
+        for bad in [
+            SamplingParams {
+                temperature: -1.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                top_p: f32::NAN,
+                ..Default::default()
+            },
+            SamplingParams {
+                repeat_penalty: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                repeat_penalty: f32::INFINITY,
+                ..Default::default()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            limits::REPEAT_PENALTY.check(f32::NAN).unwrap_err(),
+            "must be a number within 1..=2, got NaN"
+        );
+        let draft = Bounds { lo: 1, hi: 64 };
+        assert!(draft.check(64).is_ok() && draft.check(0).is_err());
     }
 
     #[test]

@@ -13,8 +13,8 @@ pub use weight_buffer::WeightBuffer;
 mod ops;
 
 use blockdraft_core::backend::{
-    AttentionMask, AttentionParams, Backend, BackendError, ConvParams, GatedActivation, RopeParams,
-    WeightSource,
+    AttentionMask, AttentionParams, Backend, BackendError, ConvParams, GatedActivation,
+    MemoryLimits, RopeParams, WeightSource,
 };
 use blockdraft_core::host_ops;
 use blockdraft_core::sampling::SamplingParams;
@@ -204,9 +204,10 @@ impl Backend for CpuBackend {
     type Weight = CpuWeight;
 
     fn name(&self) -> String {
+        let n = self.pool.n_threads();
         format!(
-            "cpu ({} threads, {})",
-            self.pool.n_threads(),
+            "cpu ({n} thread{}, {})",
+            if n == 1 { "" } else { "s" },
             if self.simd {
                 kernels::simd_level()
             } else {
@@ -485,6 +486,13 @@ impl Backend for CpuBackend {
         true
     }
 
+    fn memory_limits(&self) -> MemoryLimits {
+        MemoryLimits {
+            available: host_memory_available(),
+            max_tensor: Some(isize::MAX as u64),
+        }
+    }
+
     fn softcap(&self, x: &mut CpuTensor, cap: f32) {
         host_ops::softcap(x.as_mut_slice(), cap);
     }
@@ -620,9 +628,39 @@ fn row_argmax(x: &CpuTensor) -> Vec<u32> {
         .collect()
 }
 
+/// Bytes of host memory that can still be had: Linux's estimate of what
+/// is available without swapping, plus free swap. `None` elsewhere (and
+/// in wasm, whose own allocator fails cleanly at its 4 GB).
+fn host_memory_available() -> Option<u64> {
+    if !cfg!(target_os = "linux") {
+        return None;
+    }
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb = |key: &str| -> Option<u64> {
+        let line = info.lines().find(|l| l.starts_with(key))?;
+        line[key.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((kb("MemAvailable:")? + kb("SwapFree:").unwrap_or(0)) * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_name_counts_threads_and_memory_is_known_on_linux() {
+        assert!(CpuBackend::new(1).name().starts_with("cpu (1 thread, "));
+        assert!(CpuBackend::new(2).name().starts_with("cpu (2 threads, "));
+        let limits = CpuBackend::new(1).memory_limits();
+        if cfg!(target_os = "linux") {
+            assert!(limits.available.unwrap() > 1 << 20, "{limits:?}");
+        }
+    }
 
     #[test]
     fn clamp_finite_zeroes_nan_and_clamps_to_the_limit() {

@@ -107,6 +107,15 @@ impl GgufFile {
     fn open_one(path: &Path) -> Result<GgufFile> {
         let wrap = |e: GgufError| e.in_file(Some(path));
         let file = std::fs::File::open(path).map_err(|e| wrap(e.into()))?;
+        // A directory opens on Unix, then fails to map with a cryptic
+        // "No such device".
+        if file.metadata().is_ok_and(|m| m.is_dir()) {
+            let e = std::io::Error::new(
+                std::io::ErrorKind::IsADirectory,
+                "is a directory, not a GGUF file",
+            );
+            return Err(wrap(e.into()));
+        }
         // SAFETY: the map is read-only and we never hand out `&mut`; the
         // caller is told not to modify the file while it is open.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| wrap(e.into()))?;

@@ -386,6 +386,14 @@ fn zero_size_tensor_without_data_section_is_readable() {
 }
 
 #[test]
+fn a_directory_is_an_io_error_that_says_so() {
+    let e = GgufFile::open(std::env::temp_dir()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io);
+    let msg = e.to_string();
+    assert!(msg.contains("is a directory, not a GGUF file"), "{msg}");
+}
+
+#[test]
 fn corpus_files_match_generator() {
     let dir = corpus_dir();
     if std::env::var_os("BLOCKDRAFT_REGEN_CORPUS").is_some() {

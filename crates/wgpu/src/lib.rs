@@ -248,6 +248,15 @@ impl Backend for WgpuBackend {
         format!("wgpu ({})", self.gpu_info)
     }
 
+    fn memory_limits(&self) -> blockdraft_core::backend::MemoryLimits {
+        // A tensor is one storage buffer, bound whole. (Adapters do not
+        // tell how much memory they have left.)
+        blockdraft_core::backend::MemoryLimits {
+            available: None,
+            max_tensor: Some(self.max_binding),
+        }
+    }
+
     fn load_weight(&self, src: WeightSource<'_>) -> Result<WgpuWeight, BackendError> {
         WgpuWeight::load(&self.dev, src, self.max_binding)
     }

@@ -31,8 +31,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let target = TargetGeometry::read(&args.target)
-        .with_context(|| format!("cannot read the target {}", args.target.display()))?;
+    let target = TargetGeometry::read(&args.target).context("cannot read the target")?;
     let out = match args.ty {
         Type::F32 => OutType::F32,
         Type::F16 => OutType::F16,
@@ -57,7 +56,7 @@ pub fn run(args: Args) -> Result<()> {
     converted
         .writer
         .write_file(&args.output)
-        .with_context(|| format!("cannot write {}", args.output.display()))?;
+        .context("cannot write the drafter")?;
     eprintln!(
         "wrote {} ({:?}, {} tensors)",
         args.output.display(),

@@ -57,36 +57,47 @@ fn show(v: &Value, full: bool) -> String {
 
 pub fn run(args: Args) -> Result<()> {
     let file = open_gguf(&args.model)?;
-    println!(
+    let mut out = String::new();
+    let mut line = |l: String| {
+        out.push_str(&l);
+        out.push('\n');
+    };
+    line(format!(
         "GGUF v{}  alignment {}  data at {}",
         file.version(),
         file.alignment(),
         file.data_offset()
-    );
-    println!("\nmetadata ({} keys):", file.metadata().len());
+    ));
+    line(format!("\nmetadata ({} keys):", file.metadata().len()));
     for (k, v) in file.metadata().iter() {
-        println!("  {k:<45} {}", show(v, args.full));
+        line(format!("  {k:<45} {}", show(v, args.full)));
     }
     let mut by_type: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
-    println!("\ntensors ({}):", file.tensors().len());
+    line(format!("\ntensors ({}):", file.tensors().len()));
     for t in file.tensors() {
-        println!(
+        line(format!(
             "  {:<40} {:<6} {:<24} {:>12} B",
             t.name,
             t.ty.name(),
             format!("{:?}", t.dims),
             t.n_bytes
-        );
+        ));
         let e = by_type.entry(t.ty.name()).or_default();
         e.0 += 1;
         e.1 += t.n_bytes;
     }
-    println!("\nby type:");
+    line("\nby type:".into());
     let mut total = 0;
     for (ty, (n, bytes)) in by_type {
-        println!("  {ty:<6} {n:>5} tensors {:>10.1} MB", bytes as f64 / 1e6);
+        line(format!(
+            "  {ty:<6} {n:>5} tensors {:>10.1} MB",
+            bytes as f64 / 1e6
+        ));
         total += bytes;
     }
-    println!("  total              {:>10.1} MB", total as f64 / 1e6);
-    Ok(())
+    line(format!(
+        "  total              {:>10.1} MB",
+        total as f64 / 1e6
+    ));
+    crate::out::print(&out)
 }

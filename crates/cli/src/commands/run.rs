@@ -1,15 +1,17 @@
 //! `blockdraft run`: streamed generation.
 
+use crate::args::{at_least, f32_in, usize_in};
 use crate::drafter::DraftArgs;
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use anyhow::{bail, Result};
-use blockdraft_core::generate::{generate, StopStrings};
+use blockdraft_core::generate::{ends_in_a_loop, generate, StopStrings};
+use blockdraft_core::sampling::limits;
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{generate_speculative, DraftPolicy};
 use blockdraft_core::tokenizer::StreamDecoder;
 use blockdraft_core::Backend;
+use blockdraft_core::ModelError;
 use serde_json::json;
-use std::io::Write;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -19,20 +21,28 @@ pub struct Args {
     #[arg(short = 'p', long = "prompt")]
     pub prompt: String,
     /// Maximum number of tokens to generate.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128, value_parser = at_least(1))]
     pub n_predict: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
+    /// Sampling temperature, 0..=2; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 0.8, value_parser = f32_in(limits::TEMPERATURE))]
     pub temperature: f32,
-    #[arg(long = "top-k", default_value_t = 40)]
+    /// Sample among the k likeliest tokens; 0 disables.
+    #[arg(long = "top-k", default_value_t = 40, value_parser = at_least(0))]
     pub top_k: usize,
-    #[arg(long = "top-p", default_value_t = 0.95)]
+    /// Nucleus sampling, 0..=1; 1 disables.
+    #[arg(long = "top-p", default_value_t = 0.95, value_parser = f32_in(limits::TOP_P))]
     pub top_p: f32,
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    /// Drop tokens less likely than this fraction of the likeliest, 0..=1.
+    #[arg(long = "min-p", default_value_t = 0.05, value_parser = f32_in(limits::MIN_P))]
     pub min_p: f32,
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    /// Penalty of tokens among the last --repeat-last-n, 1..=2; 1 disables
+    /// (1.1 keeps small models from looping).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0,
+          value_parser = f32_in(limits::REPEAT_PENALTY))]
     pub repeat_penalty: f32,
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    /// How many recent tokens the repeat penalty looks at.
+    #[arg(long = "repeat-last-n", default_value_t = 64,
+          value_parser = usize_in(limits::REPEAT_LAST_N))]
     pub repeat_last_n: usize,
     /// RNG seed (default: from the clock; printed in --json stats).
     #[arg(long = "seed")]
@@ -44,10 +54,11 @@ pub struct Args {
     #[arg(long = "chat")]
     pub chat: bool,
     /// System message for --chat.
-    #[arg(long = "system")]
+    #[arg(long = "system", requires = "chat")]
     pub system: Option<String>,
-    /// Context size in tokens (default: prompt + n-predict, at most the trained context).
-    #[arg(short = 'c', long = "ctx-size")]
+    /// Context size in tokens (default: prompt + n-predict; never beyond
+    /// the model's trained context).
+    #[arg(short = 'c', long = "ctx-size", value_parser = at_least(1))]
     pub ctx_size: Option<usize>,
     /// Print one JSON object with tokens, text and statistics instead of streaming.
     #[arg(long = "json")]
@@ -55,20 +66,14 @@ pub struct Args {
     #[command(flatten)]
     pub draft: DraftArgs,
     /// With --draft, also run plain decoding and report the speedup.
-    #[arg(long = "compare")]
+    #[arg(long = "compare", requires = "draft")]
     pub compare: bool,
 }
 
 pub fn run(args: Args) -> Result<()> {
-    if !(args.temperature >= 0.0 && args.temperature.is_finite()) {
-        bail!(
-            "--temp must be a finite number >= 0, got {}",
-            args.temperature
-        );
-    }
-    if !(0.0..=1.0).contains(&args.top_p) || !(0.0..=1.0).contains(&args.min_p) {
-        bail!("--top-p and --min-p must be within 0..=1");
-    }
+    // Each number is range-checked as clap parses it; what is left are the
+    // combinations.
+    args.draft.check()?;
     let model = args.model.clone();
     with_backend(&model, args)
 }
@@ -92,14 +97,19 @@ fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
     }
     let cfg = &loaded.decoder.config;
     let needed = prompt.len() + args.n_predict;
-    let n_ctx = args.ctx_size.unwrap_or(needed.min(cfg.n_ctx_train));
-    if needed > n_ctx {
-        bail!(
-            "prompt ({} tokens) + n-predict ({}) exceed the context size {n_ctx}",
-            prompt.len(),
-            args.n_predict
-        );
-    }
+    let n_ctx = match (cfg.context_size(needed, args.ctx_size), args.ctx_size) {
+        (Ok(n), _) => n,
+        (Err(e @ ModelError::ContextTooLong { .. }), Some(c)) => {
+            return Err(anyhow::Error::new(e).context(format!("--ctx-size {c}")))
+        }
+        (Err(e), _) => {
+            return Err(anyhow::Error::new(e).context(format!(
+                "prompt ({} tokens) + --n-predict ({})",
+                prompt.len(),
+                args.n_predict
+            )))
+        }
+    };
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -114,9 +124,6 @@ fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
         repeat_last_n: args.repeat_last_n,
         seed,
     };
-    if args.compare && args.draft.draft.is_none() {
-        bail!("--compare needs --draft");
-    }
     let spec = match &args.draft.draft {
         Some(d) => Some(decode(
             &loaded,
@@ -143,11 +150,15 @@ fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
         None
     };
     let main = spec.as_ref().or(plain.as_ref()).expect("one of them ran");
-    let mut stdout = std::io::stdout().lock();
+    // Small models loop without a repeat penalty: said, not guessed at.
+    let looping = ends_in_a_loop(&main.tokens);
     if args.json {
         let mut stats = main.stats.clone();
         stats["seed"] = json!(seed);
         stats["backend"] = json!(loaded.decoder.backend_name());
+        stats["load_seconds"] = json!(loaded.load_seconds);
+        stats["warmup_seconds"] = json!(loaded.warmup_seconds);
+        stats["looping"] = json!(looping);
         if let (Some(s), Some(p)) = (&spec, &plain) {
             stats["compare"] = json!({
                 "plain_decode_tokens_per_second": p.decode_tps,
@@ -157,10 +168,16 @@ fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
             });
         }
         let obj = json!({"prompt_tokens": prompt, "tokens": main.tokens, "text": main.text, "stats": stats});
-        writeln!(stdout, "{obj}")?;
+        crate::out::println(obj)?;
     } else {
-        writeln!(stdout)?;
-        eprintln!("\n[{}]", main.summary);
+        crate::out::println("")?;
+        eprintln!(
+            "\n[loaded in {:.2} s + warm-up {:.2} s; {}]",
+            loaded.load_seconds, loaded.warmup_seconds, main.summary
+        );
+        if looping {
+            eprintln!("[the output ends in a loop; --repeat-penalty 1.1 usually prevents it]");
+        }
         if let (Some(s), Some(p)) = (&spec, &plain) {
             eprintln!(
                 "[compare: plain {:.2} tok/s, speculative {:.2} tok/s, speedup {:.2}x, output {}]",
@@ -200,12 +217,11 @@ fn decode<B: Backend>(
 ) -> Result<Outcome> {
     let tok = &loaded.tokenizer;
     let max_batch = 256;
-    let mut state = loaded.decoder.new_state(n_ctx, max_batch);
+    let mut state = loaded.decoder.try_new_state(n_ctx, max_batch)?;
     let mut sampler = Sampler::new(params.clone());
     let mut detok = StreamDecoder::new(tok);
     let mut stops = StopStrings::new(args.stop.clone());
     let mut text = String::new();
-    let mut stdout = std::io::stdout();
     let mut failure: Option<anyhow::Error> = None;
     let mut on_token = |t: u32| {
         let piece = match detok.push(t) {
@@ -218,11 +234,8 @@ fn decode<B: Backend>(
         let (emit, stopped) = stops.push(&piece);
         text.push_str(&emit);
         if stream {
-            if let Err(e) = stdout
-                .write_all(emit.as_bytes())
-                .and_then(|_| stdout.flush())
-            {
-                failure = Some(anyhow::Error::new(e).context("cannot write to stdout"));
+            if let Err(e) = crate::out::print(&emit) {
+                failure = Some(e);
                 return false;
             }
         }
@@ -324,7 +337,7 @@ fn decode<B: Backend>(
     let tail = stops.push(&detok.finish()).0 + &stops.finish();
     text.push_str(&tail);
     if stream {
-        stdout.write_all(tail.as_bytes())?;
+        crate::out::print(&tail)?;
     }
     let (tokens, decode_tps, stats, summary) = outcome;
     Ok(Outcome {

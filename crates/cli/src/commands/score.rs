@@ -1,6 +1,7 @@
 //! `blockdraft score`: forced decoding of given token ids.
 
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
+use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
 use blockdraft_core::model::LogitRows;
 use blockdraft_core::Backend;
@@ -10,7 +11,8 @@ use serde_json::json;
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// JSON file holding an array of token ids.
+    /// JSON file holding an array of token ids, at most the model's
+    /// trained context; `blockdraft tokenize -m M "text" > ids.json` makes one.
     #[arg(long = "tokens")]
     pub tokens: std::path::PathBuf,
 }
@@ -51,10 +53,17 @@ fn score<B: Backend>(ids: &[u32], loaded: Loaded<B>) -> Result<()> {
     if let Some(bad) = ids.iter().find(|&&t| t as usize >= n_vocab) {
         bail!("token id {bad} is outside the vocabulary of {n_vocab}");
     }
+    let n_ctx = dec
+        .config
+        .context_size(ids.len(), None)
+        .with_context(|| format!("cannot score {} token ids", ids.len()))?;
     let batch = 64;
-    let mut state = dec.new_state(ids.len(), batch);
+    let mut state = dec.try_new_state(n_ctx, batch)?;
     let mut positions = Vec::with_capacity(ids.len() - 1);
     let mut nll = 0.0;
+    // A bar (or, without a terminal, a line per tenth) once it takes a while.
+    let mut progress =
+        (ids.len() > 4 * batch).then(|| Progress::new("scoring", "tokens", ids.len() as u64));
     for (c, chunk) in ids.chunks(batch).enumerate() {
         dec.forward(&mut state, chunk, LogitRows::All, true, None)?;
         let logits = pollster::block_on(dec.backend.read(state.logits()));
@@ -67,11 +76,15 @@ fn score<B: Backend>(ids: &[u32], loaded: Loaded<B>) -> Result<()> {
             positions
                 .push(json!({"argmax": blockdraft_core::sampling::argmax(row), "logprob": lp}));
         }
+        if let Some(p) = &mut progress {
+            p.set((c * batch + chunk.len()) as u64);
+        }
+    }
+    if let Some(p) = progress {
+        p.finish();
     }
     let n = positions.len();
-    println!(
-        "{}",
-        json!({"tokens": ids, "positions": positions, "perplexity": (nll / n as f64).exp()})
-    );
-    Ok(())
+    crate::out::println(
+        json!({"tokens": ids, "positions": positions, "perplexity": (nll / n as f64).exp()}),
+    )
 }

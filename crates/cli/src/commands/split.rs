@@ -6,7 +6,7 @@
 use crate::load::open_gguf;
 use anyhow::{bail, Context, Result};
 use blockdraft_gguf::{plan_split, split_name, split_part};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -53,15 +53,69 @@ pub fn run(args: Args) -> Result<()> {
     };
     let plan = plan_split(file.tensors(), args.max_size);
     let count = u32::try_from(plan.len()).context("too many parts")?;
+    let mut parts = Parts::default();
+    let mut listing = String::new();
     for (no, range) in plan.into_iter().enumerate() {
         let path = dir.join(split_name(&stem, no as u32 + 1, count));
         let n = range.len();
+        let temp = parts.add(&path)?;
         split_part(&file, range, no as u32, count)?
-            .write_file(&path)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        println!("{} ({n} tensors)", path.display());
+            .write_file(&temp)
+            .context("cannot write a part")?;
+        listing.push_str(&format!("{} ({n} tensors)\n", path.display()));
     }
-    Ok(())
+    parts.commit()?;
+    crate::out::print(&listing)
+}
+
+/// The parts of a set being written: each goes to a temporary name beside
+/// its own and all are renamed once every one is complete, so that a
+/// failure (a full disk, a bad path, an interrupted write) never leaves a
+/// partial set that would look like a whole one. Dropped uncommitted, it
+/// removes what it wrote.
+#[derive(Default)]
+struct Parts {
+    /// (temporary, final) paths.
+    paths: Vec<(PathBuf, PathBuf)>,
+    /// How many of them are renamed.
+    renamed: usize,
+    committed: bool,
+}
+
+impl Parts {
+    /// The temporary path to write `path` to.
+    fn add(&mut self, path: &Path) -> Result<PathBuf> {
+        let mut name = path
+            .file_name()
+            .context("a part has no file name")?
+            .to_os_string();
+        name.push(".tmp");
+        let temp = path.with_file_name(name);
+        self.paths.push((temp.clone(), path.to_path_buf()));
+        Ok(temp)
+    }
+
+    fn commit(mut self) -> Result<()> {
+        for (temp, path) in &self.paths {
+            std::fs::rename(temp, path).with_context(|| {
+                format!("cannot rename {} to {}", temp.display(), path.display())
+            })?;
+            self.renamed += 1;
+        }
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for Parts {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        for (i, (temp, path)) in self.paths.iter().enumerate() {
+            let _ = std::fs::remove_file(if i < self.renamed { path } else { temp });
+        }
+    }
 }
 
 #[cfg(test)]

@@ -22,6 +22,5 @@ pub fn run(args: Args) -> Result<()> {
     let file = open_gguf(&args.model)?;
     let tok = tokenizer(&file)?;
     let ids = tok.encode(&args.text, !args.no_bos, args.parse_special)?;
-    println!("{}", serde_json::to_string(&ids)?);
-    Ok(())
+    crate::out::println(serde_json::to_string(&ids)?)
 }

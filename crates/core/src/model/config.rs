@@ -208,4 +208,30 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+
+    /// The one context rule of every command and API: the context holds
+    /// `requested` positions if given, else just the `needed` ones; it must
+    /// hold the needed ones, and never more than the model was trained for
+    /// (beyond that a model's output degrades, and a typo such as `-c
+    /// 100000000` would allocate a KV cache of tens of GB).
+    pub fn context_size(
+        &self,
+        needed: usize,
+        requested: Option<usize>,
+    ) -> Result<usize, ModelError> {
+        let n_ctx = requested.unwrap_or(needed);
+        if n_ctx > self.n_ctx_train {
+            return Err(ModelError::ContextTooLong {
+                needed: n_ctx,
+                trained: self.n_ctx_train,
+            });
+        }
+        if needed > n_ctx {
+            return Err(ModelError::ContextFull {
+                needed,
+                capacity: n_ctx,
+            });
+        }
+        Ok(n_ctx.max(1))
+    }
 }

@@ -190,6 +190,32 @@ impl<B: Backend> Decoder<B> {
         DecoderState::new(&*self.backend, &self.config, n_ctx, max_batch)
     }
 
+    /// One forward pass of one token, read back: the costs of a first pass
+    /// (paging the weights in, the CPU backend's repacking, a GPU's shader
+    /// compilation) paid here, so that front ends report them apart from
+    /// the prefill of the first prompt.
+    pub async fn warm_up(&self) -> Result<(), ModelError> {
+        let mut state = self.try_new_state(1, 1)?;
+        self.forward(&mut state, &[0], LogitRows::Last, true, None)?;
+        self.backend.argmax(state.logits()).await;
+        Ok(())
+    }
+
+    /// [`Self::new_state`] for sizes a user chose: refused with
+    /// [`ModelError::MemoryLimit`] where the backend cannot hold it (use
+    /// [`ModelConfig::context_size`] for `n_ctx` first).
+    pub fn try_new_state(
+        &self,
+        n_ctx: usize,
+        max_batch: usize,
+    ) -> Result<DecoderState<B>, ModelError> {
+        let shapes = DecoderState::<B>::shapes(&self.config, n_ctx, max_batch);
+        self.backend
+            .memory_limits()
+            .check(&format!("a context of {n_ctx} positions"), &shapes)?;
+        Ok(self.new_state(n_ctx, max_batch))
+    }
+
     /// Runs `tokens` through the decoder at the next positions of `state`,
     /// appending their keys/values to its cache. `causal = false` lets the
     /// rows of this call see each other in both directions.
@@ -405,39 +431,47 @@ struct Scratch<B: Backend> {
 }
 
 impl<B: Backend> Scratch<B> {
+    /// Columns of each tensor, in field order.
+    fn cols(cfg: &ModelConfig) -> [usize; 12] {
+        let (e, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        [e, e, q, kv, kv, q, kv, q, e, ff, ff, ff]
+    }
+
     fn new(be: &B, cfg: &ModelConfig, rows: usize) -> Self {
-        let t = |cols| be.tensor(rows, cols);
+        let [x, xn, q, k, v, tmp_q, tmp_k, attn, o, gate, up, hidden] =
+            Self::cols(cfg).map(|cols| be.tensor(rows, cols));
         Scratch {
-            x: t(cfg.n_embd),
-            xn: t(cfg.n_embd),
-            q: t(cfg.q_dim()),
-            k: t(cfg.kv_dim()),
-            v: t(cfg.kv_dim()),
-            tmp_q: t(cfg.q_dim()),
-            tmp_k: t(cfg.kv_dim()),
-            attn: t(cfg.q_dim()),
-            o: t(cfg.n_embd),
-            gate: t(cfg.n_ff),
-            up: t(cfg.n_ff),
-            hidden: t(cfg.n_ff),
+            x,
+            xn,
+            q,
+            k,
+            v,
+            tmp_q,
+            tmp_k,
+            attn,
+            o,
+            gate,
+            up,
+            hidden,
         }
     }
 
     fn shape(&mut self, be: &B, n: usize, cfg: &ModelConfig) {
-        for (t, cols) in [
-            (&mut self.x, cfg.n_embd),
-            (&mut self.xn, cfg.n_embd),
-            (&mut self.q, cfg.q_dim()),
-            (&mut self.k, cfg.kv_dim()),
-            (&mut self.v, cfg.kv_dim()),
-            (&mut self.tmp_q, cfg.q_dim()),
-            (&mut self.tmp_k, cfg.kv_dim()),
-            (&mut self.attn, cfg.q_dim()),
-            (&mut self.o, cfg.n_embd),
-            (&mut self.gate, cfg.n_ff),
-            (&mut self.up, cfg.n_ff),
-            (&mut self.hidden, cfg.n_ff),
-        ] {
+        let tensors = [
+            &mut self.x,
+            &mut self.xn,
+            &mut self.q,
+            &mut self.k,
+            &mut self.v,
+            &mut self.tmp_q,
+            &mut self.tmp_k,
+            &mut self.attn,
+            &mut self.o,
+            &mut self.gate,
+            &mut self.up,
+            &mut self.hidden,
+        ];
+        for (t, cols) in tensors.into_iter().zip(Self::cols(cfg)) {
             be.reshape(t, n, cols);
         }
     }
@@ -452,6 +486,17 @@ pub struct DecoderState<B: Backend> {
 }
 
 impl<B: Backend> DecoderState<B> {
+    /// Shapes of the tensors [`Self::new`] allocates: the KV cache, the
+    /// scratch rows and the logits.
+    fn shapes(cfg: &ModelConfig, n_ctx: usize, max_batch: usize) -> Vec<(usize, usize)> {
+        let max_batch = max_batch.max(1);
+        let kv = std::iter::repeat_n((n_ctx, cfg.kv_dim()), 2 * cfg.n_layer);
+        let scratch = Scratch::<B>::cols(cfg).map(|cols| (max_batch, cols));
+        kv.chain(scratch)
+            .chain([(max_batch, cfg.n_vocab_head)])
+            .collect()
+    }
+
     fn new(be: &B, cfg: &ModelConfig, n_ctx: usize, max_batch: usize) -> Self {
         let max_batch = max_batch.max(1);
         DecoderState {

@@ -10,7 +10,7 @@ pub mod proposer;
 pub mod verifier;
 
 pub use engine::{generate_speculative, RoundStats, SpecStats};
-pub use policy::{DraftPolicy, PolicyConfig};
+pub use policy::{DraftPolicy, PolicyConfig, MAX_DRAFT};
 pub use proposer::{error_rate_for_tau, ForcedDrafter};
 pub use proposer::{
     DFlash2Config, DFlashConfig, DFlashDrafter, Draft, DraftModelDrafter, Drafter, Lattice,

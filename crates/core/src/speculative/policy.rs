@@ -29,7 +29,37 @@ pub struct PolicyConfig {
     pub adaptive: bool,
 }
 
+/// Longest draft any front end accepts: block drafters draft at most
+/// their block (16 for the DFlash family), and verifying more rows than
+/// this costs more than the tokens it could win.
+pub const MAX_DRAFT: usize = 64;
+
 impl PolicyConfig {
+    /// Accepted lengths of `n_max` and `n_min` (shared by the CLI and the
+    /// npm API).
+    pub const LENGTHS: crate::sampling::Bounds<usize> = crate::sampling::Bounds {
+        lo: 1,
+        hi: MAX_DRAFT,
+    };
+
+    /// Checks the lengths: each within [`Self::LENGTHS`], and `n_min` at
+    /// most `n_max` (otherwise no draft would ever be verified).
+    pub fn check(&self) -> Result<(), String> {
+        Self::LENGTHS
+            .check(self.n_max)
+            .map_err(|e| format!("the longest draft {e}"))?;
+        Self::LENGTHS
+            .check(self.n_min)
+            .map_err(|e| format!("the shortest draft {e}"))?;
+        if self.n_min > self.n_max {
+            return Err(format!(
+                "the shortest draft ({}) is longer than the longest ({}), which turns speculation off",
+                self.n_min, self.n_max
+            ));
+        }
+        Ok(())
+    }
+
     /// Always draft `n_max` tokens (no minimum, no adaptation): tests and
     /// benchmarks that need a known draft length.
     pub fn fixed(n_max: usize) -> Self {
@@ -163,39 +193,47 @@ impl DraftPolicy {
         (p + OPTIMISM * (p * (1.0 - p) / (t + 3.0)).sqrt()).min(1.0)
     }
 
-    /// Expected tokens per round (accepted + 1) of a `k`-token draft, at
-    /// the optimistic rates.
-    fn expected_tokens(&self, k: usize) -> f64 {
-        let mut e = 1.0;
-        let mut p = 1.0;
-        for i in 0..k.min(self.slots.len()) {
-            p *= self.optimistic_slot_rate(i);
-            e += p;
+    /// For every index `i` of `table`, the nearest measured value and its
+    /// index (the lower one on ties), or `None`: two passes, so that a
+    /// round's cost stays linear in the longest draft.
+    fn nearest_each(table: &[Option<f64>]) -> Vec<Option<(usize, f64)>> {
+        let mut left = Vec::with_capacity(table.len());
+        let mut last = None;
+        for (j, v) in table.iter().enumerate() {
+            if let Some(v) = v {
+                last = Some((j, *v));
+            }
+            left.push(last);
         }
-        e
-    }
-
-    /// Nearest measured value of `table` around index `i`, or `None`.
-    fn nearest(table: &[Option<f64>], i: usize) -> Option<(usize, f64)> {
-        (0..table.len())
-            .filter_map(|j| table[j].map(|v| (j, v)))
-            .min_by_key(|(j, _)| j.abs_diff(i))
+        let mut next = None;
+        for i in (0..table.len()).rev() {
+            if let Some(v) = table[i] {
+                next = Some((i, v));
+            }
+            left[i] = match (left[i], next) {
+                (Some(l), Some(r)) if r.0 - i < i - l.0 => Some(r),
+                (None, r) => r,
+                (l, _) => l,
+            };
+        }
+        left
     }
 
     /// Unmeasured costs are estimated optimistically from the nearest
-    /// measurement (scaled down for fewer rows or tokens, not scaled up for
-    /// more), so that a length is tried once rather than ruled out on a
-    /// guess; its real cost then replaces the guess.
-    fn verify_estimate(&self, rows: usize, t1: f64) -> f64 {
-        match Self::nearest(&self.verify_time, rows - 1) {
+    /// measurement (`nearest`, from [`Self::nearest_each`]; scaled down for
+    /// fewer rows or tokens, not scaled up for more), so that a length is
+    /// tried once rather than ruled out on a guess; its real cost then
+    /// replaces the guess.
+    fn verify_estimate(nearest: Option<(usize, f64)>, rows: usize, t1: f64) -> f64 {
+        match nearest {
             Some((j, v)) if rows < j + 1 => (v * rows as f64 / (j + 1) as f64).max(t1),
             Some((_, v)) => v,
             None => t1,
         }
     }
 
-    fn draft_estimate(&self, k: usize) -> f64 {
-        match Self::nearest(&self.draft_time, k - 1) {
+    fn draft_estimate(nearest: Option<(usize, f64)>, k: usize) -> f64 {
+        match nearest {
             Some((j, v)) if k < j + 1 => v * k as f64 / (j + 1) as f64,
             Some((_, v)) => v,
             None => 0.0,
@@ -221,10 +259,23 @@ impl DraftPolicy {
         if self.verify_time[1..].iter().all(Option::is_none) {
             return first_len;
         }
+        // One pass over the lengths: E(k) grows by one product per k, and
+        // the nearest measurements are looked up, not searched for.
+        let verify_near = Self::nearest_each(&self.verify_time);
+        let draft_near = Self::nearest_each(&self.draft_time);
         let mut best = (0, 1.0 / t1);
-        for k in self.config.n_min.max(1)..=n_max {
-            let rate = self.expected_tokens(k)
-                / (self.draft_estimate(k) + self.verify_estimate(k + 1, t1));
+        let (mut expected, mut p) = (1.0, 1.0);
+        for k in 1..=n_max {
+            if k <= self.slots.len() {
+                p *= self.optimistic_slot_rate(k - 1);
+                expected += p;
+            }
+            if k < self.config.n_min {
+                continue;
+            }
+            let cost = Self::draft_estimate(draft_near[k - 1], k)
+                + Self::verify_estimate(verify_near[k], k + 1, t1);
+            let rate = expected / cost;
             if rate > best.1 {
                 best = (k, rate);
             }
@@ -431,6 +482,55 @@ mod tests {
             (p.verify_time[4], p.draft_time[3]),
             (Some(0.01), Some(0.01))
         );
+    }
+
+    #[test]
+    fn nearest_measurements_prefer_the_lower_index_on_ties() {
+        let table = [None, Some(1.0), None, None, Some(4.0), None];
+        let brute = |i: usize| {
+            (0..table.len())
+                .filter_map(|j| table[j].map(|v| (j, v)))
+                .min_by_key(|(j, _)| j.abs_diff(i))
+        };
+        let fast = DraftPolicy::nearest_each(&table);
+        for (i, got) in fast.iter().enumerate() {
+            assert_eq!(*got, brute(i), "index {i}");
+        }
+        assert_eq!(fast[2], Some((1, 1.0)));
+        assert_eq!(DraftPolicy::nearest_each(&[None, None]), [None, None]);
+    }
+
+    #[test]
+    fn a_round_costs_linear_time_in_the_longest_draft() {
+        // 200 000 lengths: a quadratic search would take minutes per round.
+        let n = 200_000;
+        let mut p = DraftPolicy::new(adaptive(n));
+        let round = |drafted| RoundStats {
+            drafted,
+            accepted: drafted,
+            draft_seconds: 0.001,
+            verify_seconds: 0.01,
+            ..Default::default()
+        };
+        let started = std::time::Instant::now();
+        for _ in 0..20 {
+            let k = p.next_len(n);
+            p.record(k, &round(k.min(8)));
+        }
+        assert!(started.elapsed().as_secs_f64() < 10.0);
+    }
+
+    #[test]
+    fn lengths_are_checked() {
+        assert!(PolicyConfig::default().check().is_ok());
+        for (n_max, n_min) in [(0, 1), (65, 1), (4, 0), (4, 5), (30_000, 1)] {
+            let c = PolicyConfig {
+                n_max,
+                n_min,
+                adaptive: true,
+            };
+            assert!(c.check().is_err(), "{c:?}");
+        }
     }
 
     #[test]

@@ -1,37 +1,49 @@
 //! `blockdraft bench`: prefill and decode speed (medians of repetitions,
 //! like llama-bench), the verify cost curve T(k)/T(1), memory bandwidth
-//! achieved and peak RSS.
+//! achieved and peak RSS. Progress goes to stderr as it is measured; Ctrl-C
+//! stops the measuring and prints what was measured so far (`--json` stays
+//! one valid object, with `"interrupted": true`), then exits with 130.
 
 mod memory;
 
+use crate::args::{at_least, f64_in, usize_in};
 use crate::drafter::DraftArgs;
+use crate::interrupt::{self, Interrupted};
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
-use anyhow::{bail, Result};
+use anyhow::{Context, Result};
 use blockdraft_core::model::{Decoder, DecoderState, LogitRows};
-use blockdraft_core::sampling::Rng;
+use blockdraft_core::sampling::{Bounds, Rng};
+use blockdraft_core::speculative::MAX_DRAFT;
 use blockdraft_core::Backend;
 use memory::{read_bandwidth, weight_bytes_per_token, PeakRss};
 use serde_json::json;
+use std::fmt::Write as _;
 use std::time::Instant;
+
+/// Rows of one forward pass (prefill chunks, verify batches).
+const MAX_BATCH: usize = 512;
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Prompt tokens to prefill (0 skips prefill).
-    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512,
+          value_parser = at_least(0), conflicts_with = "draft")]
     pub n_prompt: usize,
     /// Tokens to decode (0 skips decode).
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128, value_parser = at_least(0))]
     pub n_gen: usize,
     /// Repetitions; the median is reported.
-    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3, value_parser = at_least(1))]
     pub reps: usize,
     /// Largest verify batch of the T(k)/T(1) curve (0 skips it).
-    #[arg(long = "verify-max", default_value_t = 16)]
+    #[arg(long = "verify-max", default_value_t = 16, conflicts_with = "draft",
+          value_parser = usize_in(Bounds { lo: 0, hi: MAX_BATCH }))]
     pub verify_max: usize,
     /// Context length before each verify batch.
-    #[arg(long = "verify-ctx", default_value_t = 64)]
+    #[arg(long = "verify-ctx", default_value_t = 64, value_parser = at_least(1),
+          conflicts_with = "draft")]
     pub verify_ctx: usize,
     #[arg(long = "json")]
     pub json: bool,
@@ -45,11 +57,14 @@ pub struct Args {
     /// engine apart from drafter quality). With --draft-max = tau - 1 there
     /// are no errors and every round realises tau; with longer drafts the
     /// policy may stop them early, which realises less (the output says).
-    #[arg(long = "forced-tau")]
+    /// From 1 to --draft-max + 1.
+    #[arg(long = "forced-tau", requires = "draft",
+          value_parser = f64_in(Bounds { lo: 1.0, hi: (MAX_DRAFT + 1) as f64 }))]
     pub forced_tau: Option<f64>,
     /// With --draft: the prompt to generate from.
     #[arg(
         long = "prompt-text",
+        requires = "draft",
         default_value = "def quicksort(items):\n    \"\"\"Sort a list of numbers.\"\"\"\n"
     )]
     pub prompt_text: String,
@@ -86,9 +101,21 @@ fn time_forward<B: Backend>(
     Ok(t.elapsed().as_secs_f64())
 }
 
+/// A line of progress on stderr.
+fn progress(line: impl std::fmt::Display) {
+    eprintln!("bench: {line}");
+}
+
 pub fn run(args: Args) -> Result<()> {
-    if args.reps == 0 {
-        bail!("--repetitions must be at least 1");
+    args.draft.check()?;
+    if let Some(tau) = args.forced_tau {
+        if tau > (args.draft.draft_max + 1) as f64 {
+            anyhow::bail!(
+                "--forced-tau {tau} needs drafts of at least {} tokens (--draft-max {})",
+                tau.ceil() as usize - 1,
+                args.draft.draft_max
+            );
+        }
     }
     let model = args.model.clone();
     with_backend(&model, args)
@@ -96,30 +123,33 @@ pub fn run(args: Args) -> Result<()> {
 
 impl Job for Args {
     fn run<B: Backend>(self, loaded: Loaded<B>) -> Result<()> {
-        bench(&self, &loaded)
+        interrupt::catch();
+        let interrupted = match &self.draft.draft {
+            Some(spec) => speculative_bench(&self, &loaded, spec)?,
+            None => bench(&self, &loaded)?,
+        };
+        if interrupted {
+            return Err(Interrupted.into());
+        }
+        Ok(())
     }
 }
 
-fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<()> {
-    if let Some(spec) = &args.draft.draft {
-        return speculative_bench(args, loaded, spec);
-    }
+/// The plain benchmark; returns whether Ctrl-C cut it short (what was
+/// measured is printed either way).
+fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
     let dec = &loaded.decoder;
     let cfg = &dec.config;
-    let n_ctx = (args.n_prompt.max(args.n_gen + 1))
-        .max(args.verify_ctx + args.verify_max)
-        .max(1);
-    if n_ctx > cfg.n_ctx_train {
-        bail!(
-            "the benchmark needs {n_ctx} positions, the model was trained for {}",
-            cfg.n_ctx_train
-        );
-    }
-    let mut state = dec.new_state(n_ctx, 512);
+    let needed = (args.n_prompt.max(args.n_gen + 1)).max(args.verify_ctx + args.verify_max);
+    let n_ctx = cfg
+        .context_size(needed, None)
+        .context("the benchmark's -p, -n or --verify-ctx + --verify-max")?;
+    let mut state = dec.try_new_state(n_ctx, MAX_BATCH)?;
     let tokens = random_tokens(n_ctx, cfg.n_vocab, 42);
 
     // Warm-up: page the weights in (the CPU backend packs them then) and
     // spin up the pool.
+    progress("warming up (the first pass pages the weights in)");
     time_forward(dec, &mut state, &tokens[..1], LogitRows::Last)?;
 
     // Decoding on the host streams the weights from memory: each decode
@@ -130,42 +160,57 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<()> {
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
     let mut bandwidth = Vec::new();
-    for _ in 0..args.reps {
+    for rep in 1..=args.reps {
+        if interrupt::requested() {
+            break;
+        }
+        let mut line = format!("repetition {rep}/{}:", args.reps);
         if probe_bandwidth {
             let threads = args.model.threads();
-            bandwidth.push(peak_rss.around(|| read_bandwidth(threads)));
+            let gbps = peak_rss.around(|| read_bandwidth(threads));
+            bandwidth.push(gbps);
+            let _ = write!(line, " memory reads {gbps:.2} GB/s,");
         }
         if args.n_prompt > 0 {
             state.truncate(0);
-            prefill.push(
-                args.n_prompt as f64
-                    / time_forward(dec, &mut state, &tokens[..args.n_prompt], LogitRows::Last)?,
-            );
+            let tps = args.n_prompt as f64
+                / time_forward(dec, &mut state, &tokens[..args.n_prompt], LogitRows::Last)?;
+            prefill.push(tps);
+            let _ = write!(line, " prefill {tps:.2} tok/s,");
         }
         if args.n_gen > 0 {
             state.truncate(0);
             let t = Instant::now();
             let mut next = tokens[0];
-            for _ in 0..args.n_gen {
+            let mut done = 0;
+            while done < args.n_gen && !interrupt::requested() {
                 dec.forward(&mut state, &[next], LogitRows::Last, true, None)?;
                 next = pollster::block_on(dec.backend.argmax(state.logits()))[0];
+                done += 1;
             }
-            decode.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
+            // A repetition cut short is not one.
+            if done == args.n_gen {
+                let tps = args.n_gen as f64 / t.elapsed().as_secs_f64();
+                decode.push(tps);
+                let _ = write!(line, " decode {tps:.2} tok/s");
+            }
         }
+        progress(line.trim_end_matches(','));
     }
+    let n_prefill = prefill.len();
+    let n_decode = decode.len();
     let prefill_tps = (!prefill.is_empty()).then(|| median(prefill));
     let decode_tps = (!decode.is_empty()).then(|| median(decode));
     let read_gbps = (!bandwidth.is_empty()).then(|| median(bandwidth));
 
     let mut verify = Vec::new();
-    if args.verify_max > 0 {
+    if args.verify_max > 0 && !interrupt::requested() {
+        progress(format!(
+            "verify passes of k = 1..={} rows at context {}",
+            args.verify_max, args.verify_ctx
+        ));
         state.truncate(0);
-        time_forward(
-            dec,
-            &mut state,
-            &tokens[..args.verify_ctx.max(1)],
-            LogitRows::None,
-        )?;
+        time_forward(dec, &mut state, &tokens[..args.verify_ctx], LogitRows::None)?;
         let base = state.len();
         for k in 1..=args.verify_max.min(state.max_batch()) {
             let mut times = Vec::new();
@@ -178,9 +223,13 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<()> {
                 )?);
                 state.truncate(base);
             }
+            if interrupt::requested() {
+                break;
+            }
             verify.push((k, median(times)));
         }
     }
+    let interrupted = interrupt::requested();
     let t1 = verify.first().map(|v| v.1);
     let bytes = weight_bytes_per_token(&loaded.file);
     let gbps = decode_tps.map(|t| t * bytes as f64 / 1e9);
@@ -192,47 +241,55 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<()> {
             .iter()
             .map(|&(k, t)| json!({"k": k, "seconds": t, "ratio": t / t1.unwrap_or(t)}))
             .collect();
-        println!(
-            "{}",
-            json!({
-                "model": args.model.model.display().to_string(),
-                "backend": dec.backend.name(),
-                "threads": args.model.threads(),
-                "n_prompt": args.n_prompt,
-                "n_gen": args.n_gen,
-                "repetitions": args.reps,
-                "prefill_tokens_per_second": prefill_tps,
-                "decode_tokens_per_second": decode_tps,
-                "weight_bytes_per_token": bytes,
-                "decode_gb_per_second": gbps,
-                "memory_read_gb_per_second": read_gbps,
-                "decode_bandwidth_fraction": bandwidth_fraction,
-                "verify": curve,
-                "peak_rss_bytes": rss,
-            })
-        );
-        return Ok(());
+        crate::out::println(json!({
+            "model": args.model.model.display().to_string(),
+            "backend": dec.backend.name(),
+            "threads": args.model.threads(),
+            "n_prompt": args.n_prompt,
+            "n_gen": args.n_gen,
+            "repetitions": args.reps,
+            "prefill_repetitions": n_prefill,
+            "decode_repetitions": n_decode,
+            "interrupted": interrupted,
+            "prefill_tokens_per_second": prefill_tps,
+            "decode_tokens_per_second": decode_tps,
+            "weight_bytes_per_token": bytes,
+            "decode_gb_per_second": gbps,
+            "memory_read_gb_per_second": read_gbps,
+            "decode_bandwidth_fraction": bandwidth_fraction,
+            "verify": curve,
+            "peak_rss_bytes": rss,
+        }))?;
+        return Ok(interrupted);
     }
-    println!("model    {}", args.model.model.display());
-    println!("backend  {}", dec.backend.name());
+    let mut out = String::new();
+    if interrupted {
+        let _ = writeln!(out, "(interrupted: what was measured before Ctrl-C)");
+    }
+    let _ = writeln!(out, "model    {}", args.model.model.display());
+    let _ = writeln!(out, "backend  {}", dec.backend.name());
     if let Some(t) = prefill_tps {
-        println!(
-            "prefill  pp{:<5} {t:>9.2} tok/s (median of {})",
-            args.n_prompt, args.reps
+        let _ = writeln!(
+            out,
+            "prefill  pp{:<5} {t:>9.2} tok/s (median of {n_prefill})",
+            args.n_prompt
         );
     }
     if let Some(t) = decode_tps {
-        println!(
-            "decode   tg{:<5} {t:>9.2} tok/s (median of {})",
-            args.n_gen, args.reps
+        let _ = writeln!(
+            out,
+            "decode   tg{:<5} {t:>9.2} tok/s (median of {n_decode})",
+            args.n_gen
         );
-        println!(
+        let _ = writeln!(
+            out,
             "weights  {:.1} MB/token -> {:.2} GB/s",
             bytes as f64 / 1e6,
             gbps.unwrap_or(0.0)
         );
         if let (Some(r), Some(f)) = (read_gbps, bandwidth_fraction) {
-            println!(
+            let _ = writeln!(
+                out,
                 "memory   reads at {r:.2} GB/s with {} threads (beside each repetition): decode at {:.0} % of it",
                 args.model.threads(),
                 f * 100.0
@@ -240,22 +297,23 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<()> {
         }
     }
     if let Some(t1) = t1 {
-        println!("verify   T(k)/T(1) at context {}:", args.verify_ctx);
+        let _ = writeln!(out, "verify   T(k)/T(1) at context {}:", args.verify_ctx);
         for (k, t) in &verify {
-            println!("  k={k:<3} {:>8.2} ms  {:>5.2}x", t * 1e3, t / t1);
+            let _ = writeln!(out, "  k={k:<3} {:>8.2} ms  {:>5.2}x", t * 1e3, t / t1);
         }
     }
     if let Some(r) = rss {
-        println!("peak RSS {:.1} MB", r as f64 / 1e6);
+        let _ = writeln!(out, "peak RSS {:.1} MB", r as f64 / 1e6);
     }
-    Ok(())
+    crate::out::print(&out)?;
+    Ok(interrupted)
 }
 
 /// Plain and speculative greedy decoding of the same prompt, repeated,
 /// medians side by side; plus the speedup that the measured draft costs and
 /// isolated target passes of each round's size predict, to expose overhead
-/// outside them.
-fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) -> Result<()> {
+/// outside them. Returns whether Ctrl-C cut it short.
+fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) -> Result<bool> {
     use blockdraft_core::generate::generate;
     use blockdraft_core::sampling::{Sampler, SamplingParams};
     use blockdraft_core::speculative::{
@@ -266,7 +324,10 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
     let dec = &loaded.decoder;
     let prompt = loaded.tokenizer.encode(&args.prompt_text, true, true)?;
     let n = args.n_gen.max(1);
-    let n_ctx = prompt.len() + n + args.draft.draft_max + 2;
+    let n_ctx = dec
+        .config
+        .context_size(prompt.len() + n + args.draft.draft_max + 2, None)
+        .context("the benchmark's --prompt-text, -n and --draft-max")?;
     let max_batch = 256;
     let greedy = || Sampler::new(SamplingParams::greedy());
 
@@ -275,20 +336,26 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
     let mut plain_runs = Vec::new();
     // Each speculative run: tokens/s, totals and its rounds.
     let mut spec_runs: Vec<(f64, SpecStats, Vec<RoundStats>)> = Vec::new();
+    // (Generation stops at the next token once Ctrl-C is pressed.)
     let mut sequence = Vec::new();
     let mut identical = true;
     for rep in 0..args.reps {
-        let mut state = dec.new_state(n_ctx, max_batch);
-        let (plain_tokens, _, st) = pollster::block_on(generate(
+        if interrupt::requested() {
+            break;
+        }
+        let mut state = dec.try_new_state(n_ctx, max_batch)?;
+        let (plain_tokens, _, plain) = pollster::block_on(generate(
             dec,
             &mut state,
             &prompt,
             n,
             &mut greedy(),
             &|_| false,
-            &mut |_| true,
+            &mut |_| !interrupt::requested(),
         ))?;
-        plain_runs.push(st.decode_tokens_per_second());
+        if interrupt::requested() {
+            break;
+        }
         sequence = prompt.iter().chain(&plain_tokens).copied().collect();
 
         let mut drafter = crate::drafter::build(spec, &args.draft, loaded, n_ctx, max_batch)?;
@@ -300,7 +367,7 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
                 oracle,
             });
         }
-        let mut state = dec.new_state(n_ctx, max_batch);
+        let mut state = dec.try_new_state(n_ctx, max_batch)?;
         let mut policy = DraftPolicy::new(args.draft.policy());
         let mut rounds = Vec::new();
         let (tokens, _, st) = pollster::block_on(generate_speculative(
@@ -313,11 +380,41 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
             &mut greedy(),
             &mut greedy(),
             &|_| false,
-            &mut |_| true,
+            &mut |_| !interrupt::requested(),
             &mut |r| rounds.push(r.clone()),
         ))?;
+        // A repetition cut short is not one (on either side).
+        if interrupt::requested() {
+            break;
+        }
         identical &= tokens == plain_tokens;
+        progress(format!(
+            "repetition {}/{}: plain {:.2} tok/s, speculative {:.2} tok/s (tau {:.2})",
+            rep + 1,
+            args.reps,
+            plain.decode_tokens_per_second(),
+            st.decode_tokens_per_second(),
+            st.tau()
+        ));
+        plain_runs.push(plain.decode_tokens_per_second());
         spec_runs.push((st.decode_tokens_per_second(), st, rounds));
+    }
+    let interrupted = interrupt::requested();
+    let done = spec_runs.len();
+    if done == 0 {
+        // Interrupted before a whole repetition: nothing to report.
+        if args.json {
+            crate::out::println(json!({
+                "model": args.model.model.display().to_string(),
+                "drafter": spec,
+                "repetitions": args.reps,
+                "completed_repetitions": 0,
+                "interrupted": true,
+            }))?;
+        } else {
+            crate::out::println("(interrupted before the first repetition ended)")?;
+        }
+        return Ok(true);
     }
     let plain_tps = median(plain_runs);
     spec_runs.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -327,72 +424,88 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
     // What the run should have cost: each round's draft time plus an
     // isolated target pass of its row count, timed mid-generation. Time
     // the engine spends outside both shows up as efficiency below 100 %.
-    let max_rows = rounds.iter().map(|r| r.drafted + 1).max().unwrap_or(1);
-    let context = prompt.len() + n.saturating_sub(max_rows) / 2;
-    let mut timing_tokens = sequence.clone();
-    timing_tokens.resize(context + max_rows, *sequence.last().unwrap_or(&0));
-    let mut state = dec.new_state(n_ctx, max_batch);
-    time_forward(dec, &mut state, &timing_tokens[..context], LogitRows::None)?;
-    let mut pass_seconds = Vec::with_capacity(max_rows);
-    for rows in 1..=max_rows {
-        let mut times = Vec::new();
-        for _ in 0..3 {
-            times.push(time_forward(
-                dec,
-                &mut state,
-                &timing_tokens[context..context + rows],
-                LogitRows::All,
-            )?);
-            state.truncate(context);
+    // (Not measured once interrupted.)
+    let predicted_tps = if interrupted {
+        None
+    } else {
+        progress("timing isolated target passes of each round's size");
+        let max_rows = rounds.iter().map(|r| r.drafted + 1).max().unwrap_or(1);
+        let context = prompt.len() + n.saturating_sub(max_rows) / 2;
+        let mut timing_tokens = sequence.clone();
+        timing_tokens.resize(context + max_rows, *sequence.last().unwrap_or(&0));
+        let mut state = dec.try_new_state(n_ctx, max_batch)?;
+        time_forward(dec, &mut state, &timing_tokens[..context], LogitRows::None)?;
+        let mut pass_seconds = Vec::with_capacity(max_rows);
+        for rows in 1..=max_rows {
+            let mut times = Vec::new();
+            for _ in 0..3 {
+                times.push(time_forward(
+                    dec,
+                    &mut state,
+                    &timing_tokens[context..context + rows],
+                    LogitRows::All,
+                )?);
+                state.truncate(context);
+            }
+            pass_seconds.push(median(times));
         }
-        pass_seconds.push(median(times));
-    }
-    let predicted_seconds: f64 = rounds
-        .iter()
-        .map(|r| pass_seconds[r.drafted] + r.catch_up_seconds + r.draft_seconds)
-        .sum();
-    let predicted_tps = st.generated_tokens.saturating_sub(1) as f64 / predicted_seconds.max(1e-9);
+        let predicted_seconds: f64 = rounds
+            .iter()
+            .map(|r| pass_seconds[r.drafted] + r.catch_up_seconds + r.draft_seconds)
+            .sum();
+        Some(st.generated_tokens.saturating_sub(1) as f64 / predicted_seconds.max(1e-9))
+    };
     let achieved = spec_tps / plain_tps;
-    let predicted = predicted_tps / plain_tps;
+    let predicted = predicted_tps.map(|p| p / plain_tps);
+    let efficiency = predicted.map(|p| achieved / p);
     if args.json {
-        println!(
-            "{}",
-            json!({
-                "model": args.model.model.display().to_string(),
-                "drafter": spec,
-                "forced_tau": args.forced_tau,
-                "threads": args.model.threads(),
-                "prompt_tokens": prompt.len(),
-                "n_gen": n,
-                "repetitions": args.reps,
-                "plain_tokens_per_second": plain_tps,
-                "speculative_tokens_per_second": spec_tps,
-                "speedup": achieved,
-                "predicted_speedup": predicted,
-                "efficiency": achieved / predicted,
-                "tau": st.tau(),
-                "acceptance_rate": st.acceptance_rate(),
-                "rounds": st.rounds,
-                "plain_steps": st.plain_steps,
-                "draft_ms_per_pass": st.draft_seconds / passes * 1e3,
-                "verify_ms_per_pass": st.verify_seconds / passes * 1e3,
-                "identical_to_plain": identical,
-            })
-        );
-        return Ok(());
+        crate::out::println(json!({
+            "model": args.model.model.display().to_string(),
+            "drafter": spec,
+            "forced_tau": args.forced_tau,
+            "threads": args.model.threads(),
+            "prompt_tokens": prompt.len(),
+            "n_gen": n,
+            "repetitions": args.reps,
+            "completed_repetitions": done,
+            "interrupted": interrupted,
+            "plain_tokens_per_second": plain_tps,
+            "speculative_tokens_per_second": spec_tps,
+            "speedup": achieved,
+            "predicted_speedup": predicted,
+            "efficiency": efficiency,
+            "tau": st.tau(),
+            "acceptance_rate": st.acceptance_rate(),
+            "rounds": st.rounds,
+            "plain_steps": st.plain_steps,
+            "draft_ms_per_pass": st.draft_seconds / passes * 1e3,
+            "verify_ms_per_pass": st.verify_seconds / passes * 1e3,
+            "identical_to_plain": identical,
+        }))?;
+        return Ok(interrupted);
     }
-    println!("model     {}", args.model.model.display());
-    println!(
+    let mut out = String::new();
+    if interrupted {
+        let _ = writeln!(out, "(interrupted: what was measured before Ctrl-C)");
+    }
+    let _ = writeln!(out, "model     {}", args.model.model.display());
+    let _ = writeln!(
+        out,
         "drafter   {spec}{}",
         args.forced_tau
             .map_or(String::new(), |t| format!(" (forced tau {t})"))
     );
-    println!(
-        "plain     {plain_tps:>8.2} tok/s   (median of {})",
-        args.reps
-    );
-    println!("spec      {spec_tps:>8.2} tok/s   speedup {achieved:.2}x, predicted from draft costs and isolated target passes {predicted:.2}x (efficiency {:.0} %)", achieved / predicted * 100.0);
-    println!(
+    let _ = writeln!(out, "plain     {plain_tps:>8.2} tok/s   (median of {done})");
+    let _ = match (predicted, efficiency) {
+        (Some(p), Some(e)) => writeln!(
+            out,
+            "spec      {spec_tps:>8.2} tok/s   speedup {achieved:.2}x, predicted from draft costs and isolated target passes {p:.2}x (efficiency {:.0} %)",
+            e * 100.0
+        ),
+        _ => writeln!(out, "spec      {spec_tps:>8.2} tok/s   speedup {achieved:.2}x"),
+    };
+    let _ = writeln!(
+        out,
         "rounds    {} speculative, {} plain; tau {:.2}; {}/{} drafts accepted",
         st.rounds,
         st.plain_steps,
@@ -400,13 +513,15 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
         st.accepted,
         st.drafted
     );
-    println!(
+    let _ = writeln!(
+        out,
         "per pass  draft {:.2} ms, verify {:.2} ms (plain step {:.2} ms)",
         st.draft_seconds / passes * 1e3,
         st.verify_seconds / passes * 1e3,
         1e3 / plain_tps
     );
-    println!(
+    let _ = writeln!(
+        out,
         "output    {}",
         if identical {
             "identical to plain decoding"
@@ -414,5 +529,6 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
             "DIFFERENT from plain decoding"
         }
     );
-    Ok(())
+    crate::out::print(&out)?;
+    Ok(interrupted)
 }

@@ -8,6 +8,7 @@
 
 mod shard;
 
+use crate::args::at_least;
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use anyhow::{bail, ensure, Context, Result};
 use blockdraft_core::model::{DecoderState, LogitRows, Taps};
@@ -33,25 +34,23 @@ pub struct Args {
     #[arg(long = "taps", value_delimiter = ',', required = true)]
     pub taps: Vec<usize>,
     /// Most response tokens per prompt.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 384)]
+    #[arg(short = 'n', long = "n-predict", default_value_t = 384, value_parser = at_least(1))]
     pub n_predict: usize,
     /// Prompts longer than this (in tokens, template included) are skipped.
-    #[arg(long = "max-prompt-tokens", default_value_t = 512)]
+    #[arg(long = "max-prompt-tokens", default_value_t = 512, value_parser = at_least(1))]
     pub max_prompt_tokens: usize,
     /// Prompts per shard: what an interruption can lose at most.
-    #[arg(long = "shard-size", default_value_t = 16)]
+    #[arg(long = "shard-size", default_value_t = 16, value_parser = at_least(1))]
     pub shard_size: usize,
     /// System message for every prompt.
     #[arg(long = "system")]
     pub system: Option<String>,
     /// Stop after this many prompts of the file (default: all).
-    #[arg(long = "limit")]
+    #[arg(long = "limit", value_parser = at_least(1))]
     pub limit: Option<usize>,
 }
 
 pub fn run(args: Args) -> Result<()> {
-    ensure!(args.shard_size > 0, "--shard-size must be at least 1");
-    ensure!(args.n_predict > 0, "--n-predict must be at least 1");
     let model = args.model.clone();
     with_backend(&model, args)
 }
@@ -103,6 +102,9 @@ fn generate_data<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
             cfg.n_layer
         );
     }
+    let n_ctx = cfg
+        .context_size(args.max_prompt_tokens + args.n_predict + 1, None)
+        .context("--max-prompt-tokens + --n-predict")?;
     let md = loaded.file.metadata();
     let template_src = md
         .get_str("tokenizer.chat_template")
@@ -164,8 +166,7 @@ fn generate_data<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
     }
 
     let batch = 64;
-    let n_ctx = args.max_prompt_tokens + args.n_predict + 1;
-    let mut state = dec.new_state(n_ctx, batch);
+    let mut state = dec.try_new_state(n_ctx, batch)?;
     let mut taps = Taps::new(&*dec.backend, cfg, &args.taps, batch)?;
     let started = Instant::now();
     let mut new_tokens = 0usize;
