@@ -3,8 +3,8 @@
 //! Each prompt is rendered with the model's chat template (exactly as
 //! `run --chat` does), the target answers greedily, and the hidden states a
 //! drafter reads (the taps) are captured during that same generation, so no
-//! second pass is needed. Output: `shard.rs`'s format. Interrupted runs
-//! resume at the first missing shard.
+//! second pass is needed. Output: `shard.rs`'s format. A rerun of an
+//! interrupted run keeps the finished shards and makes the missing ones.
 
 mod shard;
 
@@ -138,8 +138,8 @@ fn generate_data<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
         std::fs::write(&manifest_path, serde_json::to_string_pretty(&manifest)?)?;
     }
 
-    // Shards already written are kept (and checked); the first missing one
-    // and everything after it are generated.
+    // Shards already written are kept (and checked); the missing ones are
+    // generated.
     let n_shards = manifest.n_shards();
     let mut done = Vec::new();
     for k in 0..n_shards {
