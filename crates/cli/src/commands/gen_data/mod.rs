@@ -262,7 +262,6 @@ fn answer<B: Backend>(
             break;
         }
     }
-    drop(forward);
     Ok(Sequence {
         prompt_index,
         ids,
