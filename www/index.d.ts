@@ -71,15 +71,25 @@ interface CommonParams {
   max_tokens?: number;
   /** 0 is greedy; default 1. */
   temperature?: number;
+  /** 0..=1; default 1 (off). */
   top_p?: number;
+  /** Default 0 (off). */
   top_k?: number;
+  /** 0..=1; default 0 (off). */
   min_p?: number;
+  /**
+   * Penalty of tokens among the last `repeat_last_n`, 1..=2; default 1
+   * (off). 1.1 keeps small models from looping.
+   */
+  repeat_penalty?: number;
+  /** Default 64. */
+  repeat_last_n?: number;
   /** Seeds the sampler (same seed, same text). */
   seed?: number;
   stop?: string | string[];
   /** Use the engine's drafter (default: when it has one). */
   speculative?: boolean;
-  /** Most tokens drafted per round (default 8). */
+  /** Most tokens drafted per round, 1..=64 (default 8). */
   draft_max?: number;
   /** Aborts promptly: a stream ends, a non-streamed call rejects with an AbortError. */
   signal?: AbortSignal;
@@ -110,7 +120,15 @@ export interface Usage {
   completion_tokens: number;
   total_tokens: number;
   speculative: SpeculativeUsage | null;
+  /** The output ends in a loop (the same few tokens again and again); `repeat_penalty: 1.1` usually helps. */
+  looping: boolean;
   timings: {
+    /**
+     * The engine's first request only: a one-token pass before the prompt
+     * (weight repacking, shader compilation), so that the prefill figures
+     * are the prompt's own; 0 afterwards.
+     */
+    warmup_seconds: number;
     prefill_seconds: number;
     decode_seconds: number;
     prefill_tokens_per_second: number;

@@ -41,7 +41,10 @@ export async function createEngine(options = {}) {
   return new BlockdraftEngine(engine, rest.modelName ?? 'blockdraft');
 }
 
-const FIELDS = ['max_tokens', 'temperature', 'top_p', 'top_k', 'min_p', 'seed', 'speculative', 'draft_max'];
+const FIELDS = [
+  'max_tokens', 'temperature', 'top_p', 'top_k', 'min_p', 'repeat_penalty', 'repeat_last_n', 'seed',
+  'speculative', 'draft_max',
+];
 
 // The wasm request for OpenAI-style `params` (unknown fields are refused there).
 function toRequest(kind, params) {
@@ -75,7 +78,9 @@ function toUsage(u) {
     completion_tokens: u.completion_tokens,
     total_tokens: u.total_tokens,
     speculative: u.speculative,
+    looping: u.looping,
     timings: {
+      warmup_seconds: u.warmup_seconds,
       prefill_seconds: u.prefill_seconds,
       decode_seconds: u.decode_seconds,
       prefill_tokens_per_second: u.prefill_tokens_per_second,

@@ -10,6 +10,7 @@ const ui = {
   backend: $('backend'), useCache: $('use-cache'), load: $('load'), cancelLoad: $('cancel-load'), unload: $('unload'),
   progress: $('progress'), loadStatus: $('load-status'), offline: $('offline'),
   transcript: $('transcript'), chatForm: $('chat-form'), prompt: $('prompt'), temperature: $('temperature'),
+  repeatPenalty: $('repeat-penalty'), loadTime: $('stat-load'), loop: $('stat-loop'),
   maxTokens: $('max-tokens'), speculative: $('speculative'), send: $('send'), stop: $('stop'), compare: $('compare'),
   newChat: $('new-chat'), tps: $('stat-tps'), acceptance: $('stat-acceptance'), tau: $('stat-tau'),
   tokens: $('stat-tokens'), prefill: $('stat-prefill'), compareResult: $('compare-result'),
@@ -100,11 +101,16 @@ async function load(event) {
     });
     const { info } = engine;
     const seconds = (performance.now() - started) / 1000;
-    ui.loadStatus.textContent = `Ready in ${seconds.toFixed(1)} s: ${info.backend} (${info.device}), drafter ${info.drafter}`
+    // info.device already names the backend: "cpu (1 thread, simd128)", "wgpu (adapter)".
+    ui.loadStatus.textContent = `Ready in ${seconds.toFixed(1)} s: ${info.device}, drafter ${info.drafter}`
       + `${ui.loadStatus.dataset.source === 'cache' ? ', model read from the model cache' : ''}.`;
     ui.progress.value = ui.progress.max;
     ui.speculative.disabled = info.drafter === 'none';
-    if (!info.has_chat_template) addNote('This model has no chat template: chat uses a plain role: text prompt.');
+    // Load (download, uploads) and the first request's warm-up (weight
+    // repacking, shader compilation) are shown apart, so that Prefill is
+    // the prompt's own.
+    ui.loadTime.textContent = `${info.load_seconds.toFixed(1)} s`;
+    if (!info.has_chat_template) addNote('This model has no chat template: chat uses a plain "User: … / Assistant:" prompt.');
   } catch (e) {
     showError(ui.loadStatus, e);
   } finally {
@@ -142,8 +148,17 @@ function addNote(text) {
 function params() {
   return {
     temperature: Number(ui.temperature.value),
+    repeat_penalty: Number(ui.repeatPenalty.value),
     max_tokens: Math.max(1, Math.floor(Number(ui.maxTokens.value))),
   };
+}
+
+// A model without a chat template gets the conversation as plain text, and
+// stops where it would start the user's next turn.
+function plainPrompt(messages) {
+  const who = { system: 'System', user: 'User', assistant: 'Assistant' };
+  const lines = messages.map((m) => `${who[m.role] ?? m.role}: ${m.content}`);
+  return `${lines.join('\n')}\nAssistant:`;
 }
 
 // Streams one chat completion; `onText` gets each piece, `onTick` the live
@@ -154,11 +169,16 @@ async function stream(messages, extra, onText, onTick = () => {}) {
   let finish = null;
   let pieces = 0;
   let first = 0;
-  for await (const chunk of await engine.chat.completions.create({ messages, stream: true, signal: running.signal, ...params(), ...extra })) {
+  const request = { stream: true, signal: running.signal, ...params(), ...extra };
+  const chunks = engine.info.has_chat_template
+    ? await engine.chat.completions.create({ messages, ...request })
+    : await engine.completions.create({ prompt: plainPrompt(messages), stop: ['\nUser:'], ...request });
+  for await (const chunk of chunks) {
     const c = chunk.choices[0];
-    if (c.delta.content) {
-      text += c.delta.content;
-      onText(c.delta.content);
+    const piece = c.delta ? c.delta.content : c.text;
+    if (piece) {
+      text += piece;
+      onText(piece);
       pieces += 1;
       first ||= performance.now();
       const s = (performance.now() - first) / 1000;
@@ -177,6 +197,11 @@ function showUsage(u) {
   const s = u.speculative;
   ui.acceptance.textContent = s ? `${(s.acceptance_rate * 100).toFixed(0)} % (${s.accepted}/${s.drafted})` : 'off';
   ui.tau.textContent = s ? s.tau.toFixed(2) : '–';
+  if (u.timings.warmup_seconds > 0) {
+    ui.loadTime.textContent = `${engine.info.load_seconds.toFixed(1)} s + warm-up ${u.timings.warmup_seconds.toFixed(2)} s`;
+  }
+  ui.loop.textContent = u.looping ? 'loops (raise the repeat penalty)' : 'ok';
+  ui.loop.classList.toggle('error', !!u.looping);
 }
 
 async function send(event) {
@@ -191,7 +216,7 @@ async function send(event) {
   reply.dataset.state = 'streaming';
   running = new AbortController();
   setState('generating');
-  for (const el of [ui.acceptance, ui.tau, ui.tokens, ui.prefill]) el.textContent = '…';
+  for (const el of [ui.acceptance, ui.tau, ui.tokens, ui.prefill, ui.loop]) el.textContent = '…';
   try {
     const r = await stream(history, { speculative: ui.speculative.checked && !ui.speculative.disabled },
       (t) => { out.textContent += t; ui.transcript.scrollTop = ui.transcript.scrollHeight; },

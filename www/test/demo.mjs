@@ -1,6 +1,7 @@
 // The demo page and the model cache in headless Chromium (CPU backend):
 //   node demo.mjs MODEL PROMPT N EXPECTED_JSON
-// EXPECTED_JSON is the native CLI's `run --chat --temp 0 --json` output for
+// EXPECTED_JSON is the native CLI's `run --chat --temp 0 --repeat-penalty 1.1
+// --json` output (the demo's default penalty) for
 // PROMPT and N tokens. One browser profile throughout, so the service worker
 // and the model cache persist across the reload that runs offline.
 import { mkdirSync, statSync } from 'node:fs';
@@ -70,7 +71,10 @@ async function chatInUi(page) {
 async function apiScenario({ prompt, n, cacheStorageUrl }) {
   const { createEngine, modelCache } = await import('/index.js');
   const chat = async (engine) => {
-    const r = await engine.chat.completions.create({ messages: [{ role: 'user', content: prompt }], max_tokens: n, temperature: 0 });
+    // The demo's repeat penalty, which EXPECTED_JSON was made with too.
+    const r = await engine.chat.completions.create({
+      messages: [{ role: 'user', content: prompt }], max_tokens: n, temperature: 0, repeat_penalty: 1.1,
+    });
     return r.choices[0].message.content;
   };
   const out = { gpu: 'gpu' in navigator, opfs: typeof navigator.storage.getDirectory };

@@ -55,7 +55,8 @@ cli() {
     fi
 }
 EXPECTED=$(cli run -m "$MODEL" -p "$PROMPT" -n "$N" --temp 0 --json)
-EXPECTED_CHAT=$(cli run -m "$MODEL" -p "$CHAT_PROMPT" -n "$CHAT_N" --temp 0 --json --chat)
+# The demo chats with its default repeat penalty, 1.1.
+EXPECTED_CHAT=$(cli run -m "$MODEL" -p "$CHAT_PROMPT" -n "$CHAT_N" --temp 0 --repeat-penalty 1.1 --json --chat)
 # The model as a split set of 3 parts (about 40 MB each).
 SPLIT_DIR=$(mktemp -d)
 trap 'rm -rf "$SPLIT_DIR"' EXIT

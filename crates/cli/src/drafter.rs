@@ -39,8 +39,13 @@ pub struct DraftArgs {
 }
 
 impl DraftArgs {
-    /// Refuses lengths that would silently turn speculation off.
+    /// Refuses lengths that would silently turn speculation off; warns
+    /// about --p-min where the drafter named has no probabilities to cut.
     pub fn check(&self) -> Result<()> {
+        let no_p_min = |d: &str| d == "ngram" || d.starts_with("dflash-random");
+        if self.p_min > 0.0 && self.draft.as_deref().is_some_and(no_p_min) {
+            crate::out::warn("--p-min applies to DFlash drafter files only; ignored");
+        }
         self.policy()
             .check()
             .map_err(|e| anyhow::anyhow!("--draft-min/--draft-max: {e}"))

@@ -550,6 +550,14 @@ fn flags_are_honoured_refused_or_warned_about() {
         err.contains("--no-repack applies to the cpu backend only"),
         "{err}"
     );
+    let args = [
+        "run", "-m", "x.gguf", "-p", "hi", "--draft", "ngram", "--p-min", "0.5",
+    ];
+    let err = fails_with(1, &args);
+    assert!(
+        err.contains("warning: --p-min applies to DFlash drafter files only"),
+        "{err}"
+    );
     let Some(model) = smollm2() else {
         return;
     };

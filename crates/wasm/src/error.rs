@@ -65,7 +65,7 @@ impl ApiError {
         let code = match &e {
             ModelError::Gguf(_) => Code::BadGguf,
             ModelError::Backend(BackendError::Device(_)) => Code::Device,
-            ModelError::OutOfMemory { .. } => Code::OutOfMemory,
+            ModelError::OutOfMemory { .. } | ModelError::MemoryLimit { .. } => Code::OutOfMemory,
             _ => Code::UnsupportedModel,
         };
         ApiError::new(code, format!("cannot load the {what}: {e}"))
@@ -74,6 +74,7 @@ impl ApiError {
     pub fn generation(e: ModelError) -> Self {
         let code = match &e {
             ModelError::Backend(BackendError::Device(_)) => Code::Device,
+            ModelError::OutOfMemory { .. } | ModelError::MemoryLimit { .. } => Code::OutOfMemory,
             _ => Code::Generation,
         };
         ApiError::new(code, format!("generation failed: {e}"))

@@ -2,7 +2,8 @@
 
 use crate::error::ApiError;
 use blockdraft_core::chat_template::ChatMessage;
-use blockdraft_core::sampling::SamplingParams;
+use blockdraft_core::sampling::{limits, Bounds, SamplingParams};
+use blockdraft_core::speculative::PolicyConfig;
 use serde::{Deserialize, Serialize};
 
 /// Tokens generated when the request does not say.
@@ -18,6 +19,9 @@ struct Raw {
     top_p: Option<f32>,
     top_k: Option<usize>,
     min_p: Option<f32>,
+    /// Penalty of tokens among the last `repeat_last_n` (1 disables).
+    repeat_penalty: Option<f32>,
+    repeat_last_n: Option<usize>,
     seed: Option<u64>,
     #[serde(default)]
     stop: Vec<String>,
@@ -52,14 +56,11 @@ pub struct Request {
     pub draft_max: usize,
 }
 
-fn check_range(name: &str, v: f32, lo: f32, hi: f32) -> Result<f32, ApiError> {
-    if v.is_finite() && (lo..=hi).contains(&v) {
-        Ok(v)
-    } else {
-        Err(ApiError::invalid(format!(
-            "{name} must be a number within {lo}..={hi}, got {v}"
-        )))
-    }
+/// `v` checked against `bounds` (core's table, which the CLI's flags use too).
+fn check_range(name: &str, v: f32, bounds: Bounds<f32>) -> Result<f32, ApiError> {
+    bounds
+        .check(v)
+        .map_err(|e| ApiError::invalid(format!("{name} {e}")))
 }
 
 impl Request {
@@ -83,22 +84,29 @@ impl Request {
         if raw.max_tokens == Some(0) {
             return Err(ApiError::invalid("max_tokens must be at least 1"));
         }
-        let temperature = check_range("temperature", raw.temperature.unwrap_or(1.0), 0.0, 2.0)?;
+        let temperature = check_range(
+            "temperature",
+            raw.temperature.unwrap_or(1.0),
+            limits::TEMPERATURE,
+        )?;
         let sampling = SamplingParams {
             temperature,
             top_k: raw.top_k.unwrap_or(0),
-            top_p: check_range("top_p", raw.top_p.unwrap_or(1.0), 0.0, 1.0)?,
-            min_p: check_range("min_p", raw.min_p.unwrap_or(0.0), 0.0, 1.0)?,
-            repeat_penalty: 1.0,
-            repeat_last_n: 64,
+            top_p: check_range("top_p", raw.top_p.unwrap_or(1.0), limits::TOP_P)?,
+            min_p: check_range("min_p", raw.min_p.unwrap_or(0.0), limits::MIN_P)?,
+            repeat_penalty: check_range(
+                "repeat_penalty",
+                raw.repeat_penalty.unwrap_or(1.0),
+                limits::REPEAT_PENALTY,
+            )?,
+            repeat_last_n: limits::REPEAT_LAST_N
+                .check(raw.repeat_last_n.unwrap_or(64))
+                .map_err(|e| ApiError::invalid(format!("repeat_last_n {e}")))?,
             seed: raw.seed.unwrap_or_else(clock_seed),
         };
-        let draft_max = raw.draft_max.unwrap_or(8);
-        if !(1..=64).contains(&draft_max) {
-            return Err(ApiError::invalid(format!(
-                "draft_max must be within 1..=64, got {draft_max}"
-            )));
-        }
+        let draft_max = PolicyConfig::LENGTHS
+            .check(raw.draft_max.unwrap_or(8))
+            .map_err(|e| ApiError::invalid(format!("draft_max {e}")))?;
         if raw.stop.len() > 16 {
             return Err(ApiError::invalid("at most 16 stop strings"));
         }
@@ -129,6 +137,13 @@ mod tests {
         let r = Request::from_json(r#"{"prompt":"hi","temperature":0,"seed":3}"#).unwrap();
         assert!(r.sampling.is_greedy());
         assert_eq!(r.sampling.seed, 3);
+        assert_eq!(r.sampling.repeat_penalty, 1.0, "no penalty unless asked");
+        let r = Request::from_json(r#"{"prompt":"hi","repeat_penalty":1.1,"repeat_last_n":32}"#)
+            .unwrap();
+        assert_eq!(
+            (r.sampling.repeat_penalty, r.sampling.repeat_last_n),
+            (1.1, 32)
+        );
         let chat = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":4}"#;
         assert!(matches!(
             Request::from_json(chat).unwrap().prompt,
@@ -139,6 +154,11 @@ mod tests {
             r#"{"prompt":"a","messages":[{"role":"user","content":"b"}]}"#,
             r#"{"prompt":"a","temperature":-1}"#,
             r#"{"prompt":"a","top_p":2}"#,
+            r#"{"prompt":"a","repeat_penalty":0}"#,
+            r#"{"prompt":"a","repeat_penalty":-1.1}"#,
+            r#"{"prompt":"a","repeat_last_n":-1}"#,
+            r#"{"prompt":"a","draft_max":65}"#,
+            r#"{"prompt":"a","draft_max":0}"#,
             r#"{"prompt":"a","max_tokens":0}"#,
             r#"{"prompt":"a","max_tokens":-3}"#,
             r#"{"prompt":"a","bogus":1}"#,

@@ -5,7 +5,7 @@
 use crate::error::{ApiError, Code};
 use crate::request::{Prompt, Request, DEFAULT_MAX_TOKENS};
 use blockdraft_core::chat_template::ChatTemplate;
-use blockdraft_core::generate::{generate, StopReason, StopStrings};
+use blockdraft_core::generate::{ends_in_a_loop, generate, StopReason, StopStrings};
 use blockdraft_core::model::{Decoder, ModelConfig, StreamedModel};
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{
@@ -38,6 +38,8 @@ pub struct Session<B: Backend> {
     /// The chat template, or why chat requests cannot be served.
     template: Result<ChatTemplate, String>,
     drafter: DrafterSpec<B>,
+    /// Whether the warm-up pass ran (on the first request).
+    warmed: std::cell::Cell<bool>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -65,6 +67,12 @@ pub struct Usage {
     /// After the first token (which comes from prefill).
     pub decode_tokens_per_second: f64,
     pub speculative: Option<SpeculativeUsage>,
+    /// The first request's warm-up pass ([`Decoder::warm_up`]: weight
+    /// repacking, shader compilation), kept out of the prefill; 0 later.
+    pub warmup_seconds: f64,
+    /// The output ends in a loop (the same few tokens again and again):
+    /// a repeat penalty (`repeat_penalty: 1.1`) usually helps.
+    pub looping: bool,
 }
 
 impl<B: Backend> Session<B> {
@@ -129,6 +137,7 @@ impl<B: Backend> Session<B> {
             tokenizer,
             template,
             drafter,
+            warmed: std::cell::Cell::new(false),
         })
     }
 
@@ -198,17 +207,22 @@ impl<B: Backend> Session<B> {
         if prompt.is_empty() {
             return Err(ApiError::invalid("the prompt tokenizes to nothing"));
         }
-        let n_ctx_train = self.decoder.config.n_ctx_train;
-        let room = n_ctx_train.saturating_sub(prompt.len());
-        let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS.min(room));
-        if max_tokens == 0 || max_tokens > room {
-            return Err(ApiError::invalid(format!(
-                "the prompt ({} tokens) plus max_tokens ({max_tokens}) exceed the model's \
-                 context of {n_ctx_train}; shorten the prompt or lower max_tokens",
-                prompt.len()
-            )));
-        }
-        let n_ctx = prompt.len() + max_tokens;
+        let cfg = &self.decoder.config;
+        let room = cfg.n_ctx_train.saturating_sub(prompt.len());
+        let max_tokens = req
+            .max_tokens
+            .unwrap_or(DEFAULT_MAX_TOKENS.min(room))
+            .max(1);
+        // The context rule the CLI applies too.
+        let n_ctx = cfg
+            .context_size(prompt.len() + max_tokens, None)
+            .map_err(|e| {
+                ApiError::invalid(format!(
+                    "the prompt ({} tokens) plus max_tokens ({max_tokens}): {e}; shorten the \
+                     prompt or lower max_tokens",
+                    prompt.len()
+                ))
+            })?;
 
         let mut detok = StreamDecoder::new(&self.tokenizer);
         let mut stops = StopStrings::new(req.stop.clone());
@@ -235,7 +249,16 @@ impl<B: Backend> Session<B> {
             !hit
         };
         let is_eog = |t| self.tokenizer.is_eog(t);
-        let mut state = self.decoder.new_state(n_ctx, MAX_BATCH);
+        let mut usage = Usage::default();
+        if !self.warmed.replace(true) {
+            let t = web_time::Instant::now();
+            self.decoder.warm_up().await.map_err(ApiError::generation)?;
+            usage.warmup_seconds = t.elapsed().as_secs_f64();
+        }
+        let mut state = self
+            .decoder
+            .try_new_state(n_ctx, MAX_BATCH)
+            .map_err(ApiError::generation)?;
         let mut sampler = Sampler::new(req.sampling.clone());
         let drafter = match req.speculative {
             Some(false) => None,
@@ -246,10 +269,9 @@ impl<B: Backend> Session<B> {
                 "speculative: true needs a drafter; load the engine with one (or \"ngram\")",
             ));
         }
-        let mut usage = Usage::default();
         let reason = match drafter {
             None => {
-                let (_, reason, st) = generate(
+                let (tokens, reason, st) = generate(
                     &self.decoder,
                     &mut state,
                     &prompt,
@@ -265,6 +287,7 @@ impl<B: Backend> Session<B> {
                 usage.decode_seconds = st.decode_seconds;
                 usage.prefill_tokens_per_second = st.prefill_tokens_per_second();
                 usage.decode_tokens_per_second = st.decode_tokens_per_second();
+                usage.looping = ends_in_a_loop(&tokens);
                 reason
             }
             Some(mut drafter) => {
@@ -277,7 +300,7 @@ impl<B: Backend> Session<B> {
                     seed: req.sampling.seed ^ 0x5eed_d4af,
                     ..req.sampling.clone()
                 });
-                let (_, reason, st) = generate_speculative(
+                let (tokens, reason, st) = generate_speculative(
                     &self.decoder,
                     &mut state,
                     drafter.as_mut(),
@@ -301,6 +324,7 @@ impl<B: Backend> Session<B> {
                     0.0
                 };
                 usage.decode_tokens_per_second = st.decode_tokens_per_second();
+                usage.looping = ends_in_a_loop(&tokens);
                 usage.speculative = Some(SpeculativeUsage {
                     drafter: st.drafter.clone(),
                     rounds: st.rounds,
