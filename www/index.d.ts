@@ -86,11 +86,25 @@ interface CommonParams {
 }
 
 export interface ChatParams extends CommonParams {
+  /**
+   * The conversation. Message content is plain text: special-token text in
+   * it (`<|im_end|>`, `<start_of_turn>`...) stays text, so user input or a
+   * retrieved document cannot end its turn or open a system turn; only the
+   * chat template's own markers are special tokens. A role holding
+   * special-token text fails with `invalid_argument`.
+   */
   messages: ChatMessage[];
   stream?: boolean;
+  /**
+   * Parse special-token text inside message content as special tokens
+   * (default false). Only for trusted, pre-formatted content: never for
+   * anything a user or a document supplies.
+   */
+  special_tokens_in_content?: boolean;
 }
 
 export interface CompletionParams extends CommonParams {
+  /** The raw prompt: its special-token text is parsed (the caller writes the markup). */
   prompt: string;
   stream?: boolean;
 }

@@ -3,6 +3,7 @@
 use crate::drafter::DraftArgs;
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use anyhow::{bail, Result};
+use blockdraft_core::chat_template::ContentTokens;
 use blockdraft_core::generate::{generate, StopStrings};
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{generate_speculative, DraftPolicy};
@@ -46,6 +47,12 @@ pub struct Args {
     /// System message for --chat.
     #[arg(long = "system")]
     pub system: Option<String>,
+    /// With --chat, parse special-token text (`<|im_end|>`...) in --prompt
+    /// and --system as special tokens. By default it stays plain text and
+    /// only the chat template's own markers are special: use this only for
+    /// trusted, pre-formatted text.
+    #[arg(long = "chat-special", requires = "chat")]
+    pub chat_special: bool,
     /// Context size in tokens (default: prompt + n-predict, at most the trained context).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
@@ -83,7 +90,18 @@ fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
     let tok = &loaded.tokenizer;
     let prompt = if args.chat {
         let template = crate::chat::template(&loaded.file)?;
-        crate::chat::user_turn_tokens(&template, tok, args.system.as_deref(), &args.prompt)?
+        let content = if args.chat_special {
+            ContentTokens::ParseSpecial
+        } else {
+            ContentTokens::Plain
+        };
+        crate::chat::user_turn_tokens(
+            &template,
+            tok,
+            args.system.as_deref(),
+            &args.prompt,
+            content,
+        )?
     } else {
         tok.encode(&args.prompt, true, true)?
     };
