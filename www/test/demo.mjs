@@ -1,9 +1,10 @@
-// The demo page and the model cache in headless Chromium (CPU backend):
+// The demo page and the model cache in headless Chromium (CPU backend),
+// failed downloads included:
 //   node demo.mjs MODEL PROMPT N EXPECTED_JSON
 // EXPECTED_JSON is the native CLI's `run --chat --temp 0 --json` output for
 // PROMPT and N tokens. One browser profile throughout, so the service worker
 // and the model cache persist across the reload that runs offline.
-import { mkdirSync, statSync } from 'node:fs';
+import { closeSync, createReadStream, mkdirSync, openSync, readSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { startServer } from '../demo/serve.mjs';
@@ -114,7 +115,34 @@ async function apiScenario({ prompt, n, cacheStorageUrl, inject }) {
   return out;
 }
 
-const server = await startServer({ files: { '/model.gguf': model } });
+// Failed downloads as servers produce them: an empty 200, a body cut off
+// before its Content-Length, an error page served as 200; a URL whose first
+// answer is empty and later ones the model (a server fixed in between).
+const head = Buffer.alloc(1 << 20);
+const fd = openSync(model, 'r');
+readSync(fd, head, 0, head.length, 0);
+closeSync(fd);
+const serveModel = (res) => {
+  res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': modelBytes });
+  createReadStream(model).pipe(res);
+};
+let flakyRequests = 0;
+const routes = {
+  '/broken/empty.gguf': (req, res) => res.writeHead(200, { 'content-length': 0 }).end(),
+  '/broken/short.gguf': (req, res) => {
+    res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': modelBytes });
+    res.write(head, () => res.destroy());
+  },
+  '/broken/html.gguf': (req, res) => res.writeHead(200, { 'content-type': 'text/html' })
+    .end('<!doctype html><title>Not Found</title><p>The requested model was not found.</p>'),
+  '/flaky.gguf': (req, res) => {
+    flakyRequests += 1;
+    if (flakyRequests === 1) res.writeHead(200, { 'content-length': 0 }).end();
+    else serveModel(res);
+  },
+  '/poisoned.gguf': (req, res) => serveModel(res),
+};
+const server = await startServer({ files: { '/model.gguf': model }, routes });
 const { origin } = server;
 const modelUrl = `${origin}/model.gguf`;
 // No WebGPU: these tests run on the CPU backend.
@@ -193,6 +221,74 @@ try {
   }, `${modelUrl}?partial`);
   check(partial.code === 'aborted' && !partial.has && !partial.listed,
     `cache: a load aborted mid-download leaves no entry (${JSON.stringify(partial)})`);
+
+  // Failed downloads never become entries (createEngine and add()); a URL
+  // whose first answer was empty loads once the server is fixed.
+  const broken = await page.evaluate(async ({ base, prompt, n }) => {
+    const { createEngine, modelCache } = await import('/index.js');
+    const out = {};
+    const has = async (url) => (await modelCache.has(url)) || (await modelCache.list()).some((e) => e.url === url);
+    for (const name of ['empty', 'short', 'html']) {
+      const url = `${base}/broken/${name}.gguf`;
+      const load = await createEngine({ model: url, backend: 'cpu' })
+        .then(async (e) => { await e.unload(); return 'loaded'; }, (e) => e.code);
+      const afterLoad = await has(url);
+      const add = await modelCache.add(url).then(() => 'stored', (e) => e.code);
+      out[name] = { load, afterLoad, add, afterAdd: await has(url) };
+    }
+    const url = `${base}/flaky.gguf`;
+    const first = await createEngine({ model: url, backend: 'cpu' }).then(() => 'loaded', (e) => e.code);
+    const firstCached = await has(url);
+    const engine = await createEngine({ model: url, backend: 'cpu' });
+    const r = await engine.chat.completions.create({ messages: [{ role: 'user', content: prompt }], max_tokens: n, temperature: 0 });
+    await engine.unload();
+    out.flaky = { first, firstCached, text: r.choices[0].message.content, cached: await has(url) };
+    await modelCache.delete(url);
+    return out;
+  }, { base: origin, prompt, n });
+  for (const [name, r] of Object.entries({ empty: broken.empty, short: broken.short, html: broken.html })) {
+    const codes = name === 'short' ? ['network', 'bad_gguf'] : ['bad_gguf'];
+    check(codes.includes(r.load) && !r.afterLoad, `cache: a load of a ${name} download fails (${r.load}) and caches nothing`);
+    check(codes.includes(r.add) && !r.afterAdd, `cache: add() of a ${name} download fails (${r.add}) and caches nothing`);
+  }
+  check(broken.flaky.first === 'bad_gguf' && !broken.flaky.firstCached && broken.flaky.text === expected && broken.flaky.cached,
+    `cache: an empty first answer is not cached; once the server is fixed the model loads and is cached (${JSON.stringify(broken.flaky)})`);
+
+  // A cached copy that cannot load (a failed download an older version
+  // stored: 0 bytes): the error says so, names it in cachedUrls (through the
+  // worker), and the demo offers to delete it and load again.
+  const poisonedUrl = `${origin}/poisoned.gguf`;
+  const poisoned = await page.evaluate(async (url) => {
+    const { createEngine } = await import('/index.js');
+    const { opfs } = await import('/src/stores.js');
+    const w = await opfs.writer(url);
+    await w.commit(0);
+    return createEngine({ model: url, backend: 'cpu' }).then(() => null, (e) => ({ code: e.code, message: e.message, cachedUrls: e.cachedUrls }));
+  }, poisonedUrl);
+  check(poisoned?.code === 'bad_gguf' && poisoned.cachedUrls?.join() === poisonedUrl && /model cache/.test(poisoned.message),
+    `cache: a load failing on a cached copy says so and lists it in cachedUrls (${JSON.stringify(poisoned)})`);
+  await page.check('input[name=model-kind][value=url]');
+  await page.fill('#model-url', '/poisoned.gguf');
+  let loads = Number(await page.getAttribute('body', 'data-loads') ?? 0);
+  await page.click('#load');
+  await page.waitForFunction((k) => Number(document.body.dataset.loads ?? 0) > k, loads);
+  const dropOffered = await page.isVisible('#load-status.error #drop-cached');
+  check(dropOffered && /model cache/.test(await page.textContent('#load-status')),
+    'demo: a load failing on a cached copy offers to delete it');
+  loads = Number(await page.getAttribute('body', 'data-loads'));
+  if (dropOffered) {
+    await page.click('#drop-cached');
+    await page.waitForFunction((k) => Number(document.body.dataset.loads ?? 0) > k, loads);
+  }
+  const reloaded = { state: await page.getAttribute('body', 'data-state'), source: await page.getAttribute('#load-status', 'data-source') };
+  const recached = await page.evaluate(async (url) => {
+    const { modelCache } = await import('/index.js');
+    const entry = (await modelCache.list()).find((e) => e.url === url);
+    await modelCache.delete(url);
+    return entry?.bytes ?? null;
+  }, poisonedUrl);
+  check(reloaded.state === 'ready' && reloaded.source === 'network' && recached === modelBytes,
+    `demo: after deleting it the model downloads, loads and is cached whole (${JSON.stringify(reloaded)}, ${recached} bytes)`);
 
   // 2. The package API in a page with neither WebGPU nor OPFS: ArrayBuffer
   //    source with backend auto, then the Cache Storage fallback.

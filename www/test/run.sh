@@ -7,7 +7,8 @@
 #    gives the same text, that an abort ends a stream at once, and that
 #    the model as a split set (by URL, and as Blobs) gives the same text;
 #  - demo.mjs: the demo page (chat equals the CLI's --chat text), the model
-#    cache (OPFS and Cache Storage), offline reload, Blob and ArrayBuffer
+#    cache (OPFS and Cache Storage; failed downloads never cached; a bad
+#    cached copy named and dropped), offline reload, Blob and ArrayBuffer
 #    models, the CPU fallback without WebGPU, and role markers typed in a
 #    message staying text (prompt tokens and text equal the CLI's --chat,
 #    and --chat-special's with the opt-in).
