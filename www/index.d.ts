@@ -96,11 +96,25 @@ interface CommonParams {
 }
 
 export interface ChatParams extends CommonParams {
+  /**
+   * The conversation. Message content is plain text: special-token text in
+   * it (`<|im_end|>`, `<start_of_turn>`...) stays text, so user input or a
+   * retrieved document cannot end its turn or open a system turn; only the
+   * chat template's own markers are special tokens. A role holding
+   * special-token text fails with `invalid_argument`.
+   */
   messages: ChatMessage[];
   stream?: boolean;
+  /**
+   * Parse special-token text inside message content as special tokens
+   * (default false). Only for trusted, pre-formatted content: never for
+   * anything a user or a document supplies.
+   */
+  special_tokens_in_content?: boolean;
 }
 
 export interface CompletionParams extends CommonParams {
+  /** The raw prompt: its special-token text is parsed (the caller writes the markup). */
   prompt: string;
   stream?: boolean;
 }
@@ -203,7 +217,14 @@ export type ErrorCode =
 export class BlockdraftError extends Error {
   readonly name: 'BlockdraftError';
   readonly code: ErrorCode;
-  constructor(code: ErrorCode, message: string);
+  /**
+   * Set when `createEngine` failed (`bad_gguf`, `unsupported_model`,
+   * `cache`) on files read from the model cache: their URLs. The cached
+   * copy may be a failed or damaged download; `modelCache.delete` each and
+   * load again to download them afresh.
+   */
+  readonly cachedUrls?: string[];
+  constructor(code: ErrorCode, message: string, details?: { cachedUrls?: string[] });
 }
 
 export function createEngine(options: EngineOptions): Promise<Engine>;
@@ -221,7 +242,12 @@ export interface CachedModel {
  * Failures are BlockdraftErrors with code `cache`.
  */
 export interface ModelCache {
-  /** Complete entries only (an interrupted download leaves none). */
+  /**
+   * Complete entries only: a download becomes an entry once the file
+   * loaded (or, for `add`, parsed as a whole GGUF file of its announced
+   * length), so an interrupted or failed download (an empty body, an error
+   * page) leaves none.
+   */
   list(): Promise<CachedModel[]>;
   /** Total bytes of the entries. */
   size(): Promise<number>;
@@ -231,12 +257,17 @@ export interface ModelCache {
   clear(): Promise<void>;
   /**
    * Downloads a model into the cache without loading it (nothing when it
-   * is there). `cached`: it was there before. Code `cache` when it cannot
-   * be stored (no storage, quota), `network` when it cannot be downloaded.
+   * is there). `cached`: it was there before. The download is checked as a
+   * GGUF file by the WebAssembly module (loaded for it if needed). Code
+   * `bad_gguf` when the download is not a whole GGUF file (nothing is
+   * stored), `cache` when it cannot be stored (no storage, quota),
+   * `network` when it cannot be downloaded.
    */
   add(url: string | URL, options?: {
     signal?: AbortSignal;
     onProgress?: (p: { loaded: number; total: number | null }) => void;
+    /** Where blockdraft_wasm_bg.wasm is, as in createEngine. */
+    wasmUrl?: string | URL;
   }): Promise<CachedModel & { cached: boolean }>;
 }
 

@@ -57,6 +57,10 @@ function toRequest(kind, params) {
       throw new BlockdraftError('invalid_argument', 'chat.completions.create needs messages: [{ role, content }]');
     }
     request.messages = params.messages.map(({ role, content }) => ({ role, content }));
+    // Opt-in: special-token text in content counts (trusted, pre-formatted content only).
+    if (params.special_tokens_in_content !== undefined && params.special_tokens_in_content !== null) {
+      request.special_tokens_in_content = params.special_tokens_in_content;
+    }
   } else {
     if (typeof params.prompt !== 'string') {
       throw new BlockdraftError('invalid_argument', 'completions.create needs prompt: a string');

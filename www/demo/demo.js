@@ -113,12 +113,33 @@ async function load(event) {
     if (!info.has_chat_template) addNote('This model has no chat template: chat uses a plain "User: … / Assistant:" prompt.');
   } catch (e) {
     showError(ui.loadStatus, e);
+    if (e?.cachedUrls?.length) offerDrop(e.cachedUrls);
   } finally {
     running = null;
     setState(engine ? 'ready' : 'idle');
     document.body.dataset.loads = String(Number(document.body.dataset.loads ?? 0) + 1);
     refreshCache();
   }
+}
+
+// A load failed on files read from the model cache (a failed download that
+// an older version cached, a damaged entry): offer to drop them and retry.
+function offerDrop(urls) {
+  const button = document.createElement('button');
+  button.type = 'button';
+  button.id = 'drop-cached';
+  button.textContent = urls.length === 1 ? 'Delete the cached copy and load again' : 'Delete the cached copies and load again';
+  button.onclick = async () => {
+    button.disabled = true;
+    try {
+      for (const url of urls) await modelCache.delete(url);
+    } catch (e) {
+      showError(ui.loadStatus, e);
+      return;
+    }
+    ui.loadForm.requestSubmit();
+  };
+  ui.loadStatus.append(' ', button);
 }
 
 // --- chat ----------------------------------------------------------------

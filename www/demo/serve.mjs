@@ -18,9 +18,11 @@ const TYPES = {
   '.ts': 'text/plain; charset=utf-8', '.md': 'text/plain; charset=utf-8', '.png': 'image/png', '.gguf': 'application/octet-stream',
 };
 
-// `files` maps extra URL paths to files (the tests serve their model so).
-// Resolves to { origin, close() }; close() also ends open connections.
-export async function startServer({ root = WWW, models = null, files = {}, port = 0, host = '127.0.0.1' } = {}) {
+// `files` maps extra URL paths to files (the tests serve their model so),
+// `routes` URL paths to handlers `(req, res) => void` (the tests' broken
+// downloads). Resolves to { origin, close() }; close() also ends open
+// connections.
+export async function startServer({ root = WWW, models = null, files = {}, routes = {}, port = 0, host = '127.0.0.1' } = {}) {
   const server = createServer((req, res) => {
     let pathname;
     try {
@@ -31,6 +33,7 @@ export async function startServer({ root = WWW, models = null, files = {}, port 
     }
     if (req.method !== 'GET' && req.method !== 'HEAD') { res.writeHead(405).end(); return; }
     if (pathname === '/' || pathname === '/demo') { res.writeHead(302, { location: '/demo/' }).end(); return; }
+    if (Object.hasOwn(routes, pathname)) { routes[pathname](req, res); return; }
     let file = files[pathname];
     if (!file && models && pathname.startsWith('/models/')) {
       file = path.join(models, path.basename(pathname));

@@ -1,22 +1,25 @@
 // Typed errors: every failure the package reports is a BlockdraftError with
 // a `code` (see index.d.ts for the list) and a message that says what to do.
 
+// `details` adds fields: `cachedUrls` (a load that failed on files read
+// from the model cache).
 export class BlockdraftError extends Error {
-  constructor(code, message) {
+  constructor(code, message, details = {}) {
     super(message);
     this.name = 'BlockdraftError';
     this.code = code;
+    if (details.cachedUrls) this.cachedUrls = details.cachedUrls;
   }
 }
 
 // Plain data, for postMessage between the worker and the page.
 export function serializeError(e) {
   const err = toBlockdraftError(e);
-  return { code: err.code, message: err.message };
+  return { code: err.code, message: err.message, cachedUrls: err.cachedUrls };
 }
 
 export function deserializeError(d) {
-  return new BlockdraftError(d.code, d.message);
+  return new BlockdraftError(d.code, d.message, d);
 }
 
 // Errors from the wasm module carry name 'BlockdraftError' and a code; a

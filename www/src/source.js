@@ -1,10 +1,14 @@
 // Model sources (URL, Blob/File, ArrayBuffer or typed array) as a stream of
 // byte chunks, so no single JS buffer has to hold a whole model. URLs go
 // through the persistent model cache (cache.js): a cached URL is read from
-// disk, any other is stored while it downloads.
+// disk, any other is written to it while it downloads, and becomes an entry
+// only once the caller says the file was good (it loaded, or parsed as a
+// GGUF file of its announced length): a failed download (an empty body, an
+// error page, a cut-off stream) is never cached.
 
 import { BlockdraftError } from './errors.js';
 import { absoluteUrl, cacheUsable, lookup, openWriter } from './cache.js';
+import { initWasm } from './wasm.js';
 
 const SLICE = 16 << 20;
 
@@ -26,11 +30,12 @@ export function sourceParts(source) {
 }
 
 // Calls `push(Uint8Array)` for every chunk; `onBytes(loaded, total)` after
-// each (total is null when unknown); `onStart(total)` before the first.
-export async function readSource(source, { what, signal, onStart, onBytes, push }) {
+// each (total is null when unknown); `onStart(total)` before the first;
+// `onUrl({ url, cached })` first for a URL. Resolves to null, or for a URL to
+// readUrl's result, whose `entry` the caller must commit or abort.
+export async function readSource(source, { what, signal, onStart, onBytes, push, onUrl = () => {} }) {
   if (typeof source === 'string' || source instanceof URL) {
-    await readUrl(source, { what, signal, onStart, onBytes, push });
-    return;
+    return readUrl(source, { what, signal, onStart, onBytes, push, onUrl });
   }
   if (typeof Blob !== 'undefined' && source instanceof Blob) {
     onStart(source.size);
@@ -53,6 +58,7 @@ export async function readSource(source, { what, signal, onStart, onBytes, push 
     push(bytes.subarray(at, end));
     onBytes(end, bytes.byteLength);
   }
+  return null;
 }
 
 function toUrl(source, what) {
@@ -65,15 +71,20 @@ function toUrl(source, what) {
 
 const isAbort = (e) => e?.name === 'AbortError';
 
-// Resolves to { from: 'cache' | 'network', stored, bytes, why? }: `stored`
-// says whether a download went into the cache (`why` when it did not).
-async function readUrl(source, { what, signal, onStart, onBytes, push }) {
+// Resolves to { url, from: 'cache' | 'network', bytes, entry, why }. For a
+// download, `entry` ({ commit() -> Promise<boolean>, abort() }) holds the
+// bytes written to the cache, not yet an entry: commit() once the file proved
+// good, abort() otherwise (a failed commit costs the entry, never the load:
+// it resolves to false). `entry` is null, with `why`, when nothing was
+// written, and for a file read from the cache.
+async function readUrl(source, { what, signal, onStart, onBytes, push, onUrl }) {
   const url = toUrl(source, what);
   const caching = cacheUsable(url);
   const hit = caching ? await lookup(url) : null;
+  onUrl({ url, cached: !!hit });
   if (hit) {
     await readCached(url, hit, { what, signal, onStart, onBytes, push });
-    return { from: 'cache', stored: true, bytes: hit.bytes };
+    return { url, from: 'cache', bytes: hit.bytes, entry: null, why: null };
   }
 
   let res;
@@ -110,13 +121,13 @@ async function readUrl(source, { what, signal, onStart, onBytes, push }) {
   }
 
   onStart(total);
-  const reader = res.body.getReader();
+  const reader = res.body?.getReader();
   let loaded = 0;
   try {
     for (;;) {
       let next;
       try {
-        next = await reader.read();
+        next = reader ? await reader.read() : { done: true };
       } catch (e) {
         if (isAbort(e)) throw e;
         throw new BlockdraftError('network', `the download of the ${what} from ${url} broke off after ${loaded} bytes: ${e.message}; try again`);
@@ -135,15 +146,31 @@ async function readUrl(source, { what, signal, onStart, onBytes, push }) {
     await writer?.abort();
     throw e;
   }
-  if (writer) {
-    try {
-      await writer.commit(loaded);
-      return { from: 'network', stored: true, bytes: loaded };
-    } catch (e) {
-      await dropWriter(e);
-    }
-  }
-  return { from: 'network', stored: false, bytes: loaded, why };
+  if (!writer) return { url, from: 'network', bytes: loaded, entry: null, why };
+  const w = writer;
+  let settled = false;
+  const entry = {
+    why: null,
+    async commit() {
+      if (settled) return false;
+      settled = true;
+      try {
+        await w.commit(loaded);
+        return true;
+      } catch (e) {
+        entry.why = `storing failed: ${e?.message ?? e}`;
+        console.warn(`blockdraft: not caching ${url}: ${entry.why}`);
+        await w.abort();
+        return false;
+      }
+    },
+    async abort() {
+      if (settled) return;
+      settled = true;
+      await w.abort();
+    },
+  };
+  return { url, from: 'network', bytes: loaded, entry, why: null };
 }
 
 async function readCached(url, hit, { what, signal, onStart, onBytes, push }) {
@@ -170,25 +197,56 @@ async function readCached(url, hit, { what, signal, onStart, onBytes, push }) {
 
 // Downloads `url` into the model cache (nothing when it is there already).
 // onProgress({ loaded, total }). Resolves to { url, bytes, cached } where
-// `cached` says it was there before.
-export async function addToCache(url, { signal, onProgress = () => {} } = {}) {
+// `cached` says it was there before. The download is stored only when it is
+// a whole GGUF file of its announced length (checked by the wasm module as
+// the bytes arrive; `wasmUrl` as createEngine's).
+export async function addToCache(url, { signal, onProgress = () => {}, wasmUrl } = {}) {
   const href = toUrl(url, 'model');
   if (!cacheUsable(href)) {
     throw new BlockdraftError('cache', `cannot cache ${href}: this context has no OPFS and no Cache Storage (they need https or localhost)`);
   }
   const hit = await lookup(href);
   if (hit) return { url: href, bytes: hit.bytes, cached: true };
+  let GgufCheck;
+  try {
+    ({ GgufCheck } = await initWasm(wasmUrl));
+  } catch (e) {
+    throw new BlockdraftError('internal', `cannot load blockdraft's WebAssembly module (it checks downloads before they are cached): ${e.message}`);
+  }
+  let check = null;
+  const notGguf = (e) => new BlockdraftError('bad_gguf',
+    `the download of ${href} is not a GGUF model (${e?.message ?? e}); nothing was cached: check the URL`);
   let r;
   try {
     r = await readUrl(href, {
-      what: 'model', signal, onStart: () => {}, push: () => {}, onBytes: (loaded, total) => onProgress({ loaded, total }),
+      what: 'model',
+      signal,
+      onUrl: () => {},
+      onStart: (total) => { check = new GgufCheck(total ?? undefined); },
+      push: (chunk) => {
+        try {
+          check.push(chunk);
+        } catch (e) {
+          throw notGguf(e);
+        }
+      },
+      onBytes: (loaded, total) => onProgress({ loaded, total }),
     });
+    try {
+      check.finish();
+    } catch (e) {
+      await r.entry?.abort();
+      throw notGguf(e);
+    }
   } catch (e) {
     if (isAbort(e)) throw new BlockdraftError('aborted', `the download of ${href} was aborted by its signal; nothing was cached`);
     throw e;
+  } finally {
+    check?.free();
   }
-  if (!r.stored) {
-    throw new BlockdraftError('cache', `downloaded ${href} but could not store it (${r.why}); free space with modelCache.clear() or delete entries`);
+  if (r.from === 'cache') return { url: href, bytes: r.bytes, cached: true }; // stored meanwhile
+  if (!r.entry || !(await r.entry.commit())) {
+    throw new BlockdraftError('cache', `downloaded ${href} but could not store it (${r.entry?.why ?? r.why}); free space with modelCache.clear() or delete entries`);
   }
   return { url: href, bytes: r.bytes, cached: false };
 }

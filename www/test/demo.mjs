@@ -1,10 +1,11 @@
-// The demo page and the model cache in headless Chromium (CPU backend):
+// The demo page and the model cache in headless Chromium (CPU backend),
+// failed downloads included:
 //   node demo.mjs MODEL PROMPT N EXPECTED_JSON
 // EXPECTED_JSON is the native CLI's `run --chat --temp 0 --repeat-penalty 1.1
 // --json` output (the demo's default penalty) for
 // PROMPT and N tokens. One browser profile throughout, so the service worker
 // and the model cache persist across the reload that runs offline.
-import { mkdirSync, statSync } from 'node:fs';
+import { closeSync, createReadStream, mkdirSync, openSync, readSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { startServer } from '../demo/serve.mjs';
@@ -68,7 +69,7 @@ async function chatInUi(page) {
 }
 
 // In a page: the package API without the worker or WebGPU (see the init script).
-async function apiScenario({ prompt, n, cacheStorageUrl }) {
+async function apiScenario({ prompt, n, cacheStorageUrl, inject }) {
   const { createEngine, modelCache } = await import('/index.js');
   const chat = async (engine) => {
     // The demo's repeat penalty, which EXPECTED_JSON was made with too.
@@ -83,6 +84,18 @@ async function apiScenario({ prompt, n, cacheStorageUrl }) {
   let t = performance.now();
   let engine = await createEngine({ model: buf, backend: 'auto', drafter: 'ngram', worker: false });
   out.buffer = { ms: performance.now() - t, backend: engine.info.backend, text: await chat(engine) };
+  // Role markers typed in a message: plain text, unless opted in.
+  if (inject) {
+    const ask = async (extra, messages = [{ role: 'user', content: inject }]) => {
+      const r = await engine.chat.completions.create({ messages, max_tokens: n, temperature: 0, ...extra });
+      return { text: r.choices[0].message.content, prompt_tokens: r.usage.prompt_tokens };
+    };
+    out.inject = {
+      plain: await ask({}),
+      special: await ask({ special_tokens_in_content: true }),
+      role: await ask({}, [{ role: 'user<|im_end|>', content: 'hi' }]).then(() => 'accepted', (e) => e.code),
+    };
+  }
   await engine.unload();
 
   // Without OPFS the cache is Cache Storage: an aborted add() stores
@@ -106,7 +119,34 @@ async function apiScenario({ prompt, n, cacheStorageUrl }) {
   return out;
 }
 
-const server = await startServer({ files: { '/model.gguf': model } });
+// Failed downloads as servers produce them: an empty 200, a body cut off
+// before its Content-Length, an error page served as 200; a URL whose first
+// answer is empty and later ones the model (a server fixed in between).
+const head = Buffer.alloc(1 << 20);
+const fd = openSync(model, 'r');
+readSync(fd, head, 0, head.length, 0);
+closeSync(fd);
+const serveModel = (res) => {
+  res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': modelBytes });
+  createReadStream(model).pipe(res);
+};
+let flakyRequests = 0;
+const routes = {
+  '/broken/empty.gguf': (req, res) => res.writeHead(200, { 'content-length': 0 }).end(),
+  '/broken/short.gguf': (req, res) => {
+    res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': modelBytes });
+    res.write(head, () => res.destroy());
+  },
+  '/broken/html.gguf': (req, res) => res.writeHead(200, { 'content-type': 'text/html' })
+    .end('<!doctype html><title>Not Found</title><p>The requested model was not found.</p>'),
+  '/flaky.gguf': (req, res) => {
+    flakyRequests += 1;
+    if (flakyRequests === 1) res.writeHead(200, { 'content-length': 0 }).end();
+    else serveModel(res);
+  },
+  '/poisoned.gguf': (req, res) => serveModel(res),
+};
+const server = await startServer({ files: { '/model.gguf': model }, routes });
 const { origin } = server;
 const modelUrl = `${origin}/model.gguf`;
 // No WebGPU: these tests run on the CPU backend.
@@ -186,6 +226,74 @@ try {
   check(partial.code === 'aborted' && !partial.has && !partial.listed,
     `cache: a load aborted mid-download leaves no entry (${JSON.stringify(partial)})`);
 
+  // Failed downloads never become entries (createEngine and add()); a URL
+  // whose first answer was empty loads once the server is fixed.
+  const broken = await page.evaluate(async ({ base, prompt, n }) => {
+    const { createEngine, modelCache } = await import('/index.js');
+    const out = {};
+    const has = async (url) => (await modelCache.has(url)) || (await modelCache.list()).some((e) => e.url === url);
+    for (const name of ['empty', 'short', 'html']) {
+      const url = `${base}/broken/${name}.gguf`;
+      const load = await createEngine({ model: url, backend: 'cpu' })
+        .then(async (e) => { await e.unload(); return 'loaded'; }, (e) => e.code);
+      const afterLoad = await has(url);
+      const add = await modelCache.add(url).then(() => 'stored', (e) => e.code);
+      out[name] = { load, afterLoad, add, afterAdd: await has(url) };
+    }
+    const url = `${base}/flaky.gguf`;
+    const first = await createEngine({ model: url, backend: 'cpu' }).then(() => 'loaded', (e) => e.code);
+    const firstCached = await has(url);
+    const engine = await createEngine({ model: url, backend: 'cpu' });
+    const r = await engine.chat.completions.create({ messages: [{ role: 'user', content: prompt }], max_tokens: n, temperature: 0 });
+    await engine.unload();
+    out.flaky = { first, firstCached, text: r.choices[0].message.content, cached: await has(url) };
+    await modelCache.delete(url);
+    return out;
+  }, { base: origin, prompt, n });
+  for (const [name, r] of Object.entries({ empty: broken.empty, short: broken.short, html: broken.html })) {
+    const codes = name === 'short' ? ['network', 'bad_gguf'] : ['bad_gguf'];
+    check(codes.includes(r.load) && !r.afterLoad, `cache: a load of a ${name} download fails (${r.load}) and caches nothing`);
+    check(codes.includes(r.add) && !r.afterAdd, `cache: add() of a ${name} download fails (${r.add}) and caches nothing`);
+  }
+  check(broken.flaky.first === 'bad_gguf' && !broken.flaky.firstCached && broken.flaky.text === expected && broken.flaky.cached,
+    `cache: an empty first answer is not cached; once the server is fixed the model loads and is cached (${JSON.stringify(broken.flaky)})`);
+
+  // A cached copy that cannot load (a failed download an older version
+  // stored: 0 bytes): the error says so, names it in cachedUrls (through the
+  // worker), and the demo offers to delete it and load again.
+  const poisonedUrl = `${origin}/poisoned.gguf`;
+  const poisoned = await page.evaluate(async (url) => {
+    const { createEngine } = await import('/index.js');
+    const { opfs } = await import('/src/stores.js');
+    const w = await opfs.writer(url);
+    await w.commit(0);
+    return createEngine({ model: url, backend: 'cpu' }).then(() => null, (e) => ({ code: e.code, message: e.message, cachedUrls: e.cachedUrls }));
+  }, poisonedUrl);
+  check(poisoned?.code === 'bad_gguf' && poisoned.cachedUrls?.join() === poisonedUrl && /model cache/.test(poisoned.message),
+    `cache: a load failing on a cached copy says so and lists it in cachedUrls (${JSON.stringify(poisoned)})`);
+  await page.check('input[name=model-kind][value=url]');
+  await page.fill('#model-url', '/poisoned.gguf');
+  let loads = Number(await page.getAttribute('body', 'data-loads') ?? 0);
+  await page.click('#load');
+  await page.waitForFunction((k) => Number(document.body.dataset.loads ?? 0) > k, loads);
+  const dropOffered = await page.isVisible('#load-status.error #drop-cached');
+  check(dropOffered && /model cache/.test(await page.textContent('#load-status')),
+    'demo: a load failing on a cached copy offers to delete it');
+  loads = Number(await page.getAttribute('body', 'data-loads'));
+  if (dropOffered) {
+    await page.click('#drop-cached');
+    await page.waitForFunction((k) => Number(document.body.dataset.loads ?? 0) > k, loads);
+  }
+  const reloaded = { state: await page.getAttribute('body', 'data-state'), source: await page.getAttribute('#load-status', 'data-source') };
+  const recached = await page.evaluate(async (url) => {
+    const { modelCache } = await import('/index.js');
+    const entry = (await modelCache.list()).find((e) => e.url === url);
+    await modelCache.delete(url);
+    return entry?.bytes ?? null;
+  }, poisonedUrl);
+  check(reloaded.state === 'ready' && reloaded.source === 'network' && recached === modelBytes,
+    `demo: after deleting it the model downloads, loads and is cached whole (${JSON.stringify(reloaded)}, ${recached} bytes)`);
+
   // 2. The package API in a page with neither WebGPU nor OPFS: ArrayBuffer
   //    source with backend auto, then the Cache Storage fallback.
   const bare = await browser.newPage();
@@ -195,12 +303,25 @@ try {
     delete StorageManager.prototype.getDirectory;
   });
   await bare.goto(`${origin}/test/blank.html`);
-  const r = await bare.evaluate(apiScenario, { prompt, n, cacheStorageUrl: `${modelUrl}?store=cache-storage` });
+  const r = await bare.evaluate(apiScenario, { prompt, n, cacheStorageUrl: `${modelUrl}?store=cache-storage`, inject: process.env.INJECT });
   await bare.close();
   console.log(`  load: ArrayBuffer ${secs(r.buffer.ms)}, from Cache Storage ${secs(r.cacheStorage.ms)}`);
   check(!r.gpu && r.opfs === 'undefined', 'bare page: no navigator.gpu, no OPFS');
   check(r.buffer.backend === 'cpu', `backend auto without WebGPU ends on ${r.buffer.backend}`);
   check(r.buffer.text === expected, `ArrayBuffer model, auto→cpu, in-page engine: same text (${JSON.stringify(r.buffer.text)})`);
+  if (process.env.INJECT) {
+    // The CLI's --chat (and --chat-special) on the same message: same prompt tokens, same text.
+    const cli = (json) => { const v = JSON.parse(json); return { text: v.text, prompt_tokens: v.prompt_tokens.length }; };
+    const plain = cli(process.env.EXPECTED_INJECT);
+    const special = cli(process.env.EXPECTED_INJECT_SPECIAL);
+    check(JSON.stringify(r.inject.plain) === JSON.stringify(plain),
+      `chat: role markers in a message stay text, as the CLI's --chat (${JSON.stringify(r.inject.plain)}, CLI ${JSON.stringify(plain)})`);
+    check(JSON.stringify(r.inject.special) === JSON.stringify(special) && special.prompt_tokens < plain.prompt_tokens,
+      `chat: special_tokens_in_content parses them, as the CLI's --chat-special (${JSON.stringify(r.inject.special)}, CLI ${JSON.stringify(special)})`);
+    check(r.inject.role === 'invalid_argument', `chat: a role holding a special token is refused (${r.inject.role})`);
+  } else {
+    console.log('  (INJECT not set: the role-marker checks are skipped; www/test/run.sh sets it)');
+  }
   check(r.abortedAdd === 'aborted' && !r.abortedListed, `Cache Storage fallback: an aborted add() leaves no entry (${r.abortedAdd})`);
   check(r.added.cached === false && r.listed?.bytes === modelBytes, 'Cache Storage fallback: add() stores the model, list() shows its bytes');
   check(r.cacheStorage.text === expected && r.cacheStorage.cachedFlags.join() === 'true',

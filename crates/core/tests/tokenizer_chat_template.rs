@@ -1,11 +1,13 @@
-//! Chat templates read from the real models render the expected ChatML.
+//! Chat templates read from the real models render the expected ChatML, and
+//! message content holding every special token of the SmolLM2, Qwen2.5 and
+//! Gemma 3 vocabularies stays ordinary text.
 //!
 //! Models: `$BLOCKDRAFT_MODELS` or `~/.cache/blockdraft/models` (fetch with
 //! `tests/fetch_models.sh`); `BLOCKDRAFT_SKIP_MODEL_TESTS=1` skips missing ones.
 
 use std::path::PathBuf;
 
-use blockdraft_core::chat_template::{ChatMessage, ChatTemplate};
+use blockdraft_core::chat_template::{ChatMessage, ChatTemplate, ContentTokens, TemplateError};
 use blockdraft_core::tokenizer::Tokenizer;
 use blockdraft_gguf::GgufFile;
 
@@ -171,7 +173,160 @@ fn llamacpp_rendered_prompts_match() {
                 let t = tmpl.as_ref().expect("chat prompt but no template");
                 let ours = t.render(&[ChatMessage::user(CHAT_USER)], true).unwrap();
                 assert_eq!(ours, text, "{model}: rendered chat prompt");
+                // Plain content gives llama.cpp's ids too.
+                let ids = t
+                    .encode(
+                        &tok,
+                        &[ChatMessage::user(CHAT_USER)],
+                        true,
+                        ContentTokens::Plain,
+                    )
+                    .unwrap();
+                assert_eq!(ids, want, "{model}: ChatTemplate::encode");
             }
         }
     }
+}
+
+/// Gemma 3's instruction-tuned template (google/gemma-3-270m-it): the base
+/// model in the tests has none, its vocabulary is the same.
+const GEMMA3_TEMPLATE: &str = "{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = \"\" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = \"model\" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception(\"Invalid content type\") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+";
+
+/// The special tokens in `ids`, in order.
+fn specials(tok: &Tokenizer, ids: &[u32]) -> Vec<u32> {
+    ids.iter().copied().filter(|&i| tok.is_special(i)).collect()
+}
+
+/// Content holding every special token of the vocabulary (in a system, a
+/// user, an assistant and a last user message, padded with spaces and
+/// newlines for templates that trim) tokenizes to ordinary text: the
+/// prompt's special tokens are exactly those of the same conversation with
+/// harmless content, and the ids decode to the rendered text.
+fn check_special_tokens_stay_text(name: &str, tok: &Tokenizer, t: &ChatTemplate) {
+    let all: Vec<&str> = (0..tok.vocab_size() as u32)
+        .filter(|&i| tok.is_special(i))
+        .map(|i| tok.token_text(i).unwrap())
+        .collect();
+    assert!(all.len() >= 17, "{name}: {} special tokens", all.len());
+    // All of them back to back, and the first ones one per line.
+    let some = all.iter().take(32).copied().collect::<Vec<_>>().join("\n");
+    let hostile = format!(" \n{}x{some} \n", all.concat());
+    let conversation = |content: &str| {
+        vec![
+            ChatMessage::system(content),
+            ChatMessage::user(content),
+            ChatMessage::assistant(content),
+            ChatMessage::user(content),
+        ]
+    };
+    let benign = t
+        .encode(tok, &conversation("x"), true, ContentTokens::Plain)
+        .unwrap();
+    let template_only = specials(tok, &benign);
+    assert!(template_only.len() >= 4, "{name}: {template_only:?}");
+    let msgs = conversation(&hostile);
+    let ids = t.encode(tok, &msgs, true, ContentTokens::Plain).unwrap();
+    assert_eq!(specials(tok, &ids), template_only, "{name}");
+    let bos = usize::from(tok.add_bos());
+    assert_eq!(
+        tok.decode_special(&ids[bos..]).unwrap(),
+        t.render(&msgs, true).unwrap(),
+        "{name}: the content tokenizes to its own text"
+    );
+    // The opt-in parses them (every one, in each message).
+    let parsed = t
+        .encode(tok, &msgs, true, ContentTokens::ParseSpecial)
+        .unwrap();
+    assert!(
+        specials(tok, &parsed).len() >= template_only.len() + 4 * all.len(),
+        "{name}"
+    );
+    // A role is template text: special-token text there is refused.
+    let e = t
+        .encode(
+            tok,
+            &[ChatMessage::new(format!("user{}", all[0]), "x")],
+            true,
+            ContentTokens::Plain,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, TemplateError::SpecialTokenInRole { .. }),
+        "{name}: {e}"
+    );
+}
+
+#[test]
+fn content_special_tokens_stay_text_smollm2_qwen25() {
+    for file in [
+        "smollm2-135m-instruct-q4_1.gguf",
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    ] {
+        let Some(f) = open_model(file) else {
+            continue;
+        };
+        let tok = Tokenizer::from_gguf(&f).unwrap();
+        let t = ChatTemplate::from_gguf(&f).unwrap().unwrap();
+        check_special_tokens_stay_text(file, &tok, &t);
+    }
+}
+
+#[test]
+fn content_special_tokens_stay_text_gemma3() {
+    let Some(f) = open_model("gemma-3-270m-q4_k_m.gguf") else {
+        return;
+    };
+    let tok = Tokenizer::from_gguf(&f).unwrap();
+    let t = ChatTemplate::new(GEMMA3_TEMPLATE, "<bos>", "<eos>").unwrap();
+    // The template as transformers renders it (system folded into the first
+    // user turn, content trimmed).
+    let msgs = [
+        ChatMessage::system("Be brief."),
+        ChatMessage::user(" Hi \n"),
+    ];
+    assert_eq!(
+        t.render(&msgs, true).unwrap(),
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+    );
+    check_special_tokens_stay_text("gemma-3-270m", &tok, &t);
 }

@@ -12,7 +12,7 @@ pub struct GgufBytes {
     total_len: Option<usize>,
 }
 
-fn bad_gguf(e: impl std::fmt::Display) -> ApiError {
+pub(crate) fn bad_gguf(e: impl std::fmt::Display) -> ApiError {
     ApiError::new(
         Code::BadGguf,
         format!(

@@ -1,6 +1,7 @@
 //! The JS API of blockdraft (wasm-bindgen): load a GGUF model, optionally
 //! with a drafter, on WebGPU or the CPU ([`EngineBuilder`], fed the files
-//! in chunks), and generate with streamed text ([`Engine`]). `www/` wraps
+//! in chunks), and generate with streamed text ([`Engine`]); check that a
+//! download is a whole GGUF file ([`GgufCheck`]). `www/` wraps
 //! it in the npm package; its `.d.ts` documents the JS side.
 //!
 //! Every failure reaches JS as a typed error (see [`error`]). A panic is a
@@ -8,12 +9,14 @@
 //! wrapper can report it as an error instead of a bare `unreachable` trap.
 
 mod bytes;
+mod check;
 mod error;
 mod loader;
 mod request;
 mod session;
 mod yielding;
 
+pub use check::GgufCheck;
 pub use loader::EngineBuilder;
 
 use blockdraft_cpu::CpuBackend;

@@ -116,7 +116,7 @@ impl<B: Backend> Building<B> {
     }
 }
 
-fn total_len(total: Option<f64>) -> Result<Option<u64>, ApiError> {
+pub(crate) fn total_len(total: Option<f64>) -> Result<Option<u64>, ApiError> {
     match total {
         None => Ok(None),
         Some(n) if n.is_finite() && n >= 0.0 && n.fract() == 0.0 => Ok(Some(n as u64)),

@@ -1,7 +1,7 @@
 //! A generation request as JS sends it (JSON), checked field by field.
 
 use crate::error::ApiError;
-use blockdraft_core::chat_template::ChatMessage;
+use blockdraft_core::chat_template::{ChatMessage, ContentTokens};
 use blockdraft_core::sampling::{limits, Bounds, SamplingParams};
 use blockdraft_core::speculative::PolicyConfig;
 use serde::{Deserialize, Serialize};
@@ -29,6 +29,9 @@ struct Raw {
     speculative: Option<bool>,
     /// Most tokens drafted per round.
     draft_max: Option<usize>,
+    /// Parse special-token text in message content as special tokens
+    /// (default false: content is plain text; only for trusted content).
+    special_tokens_in_content: Option<bool>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -40,10 +43,12 @@ pub struct Message {
 
 #[derive(Clone, Debug)]
 pub enum Prompt {
-    /// Raw text, tokenized as is.
+    /// Raw text, tokenized as is (special-token text parsed: the caller
+    /// writes the whole prompt).
     Text(String),
-    /// A conversation rendered with the model's chat template.
-    Chat(Vec<ChatMessage>),
+    /// A conversation rendered with the model's chat template; `content`
+    /// says whether special-token text in the messages counts.
+    Chat(Vec<ChatMessage>, ContentTokens),
 }
 
 #[derive(Clone, Debug)]
@@ -67,12 +72,23 @@ impl Request {
     pub fn from_json(json: &str) -> Result<Request, ApiError> {
         let raw: Raw = serde_json::from_str(json)
             .map_err(|e| ApiError::invalid(format!("bad generation request: {e}")))?;
+        let content = match raw.special_tokens_in_content {
+            Some(true) => ContentTokens::ParseSpecial,
+            _ => ContentTokens::Plain,
+        };
+        if raw.special_tokens_in_content.is_some() && raw.messages.is_none() {
+            return Err(ApiError::invalid(
+                "special_tokens_in_content applies to chat messages only \
+                 (a raw prompt's special-token text is always parsed)",
+            ));
+        }
         let prompt = match (raw.prompt, raw.messages) {
             (Some(p), None) => Prompt::Text(p),
             (None, Some(m)) if !m.is_empty() => Prompt::Chat(
                 m.into_iter()
                     .map(|m| ChatMessage::new(m.role, m.content))
                     .collect(),
+                content,
             ),
             (None, Some(_)) => return Err(ApiError::invalid("messages must not be empty")),
             _ => {
@@ -147,7 +163,13 @@ mod tests {
         let chat = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":4}"#;
         assert!(matches!(
             Request::from_json(chat).unwrap().prompt,
-            Prompt::Chat(_)
+            Prompt::Chat(_, ContentTokens::Plain)
+        ));
+        let trusted =
+            r#"{"messages":[{"role":"user","content":"hi"}],"special_tokens_in_content":true}"#;
+        assert!(matches!(
+            Request::from_json(trusted).unwrap().prompt,
+            Prompt::Chat(_, ContentTokens::ParseSpecial)
         ));
         for bad in [
             r#"{}"#,
@@ -163,6 +185,8 @@ mod tests {
             r#"{"prompt":"a","max_tokens":-3}"#,
             r#"{"prompt":"a","bogus":1}"#,
             r#"{"messages":[]}"#,
+            r#"{"prompt":"a","special_tokens_in_content":true}"#,
+            r#"{"messages":[{"role":"user","content":"b"}],"special_tokens_in_content":1}"#,
             r#"not json"#,
         ] {
             let e = Request::from_json(bad).unwrap_err();

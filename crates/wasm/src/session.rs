@@ -4,7 +4,7 @@
 
 use crate::error::{ApiError, Code};
 use crate::request::{Prompt, Request, DEFAULT_MAX_TOKENS};
-use blockdraft_core::chat_template::ChatTemplate;
+use blockdraft_core::chat_template::{ChatTemplate, TemplateError};
 use blockdraft_core::generate::{ends_in_a_loop, generate, StopReason, StopStrings};
 use blockdraft_core::model::{Decoder, ModelConfig, StreamedModel};
 use blockdraft_core::sampling::{Sampler, SamplingParams};
@@ -188,22 +188,27 @@ impl<B: Backend> Session<B> {
         req: &Request,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Usage, ApiError> {
-        let text = match &req.prompt {
-            Prompt::Text(t) => t.clone(),
-            Prompt::Chat(messages) => {
+        let prompt = match &req.prompt {
+            Prompt::Text(t) => self
+                .tokenizer
+                .encode(t, true, true)
+                .map_err(|e| ApiError::invalid(format!("cannot tokenize the prompt: {e}")))?,
+            Prompt::Chat(messages, content) => {
                 let template = self
                     .template
                     .as_ref()
                     .map_err(|e| ApiError::new(Code::UnsupportedModel, e.clone()))?;
-                template.render(messages, true).map_err(|e| {
-                    ApiError::invalid(format!("cannot render the chat template: {e}"))
-                })?
+                // The CLI's `run --chat` tokenizes through the same function.
+                template
+                    .encode(&self.tokenizer, messages, true, *content)
+                    .map_err(|e| match e {
+                        TemplateError::SpecialTokenInRole { .. }
+                        | TemplateError::UntrackedContent(_)
+                        | TemplateError::Tokenizer(_) => ApiError::invalid(e.to_string()),
+                        _ => ApiError::invalid(format!("cannot render the chat template: {e}")),
+                    })?
             }
         };
-        let prompt = self
-            .tokenizer
-            .encode(&text, true, true)
-            .map_err(|e| ApiError::invalid(format!("cannot tokenize the prompt: {e}")))?;
         if prompt.is_empty() {
             return Err(ApiError::invalid("the prompt tokenizes to nothing"));
         }

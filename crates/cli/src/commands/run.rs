@@ -4,6 +4,7 @@ use crate::args::{at_least, f32_in, usize_in};
 use crate::drafter::DraftArgs;
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use anyhow::{bail, Result};
+use blockdraft_core::chat_template::ContentTokens;
 use blockdraft_core::generate::{ends_in_a_loop, generate, StopStrings};
 use blockdraft_core::sampling::limits;
 use blockdraft_core::sampling::{Sampler, SamplingParams};
@@ -56,6 +57,12 @@ pub struct Args {
     /// System message for --chat.
     #[arg(long = "system", requires = "chat")]
     pub system: Option<String>,
+    /// With --chat, parse special-token text (`<|im_end|>`...) in --prompt
+    /// and --system as special tokens. By default it stays plain text and
+    /// only the chat template's own markers are special: use this only for
+    /// trusted, pre-formatted text.
+    #[arg(long = "chat-special", requires = "chat")]
+    pub chat_special: bool,
     /// Context size in tokens (default: prompt + n-predict; never beyond
     /// the model's trained context).
     #[arg(short = 'c', long = "ctx-size", value_parser = at_least(1))]
@@ -88,7 +95,18 @@ fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
     let tok = &loaded.tokenizer;
     let prompt = if args.chat {
         let template = crate::chat::template(&loaded.file)?;
-        crate::chat::user_turn_tokens(&template, tok, args.system.as_deref(), &args.prompt)?
+        let content = if args.chat_special {
+            ContentTokens::ParseSpecial
+        } else {
+            ContentTokens::Plain
+        };
+        crate::chat::user_turn_tokens(
+            &template,
+            tok,
+            args.system.as_deref(),
+            &args.prompt,
+            content,
+        )?
     } else {
         tok.encode(&args.prompt, true, true)?
     };

@@ -722,14 +722,40 @@ impl Tokenizer {
         add_special: bool,
         parse_special: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
+        let all = 0..text.len();
+        let plain = if parse_special {
+            &[][..]
+        } else {
+            std::slice::from_ref(&all)
+        };
+        self.encode_with_plain(text, add_special, plain)
+    }
+
+    /// Like [`Tokenizer::encode`] with `parse_special`, except inside the
+    /// `plain` byte ranges: there special tokens ([`Tokenizer::is_special`])
+    /// are not parsed, as with `parse_special = false`, also where an
+    /// occurrence would reach across a range's edge. The text is otherwise
+    /// tokenized in one piece, so text without special-token text in the
+    /// ranges gives exactly the ids of `encode(text, add_special, true)`.
+    ///
+    /// This keeps untrusted text (chat message content) inside a prompt
+    /// from becoming control tokens; see
+    /// [`ChatTemplate::encode`](crate::chat_template::ChatTemplate::encode).
+    /// The ranges must be sorted, disjoint, and on character boundaries.
+    pub fn encode_with_plain(
+        &self,
+        text: &str,
+        add_special: bool,
+        plain: &[std::ops::Range<usize>],
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let everywhere = plain.len() == 1 && plain[0] == (0..text.len());
         let frags = special::partition(
             text,
             self.special_order
                 .iter()
-                .filter(|&&id| {
-                    parse_special || self.attrs[id as usize] & (attr::CONTROL | attr::UNKNOWN) == 0
-                })
-                .map(|&id| (id, self.vocab.text(id))),
+                .map(|&id| (id, self.vocab.text(id), !self.is_special(id)))
+                .filter(|&(_, _, anywhere)| anywhere || !everywhere),
+            plain,
         );
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.add_bos {
@@ -917,6 +943,49 @@ impl Tokenizer {
         self.attrs
             .get(id as usize)
             .is_some_and(|a| a & attr::CONTROL != 0)
+    }
+
+    /// True for the special tokens: control and unknown tokens, which text
+    /// becomes only when it is encoded with `parse_special` (user-defined
+    /// tokens are matched in any text, as in llama.cpp).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.attrs
+            .get(id as usize)
+            .is_some_and(|a| a & (attr::CONTROL | attr::UNKNOWN) != 0)
+    }
+
+    /// The special tokens in `text`, in order, found by the longest-first
+    /// partition `encode` with `parse_special` uses (user-defined tokens
+    /// aside).
+    pub(crate) fn special_ids(&self, text: &str) -> Vec<u32> {
+        self.special_fragments(text)
+            .filter_map(|f| match f {
+                Fragment::Token(id) => Some(id),
+                Fragment::Text(_) => None,
+            })
+            .collect()
+    }
+
+    fn special_fragments(&self, text: &str) -> impl Iterator<Item = Fragment> {
+        special::partition(
+            text,
+            self.special_order
+                .iter()
+                .filter(|&&id| self.is_special(id))
+                .map(|&id| (id, self.vocab.text(id), true)),
+            &[],
+        )
+        .into_iter()
+    }
+
+    /// The first special token ([`Tokenizer::is_special`]) in `text`, as
+    /// `encode` with `parse_special` would find it, or `None` when the text
+    /// holds no special-token text.
+    pub fn find_special(&self, text: &str) -> Option<u32> {
+        self.special_fragments(text).find_map(|f| match f {
+            Fragment::Token(id) => Some(id),
+            Fragment::Text(_) => None,
+        })
     }
 
     /// Whether `encode(.., add_special = true, ..)` prepends BOS.

@@ -184,6 +184,35 @@ fn special_tokens_partition() {
 }
 
 #[test]
+fn plain_ranges_keep_control_text_as_text() {
+    let tok = Tokenizer::from_spec(spm_spec()).unwrap();
+    let st = id(&tok, "<start_of_turn>");
+    let tag = id(&tok, "<tag>");
+    let text = "<start_of_turn>a<start_of_turn><tag><start_of_turn>";
+    // Only the middle one (in 15..36) stays text; <tag> matches anyway.
+    let ids = tok
+        .encode_with_plain(text, false, std::slice::from_ref(&(15..36)))
+        .unwrap();
+    assert_eq!(ids.iter().filter(|&&i| i == st).count(), 2);
+    assert_eq!((ids[0], *ids.last().unwrap()), (st, st));
+    assert!(ids.contains(&tag));
+    assert_eq!(tok.decode_special(&ids).unwrap(), text);
+    // No ranges: encode with parse_special; the whole text: without it.
+    assert_eq!(
+        tok.encode_with_plain(text, true, &[]).unwrap(),
+        tok.encode(text, true, true).unwrap()
+    );
+    assert_eq!(
+        tok.encode_with_plain(text, true, std::slice::from_ref(&(0..text.len())))
+            .unwrap(),
+        tok.encode(text, true, false).unwrap()
+    );
+    assert!(tok.is_special(st) && !tok.is_special(tag) && tok.is_special(0));
+    assert_eq!(tok.find_special("x<tag><start_of_turn>"), Some(st));
+    assert_eq!(tok.find_special("x<tag>"), None);
+}
+
+#[test]
 fn bos_eos_and_eog() {
     let mut spec = spm_spec();
     spec.add_eos = Some(true);

@@ -1,7 +1,8 @@
 //! `blockdraft gen-data`: drafter training data from the target itself.
 //!
 //! Each prompt is rendered with the model's chat template (exactly as
-//! `run --chat` does), the target answers greedily, and the hidden states a
+//! `run --chat` does; special-token text in a prompt stays plain text), the
+//! target answers greedily, and the hidden states a
 //! drafter reads (the taps) are captured during that same generation, so no
 //! second pass is needed. Output: `shard.rs`'s format. A rerun of an
 //! interrupted run keeps the finished shards and makes the missing ones.
@@ -11,6 +12,7 @@ mod shard;
 use crate::args::at_least;
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use anyhow::{bail, ensure, Context, Result};
+use blockdraft_core::chat_template::ContentTokens;
 use blockdraft_core::model::{DecoderState, LogitRows, Taps};
 use blockdraft_core::Backend;
 use half::f16;
@@ -184,6 +186,7 @@ fn generate_data<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
                 &loaded.tokenizer,
                 args.system.as_deref(),
                 &prompts[i],
+                ContentTokens::Plain,
             )
             .with_context(|| format!("prompt {} (line {})", i, i + 1))?;
             if ids.len() > args.max_prompt_tokens {
