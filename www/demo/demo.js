@@ -216,8 +216,11 @@ function showUsage(u) {
   ui.tokens.textContent = `${u.completion_tokens} (prompt ${u.prompt_tokens})`;
   ui.prefill.textContent = `${u.timings.prefill_tokens_per_second.toFixed(0)} tok/s`;
   const s = u.speculative;
-  ui.acceptance.textContent = s ? `${(s.acceptance_rate * 100).toFixed(0)} % (${s.accepted}/${s.drafted})` : 'off';
-  ui.tau.textContent = s ? s.tau.toFixed(2) : '–';
+  // Without a single draft (the policy kept speculation off) there is no
+  // rate to show.
+  const drafted = s && s.drafted > 0;
+  ui.acceptance.textContent = !s ? 'off' : drafted ? `${(s.acceptance_rate * 100).toFixed(0)} % (${s.accepted}/${s.drafted})` : 'no drafts';
+  ui.tau.textContent = drafted ? s.tau.toFixed(2) : '–';
   if (u.timings.warmup_seconds > 0) {
     ui.loadTime.textContent = `${engine.info.load_seconds.toFixed(1)} s + warm-up ${u.timings.warmup_seconds.toFixed(2)} s`;
   }

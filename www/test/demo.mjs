@@ -244,7 +244,7 @@ try {
     const first = await createEngine({ model: url, backend: 'cpu' }).then(() => 'loaded', (e) => e.code);
     const firstCached = await has(url);
     const engine = await createEngine({ model: url, backend: 'cpu' });
-    const r = await engine.chat.completions.create({ messages: [{ role: 'user', content: prompt }], max_tokens: n, temperature: 0 });
+    const r = await engine.chat.completions.create({ messages: [{ role: 'user', content: prompt }], max_tokens: n, temperature: 0, repeat_penalty: 1.1 });
     await engine.unload();
     out.flaky = { first, firstCached, text: r.choices[0].message.content, cached: await has(url) };
     await modelCache.delete(url);

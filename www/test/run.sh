@@ -28,7 +28,7 @@ MODEL=${MODEL:-$("$ROOT/tests/fetch_models.sh" smollm2)}
 PROMPT="The capital of France is"
 N=16
 # The demo's chat: short, and repetitive enough for the n-gram drafter.
-CHAT_PROMPT="Repeat after me: one two three four five six seven eight nine ten"
+CHAT_PROMPT="Count from one to twelve in words, separated by commas."
 CHAT_N=12
 export PROFILE=${PROFILE:-release}
 
