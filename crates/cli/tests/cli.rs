@@ -690,3 +690,74 @@ fn bench_reports_progress_and_what_it_measured_before_ctrl_c() {
     assert!(v["decode_repetitions"].as_u64().unwrap() >= 2, "{v}");
     assert!(v["decode_tokens_per_second"].as_f64().unwrap() > 0.0, "{v}");
 }
+
+/// Every real model on the wgpu backend (lavapipe in CI), as a user runs
+/// it: greedy `run` with the CLI's 256-row states, n-gram speculation
+/// giving the same text, and `bench` with its 512-token prefill (whose
+/// logits once needed 311 MB in one binding on Qwen); Qwen2.5-Coder-1.5B
+/// loads and decodes a few tokens.
+#[test]
+fn every_real_model_runs_on_wgpu() {
+    let path = |file: &str| {
+        blockdraft_core::testing::real_model(file).map(|p| p.to_str().unwrap().to_string())
+    };
+    for (file, n) in [
+        ("smollm2-135m-instruct-q4_1.gguf", "8"),
+        ("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "8"),
+        ("gemma-3-270m-q4_k_m.gguf", "8"),
+        ("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "3"),
+    ] {
+        let Some(model) = path(file) else {
+            return;
+        };
+        let run = |extra: &[&str]| {
+            let mut args = vec![
+                "run",
+                "-m",
+                &model,
+                "-p",
+                "Once upon a time",
+                "-n",
+                n,
+                "--temp",
+                "0",
+                "--backend",
+                "wgpu",
+                "--json",
+            ];
+            args.extend_from_slice(extra);
+            json_of(&args)
+        };
+        let plain = run(&[]);
+        let text = plain["text"].as_str().unwrap();
+        eprintln!("{file}: {text:?}");
+        assert_eq!(
+            plain["tokens"].as_array().unwrap().len().to_string(),
+            n,
+            "{file}"
+        );
+        if n == "8" {
+            let spec = run(&["--draft", "ngram", "--fixed-draft"]);
+            assert_eq!(spec["text"], plain["text"], "{file}: n-gram speculation");
+        }
+    }
+    let qwen = path("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf").unwrap();
+    let v = json_of(&[
+        "bench",
+        "-m",
+        &qwen,
+        "--backend",
+        "wgpu",
+        "-p",
+        "512",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--verify-max",
+        "2",
+        "--json",
+    ]);
+    let prefill = v["prefill_tokens_per_second"].as_f64().unwrap_or(0.0);
+    assert!(prefill > 0.0, "{v}");
+}

@@ -22,6 +22,11 @@ pub enum BackendError {
     Device(String),
 }
 
+/// Fails with the device's error ([`Backend::device_error`]), if any.
+pub fn check_device<B: Backend + ?Sized>(be: &B) -> Result<(), BackendError> {
+    be.device_error().map_or(Ok(()), Err)
+}
+
 /// What a backend can hold ([`Backend::memory_limits`]); `None` where it
 /// cannot tell.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -51,10 +56,16 @@ impl MemoryLimits {
             }
         }
         let total = shapes.iter().map(bytes).fold(0u64, u64::saturating_add);
+        self.check_bytes(what, total)
+    }
+
+    /// Fails unless `bytes` in all fit in what is available, naming
+    /// `what` they are for (a model's weights, before they are loaded).
+    pub fn check_bytes(&self, what: &str, bytes: u64) -> Result<(), crate::ModelError> {
         match self.available {
-            Some(available) if total > available => Err(crate::ModelError::MemoryLimit {
+            Some(available) if bytes > available => Err(crate::ModelError::MemoryLimit {
                 what: what.to_string(),
-                bytes: total,
+                bytes,
                 limit: "the memory available",
                 available,
             }),
@@ -238,6 +249,14 @@ pub trait Backend: Send + Sync + 'static {
     /// than the device round's matching of greedy drafts).
     fn host_memory(&self) -> bool {
         false
+    }
+
+    /// The first error the device reported (a GPU's validation failure,
+    /// out-of-memory or loss), after which its results mean nothing; it
+    /// stays until the backend is dropped. Backends whose ops cannot fail
+    /// this way return `None`. Generation checks it after every readback.
+    fn device_error(&self) -> Option<BackendError> {
+        None
     }
 
     /// What new tensors may take, where the backend knows; checked before

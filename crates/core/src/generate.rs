@@ -1,7 +1,7 @@
 //! Plain (non-speculative) generation: prefill in chunks, then one token
 //! per forward pass.
 
-use crate::backend::Backend;
+use crate::backend::{check_device, Backend};
 use crate::error::ModelError;
 use crate::model::{Decoder, DecoderState, LogitRows};
 use crate::sampling::{samples_on_device, Sampler, SamplingParams};
@@ -117,6 +117,7 @@ pub async fn generate<B: Backend>(
     let mut picked = be.tensor(1, 1);
     let reason = loop {
         let token = next_token(be, state, sampler, &history, &mut picked).await;
+        check_device(be)?;
         if is_eog(token) {
             break StopReason::EndOfGeneration;
         }

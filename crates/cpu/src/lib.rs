@@ -95,6 +95,9 @@ pub struct CpuBackend {
     packed_bytes: AtomicUsize,
     /// Bytes of plain (unpacked) copies made so far.
     copied_bytes: AtomicUsize,
+    /// At most this much memory for weights and states, whatever the host
+    /// has (see [`Self::with_memory_budget`]).
+    memory_budget: Option<u64>,
 }
 
 impl CpuBackend {
@@ -112,7 +115,16 @@ impl CpuBackend {
             packing: true,
             packed_bytes: AtomicUsize::new(0),
             copied_bytes: AtomicUsize::new(0),
+            memory_budget: None,
         }
+    }
+
+    /// A model's weights, or one state, larger than `bytes` is refused
+    /// before it is loaded or allocated, as one beyond the host's available
+    /// memory is: for a process that shares the machine with other work.
+    pub fn with_memory_budget(mut self, bytes: u64) -> Self {
+        self.memory_budget = Some(bytes);
+        self
     }
 
     /// A backend on the portable scalar matmul kernels: the reference the
@@ -487,8 +499,12 @@ impl Backend for CpuBackend {
     }
 
     fn memory_limits(&self) -> MemoryLimits {
+        let available = match (host_memory_available(), self.memory_budget) {
+            (Some(host), Some(budget)) => Some(host.min(budget)),
+            (host, budget) => host.or(budget),
+        };
         MemoryLimits {
-            available: host_memory_available(),
+            available,
             max_tensor: Some(isize::MAX as u64),
         }
     }

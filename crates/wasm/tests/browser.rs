@@ -8,7 +8,9 @@
 //! `wasm-bindgen-test-runner` and chromedriver (flags in webdriver.json).
 #![cfg(target_arch = "wasm32")]
 
-use blockdraft_core::model::{Decoder, ModelConfig, StreamingLoad};
+use blockdraft_core::generate::generate;
+use blockdraft_core::model::{Decoder, DecoderState, ModelConfig, StreamingLoad};
+use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{DFlashDrafter, PolicyConfig};
 use blockdraft_core::testing::{
     greedy_plain_async, greedy_speculative_async, synthetic_decoder, synthetic_dflash,
@@ -89,6 +91,68 @@ async fn synthetic_models_generate_what_the_cpu_backend_generates() {
             greedy_plain_async(&gpu, &prompt, 16).await,
             greedy_plain_async(&cpu, &prompt, 16).await,
             "{arch}"
+        );
+        assert_eq!(gpu.backend.take_device_error(), None, "{arch}");
+    }
+}
+
+/// Six greedy tokens after `prompt` in `state`.
+async fn greedy_in_state<B: Backend>(
+    dec: &Decoder<B>,
+    state: &mut DecoderState<B>,
+    prompt: &[u32],
+) -> Vec<u32> {
+    let mut sampler = Sampler::new(SamplingParams::greedy());
+    let run = generate(dec, state, prompt, 6, &mut sampler, &|_| false, &mut |_| {
+        true
+    });
+    run.await.unwrap().0
+}
+
+/// [`greedy_in_state`] in a state of the CLI's 256 rows.
+async fn greedy_in<B: Backend>(dec: &Decoder<B>, prompt: &[u32]) -> Vec<u32> {
+    let mut state = dec.try_new_state(prompt.len() + 8, 256).unwrap();
+    greedy_in_state(dec, &mut state, prompt).await
+}
+
+/// Qwen2.5's and Gemma 3's vocabulary sizes with the CLI's 256-row
+/// states: 256 rows of logits would be 155 and 268 MB, beyond Chrome's
+/// 128 MiB storage binding; the backend binds only the rows a pass uses
+/// and caps the logit rows at what one binding holds.
+#[wasm_bindgen_test]
+async fn big_vocabularies_decode_within_the_browsers_binding_limit() {
+    for (arch, n_vocab) in [("qwen2", 151_936), ("gemma3", 262_144)] {
+        let dims = SyntheticDims {
+            n_layer: 2,
+            n_embd: 32,
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 16,
+            n_ff: 64,
+            n_vocab,
+            window: 3,
+        };
+        let file = GgufFile::from_bytes(synthetic_decoder(arch, dims, 3).bytes).unwrap();
+        let gpu = Gpu::request().await.unwrap();
+        let limit = gpu.limits.max_storage_buffer_binding_size;
+        let gpu = load(&file, WgpuBackend::with_gpu(gpu));
+        let cpu = load(&file, CpuBackend::new(1));
+        let prompt = [3u32, 140_000, 15, 9, 151_000];
+        let mut sg = gpu.try_new_state(prompt.len() + 8, 256).unwrap();
+        let want = greedy_in(&cpu, &prompt).await;
+        assert_eq!(
+            greedy_in_state(&gpu, &mut sg, &prompt).await,
+            want,
+            "{arch}"
+        );
+        let largest = gpu.backend.counters().largest_binding;
+        wasm_bindgen_test::console_log!(
+            "{arch}: vocabulary {n_vocab}, logit rows {}, largest binding {largest} of {limit}",
+            sg.logit_rows()
+        );
+        assert!(
+            largest <= limit,
+            "{arch}: bound {largest} bytes, limit {limit}"
         );
         assert_eq!(gpu.backend.take_device_error(), None, "{arch}");
     }

@@ -25,6 +25,13 @@ impl DeviceErrors {
         self.0.lock().unwrap().get_or_insert(message);
     }
 
+    /// A lost device: the cause of whatever was refused before the loss
+    /// was noticed (a destroyed device's pipelines are invalid first), so
+    /// it replaces that.
+    pub(crate) fn record_loss(&self, message: String) {
+        *self.0.lock().unwrap() = Some(message);
+    }
+
     pub(crate) fn pending(&self) -> bool {
         self.0.lock().unwrap().is_some()
     }
@@ -32,6 +39,33 @@ impl DeviceErrors {
     /// The first error since the last call, if any.
     pub fn take(&self) -> Option<String> {
         self.0.lock().unwrap().take()
+    }
+
+    /// The first error, left in place.
+    pub(crate) fn peek(&self) -> Option<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// One line for a device error: what failed and what to try instead.
+fn describe_error(e: &wgpu::Error) -> String {
+    match e {
+        wgpu::Error::OutOfMemory { .. } => format!(
+            "the GPU ran out of memory ({e}); use a smaller context (-c), \
+             a smaller model, or the CPU backend"
+        ),
+        _ => {
+            // wgpu's text spans lines (the call, its label, the cause).
+            let text = e
+                .to_string()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            format!(
+                "the GPU refused an operation ({text}); this is a blockdraft bug worth \
+                 reporting, and the CPU backend avoids it"
+            )
+        }
     }
 }
 
@@ -134,18 +168,21 @@ impl Gpu {
             .await
             .map_err(|e| BackendError::Device(format!("requesting a device: {e}")))?;
         let errors = DeviceErrors::default();
-        // Natively wgpu's own handler panics at the faulty call, which
-        // tests rely on. A browser page must not die: there the first error
-        // is kept for the caller to turn into a typed error.
-        #[cfg(target_arch = "wasm32")]
-        {
-            let first = errors.clone();
-            device.on_uncaptured_error(std::sync::Arc::new(move |e| first.record(e.to_string())));
-            let lost = errors.clone();
-            device.set_device_lost_callback(move |reason, message| {
-                lost.record(format!("the GPU device was lost ({reason:?}: {message})"))
-            });
-        }
+        // wgpu's default handler panics at the faulty call. Neither a page
+        // nor a CLI may die: the first error is kept, and generation turns
+        // it into a typed error at its next readback
+        // (`Backend::device_error`).
+        let first = errors.clone();
+        device.on_uncaptured_error(std::sync::Arc::new(move |e| {
+            first.record(describe_error(&e))
+        }));
+        let lost = errors.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            lost.record_loss(format!(
+                "the GPU device was lost ({reason:?}: {message}); load the model again, \
+                 or use the CPU backend"
+            ))
+        });
         Ok(Gpu {
             device,
             queue,

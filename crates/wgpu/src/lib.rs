@@ -54,8 +54,9 @@ impl WgpuTensor {
         self.rows * self.cols
     }
 
+    /// The rows in use, not the buffer's capacity.
     fn binding(&self) -> Binding<'_> {
-        Binding::whole(&self.buffer)
+        Binding::head(&self.buffer, self.len() as u64 * 4)
     }
 }
 
@@ -135,8 +136,8 @@ impl WgpuBackend {
         &self.gpu_info
     }
 
-    /// The first device error since the last call (kept in the browser;
-    /// natively wgpu panics at the faulty call instead).
+    /// The first device error since the last call (validation,
+    /// out-of-memory, a lost device).
     pub fn take_device_error(&self) -> Option<String> {
         self.dev.errors.take()
     }
@@ -248,9 +249,14 @@ impl Backend for WgpuBackend {
         format!("wgpu ({})", self.gpu_info)
     }
 
+    fn device_error(&self) -> Option<BackendError> {
+        self.dev.errors.peek().map(BackendError::Device)
+    }
+
     fn memory_limits(&self) -> blockdraft_core::backend::MemoryLimits {
-        // A tensor is one storage buffer, bound whole. (Adapters do not
-        // tell how much memory they have left.)
+        // A tensor is one storage buffer, bound as far as its rows in use
+        // reach: at most one binding. (Adapters do not tell how much
+        // memory they have left.)
         blockdraft_core::backend::MemoryLimits {
             available: None,
             max_tensor: Some(self.max_binding),
@@ -308,7 +314,8 @@ impl Backend for WgpuBackend {
             stride: 1,
             row0: 0,
         };
-        table.embed(&self.dev, &ids_buf, layout, ids.len(), &out.buffer);
+        let ids_binding = Binding::head(&ids_buf, ids.len() as u64 * 4);
+        table.embed(&self.dev, ids_binding, layout, ids.len(), out.binding());
     }
 
     fn embed_from(&self, table: &WgpuWeight, ids: &WgpuTensor, row0: usize, out: &mut WgpuTensor) {
@@ -321,7 +328,7 @@ impl Backend for WgpuBackend {
             stride: ids.cols,
             row0,
         };
-        table.embed(&self.dev, &ids.buffer, layout, out.rows, &out.buffer);
+        table.embed(&self.dev, ids.binding(), layout, out.rows, out.binding());
     }
 
     fn matmul(&self, w: &WgpuWeight, x: &WgpuTensor, out: &mut WgpuTensor) {
@@ -335,17 +342,25 @@ impl Backend for WgpuBackend {
             return;
         }
         match w.act_quant() {
-            None => w.matmul(&self.dev, &x.buffer, x.rows, &out.buffer, None),
+            None => w.matmul(&self.dev, x.binding(), x.rows, out.binding(), None),
             Some(kind) => {
-                let act = self.act_buffer(weights::ActLayout::new(x.rows, x.cols).words);
-                let layout =
-                    weights::quantize_activations(&self.dev, kind, &x.buffer, x.rows, x.cols, &act);
+                let words = weights::ActLayout::new(x.rows, x.cols).words;
+                let act = self.act_buffer(words);
+                let act = Binding::head(&act, words as u64 * 4);
+                let layout = weights::quantize_activations(
+                    &self.dev,
+                    kind,
+                    x.binding(),
+                    x.rows,
+                    x.cols,
+                    act,
+                );
                 w.matmul(
                     &self.dev,
-                    &x.buffer,
+                    x.binding(),
                     x.rows,
-                    &out.buffer,
-                    Some((&act, layout)),
+                    out.binding(),
+                    Some((act, layout)),
                 );
             }
         }

@@ -26,6 +26,9 @@ pub struct Counters {
     pub submits: u64,
     /// Buffers mapped and read back to the host.
     pub readbacks: u64,
+    /// Bytes of the largest buffer range bound to a kernel so far: tests
+    /// check it against the adapter's `max_storage_buffer_binding_size`.
+    pub largest_binding: u64,
 }
 
 #[derive(Default)]
@@ -33,6 +36,7 @@ pub(crate) struct AtomicCounters {
     dispatches: AtomicU64,
     submits: AtomicU64,
     readbacks: AtomicU64,
+    largest_binding: AtomicU64,
 }
 
 impl AtomicCounters {
@@ -41,6 +45,7 @@ impl AtomicCounters {
             dispatches: self.dispatches.load(Ordering::Relaxed),
             submits: self.submits.load(Ordering::Relaxed),
             readbacks: self.readbacks.load(Ordering::Relaxed),
+            largest_binding: self.largest_binding.load(Ordering::Relaxed),
         }
     }
 }
@@ -61,6 +66,22 @@ impl<'a> Binding<'a> {
             offset: 0,
             size: None,
         }
+    }
+
+    /// The first `bytes` of `buffer` (at least one word): a tensor binds
+    /// only what it holds, so a buffer sized for the largest pass never
+    /// binds more than the adapter allows for a small one.
+    pub fn head(buffer: &'a wgpu::Buffer, bytes: u64) -> Self {
+        let size = bytes.max(4).next_multiple_of(4).min(buffer.size());
+        Binding {
+            buffer,
+            offset: 0,
+            size: Some(size),
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        self.size.unwrap_or(self.buffer.size() - self.offset)
     }
 }
 
@@ -158,13 +179,7 @@ impl Device {
             }
             return buffer;
         }
-        buffer
-            .slice(..)
-            .get_mapped_range_mut()
-            .expect("mapped at creation")
-            .slice(..bytes.len())
-            .copy_from_slice(bytes);
-        buffer.unmap();
+        write_mapped(&buffer, bytes, &self.errors);
         buffer
     }
 
@@ -173,7 +188,7 @@ impl Device {
     pub fn dispatch(&self, kernel: Kernel, params: &[u32], buffers: &[Binding], groups: [u32; 3]) {
         let pipeline = self.pipelines.get(&self.device, kernel);
         let mut rec = self.recorder.lock().unwrap();
-        let (pbuf, poff) = rec.stage(&self.device, bytemuck::cast_slice(params));
+        let (pbuf, poff) = rec.stage(&self.device, &self.errors, bytemuck::cast_slice(params));
         let mut entries = Vec::with_capacity(buffers.len() + 1);
         entries.push(wgpu::BindGroupEntry {
             binding: 0,
@@ -184,6 +199,9 @@ impl Device {
             }),
         });
         for (i, b) in buffers.iter().enumerate() {
+            self.counters
+                .largest_binding
+                .fetch_max(b.bytes(), Ordering::Relaxed);
             entries.push(wgpu::BindGroupEntry {
                 binding: i as u32 + 1,
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -217,7 +235,7 @@ impl Device {
             return;
         }
         let mut rec = self.recorder.lock().unwrap();
-        let (src, soff) = rec.stage(&self.device, bytes);
+        let (src, soff) = rec.stage(&self.device, &self.errors, bytes);
         let len = (bytes.len() as u64).next_multiple_of(4);
         rec.encoder(&self.device)
             .copy_buffer_to_buffer(&src, soff, dst, offset, len);
@@ -266,13 +284,15 @@ impl Device {
         // Natively this blocks until the map callback has run; in the
         // browser it returns at once and the callback comes from the event
         // loop, which the await below yields to.
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .expect("device lost while waiting for a readback");
+        if let Err(e) = self.device.poll(wgpu::PollType::wait_indefinitely()) {
+            self.errors.record(format!(
+                "waiting for the GPU failed ({e}): the device was lost"
+            ));
+        }
         if let Err(e) = mapped.await {
-            // Only a lost device fails a map. Natively wgpu has panicked
-            // before this; a page must not die: the error is kept for the
-            // caller, and the zeros returned mean nothing.
+            // Only a lost device fails a map. Nobody may die of it: the
+            // error is kept for the caller, and the zeros returned mean
+            // nothing.
             self.errors.record(format!(
                 "reading back from the GPU failed ({e}): the device was lost"
             ));
@@ -283,6 +303,22 @@ impl Device {
         self.counters.readbacks.fetch_add(1, Ordering::Relaxed);
         bytes
     }
+}
+
+/// Copies `bytes` into `buffer`, created mapped, and unmaps it. A buffer
+/// of a lost device cannot be mapped: that is kept as the device's error
+/// (its contents no longer matter).
+fn write_mapped(buffer: &wgpu::Buffer, bytes: &[u8], errors: &DeviceErrors) {
+    match buffer.slice(..).get_mapped_range_mut() {
+        Ok(mut view) => view.slice(..bytes.len()).copy_from_slice(bytes),
+        Err(e) => {
+            errors.record(format!(
+                "writing to the GPU failed ({e}): the device was lost"
+            ));
+            return;
+        }
+    }
+    buffer.unmap();
 }
 
 /// Resolves when `map_async`'s callback has delivered its result.
@@ -332,7 +368,12 @@ impl Recorder {
     /// Reserves an aligned slot for `bytes` in the arena; returns the
     /// buffer and offset it will have on the GPU once submitted. Data too
     /// large for a chunk gets a buffer of its own.
-    fn stage(&mut self, device: &wgpu::Device, bytes: &[u8]) -> (wgpu::Buffer, u64) {
+    fn stage(
+        &mut self,
+        device: &wgpu::Device,
+        errors: &DeviceErrors,
+        bytes: &[u8],
+    ) -> (wgpu::Buffer, u64) {
         let len = (bytes.len() as u64).max(ALIGN).next_multiple_of(ALIGN);
         if len > CHUNK_BYTES {
             let buffer = device.create_buffer(&wgpu::BufferDescriptor {
@@ -341,13 +382,7 @@ impl Recorder {
                 usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::UNIFORM,
                 mapped_at_creation: true,
             });
-            buffer
-                .slice(..)
-                .get_mapped_range_mut()
-                .expect("mapped at creation")
-                .slice(..bytes.len())
-                .copy_from_slice(bytes);
-            buffer.unmap();
+            write_mapped(&buffer, bytes, errors);
             return (buffer, 0);
         }
         if let Some(c) = self.chunks.get(self.current) {

@@ -3,6 +3,7 @@
 //! matmuls only agree with the CPU to summation order if these are
 //! bit-identical, including at rounding midpoints and ties.
 
+use crate::recorder::Binding;
 use crate::weights::{quantize_activations, ActLayout, ActQuant};
 use crate::{Backend, WgpuBackend};
 
@@ -97,7 +98,8 @@ fn activation_quantization_is_bit_exact() {
         let mut t = be.tensor(n, cols);
         be.write(&mut t, &x);
         let act = be.act_buffer(ActLayout::new(n, cols).words);
-        let layout = quantize_activations(&be.dev, kind, &t.buffer, n, cols, &act);
+        let layout =
+            quantize_activations(&be.dev, kind, t.binding(), n, cols, Binding::whole(&act));
         let words: Vec<u32> = bytemuck::pod_collect_to_vec(&pollster::block_on(be.dev.read_bytes(
             &act,
             0,

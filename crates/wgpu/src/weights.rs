@@ -126,10 +126,10 @@ impl ActLayout {
 pub(crate) fn quantize_activations(
     dev: &Device,
     kind: ActQuant,
-    x: &wgpu::Buffer,
+    x: Binding,
     n: usize,
     cols: usize,
-    act: &wgpu::Buffer,
+    act: Binding,
 ) -> ActLayout {
     let layout = ActLayout::new(n, cols);
     let (entry, q8_1_sums) = match kind {
@@ -153,7 +153,7 @@ pub(crate) fn quantize_activations(
             entry,
         },
         &params,
-        &[Binding::whole(x), Binding::whole(act)],
+        &[x, act],
         grid(n * chunks, 1),
     );
     layout
@@ -282,10 +282,10 @@ impl WgpuWeight {
     pub(crate) fn embed(
         &self,
         dev: &Device,
-        ids: &wgpu::Buffer,
+        ids: Binding,
         layout: IdsLayout,
         n: usize,
-        out: &wgpu::Buffer,
+        out: Binding,
     ) {
         let k = kernels(self.ty).expect("checked at load");
         // Float kernels: one invocation per value; quantized: per 32-value
@@ -312,11 +312,7 @@ impl WgpuWeight {
             dev.dispatch(
                 k.embed,
                 &params,
-                &[
-                    Binding::whole(ids),
-                    Binding::whole(&part.buffer),
-                    Binding::whole(out),
-                ],
+                &[ids, Binding::whole(&part.buffer), out],
                 groups,
             );
         }
@@ -328,10 +324,10 @@ impl WgpuWeight {
     pub(crate) fn matmul(
         &self,
         dev: &Device,
-        x: &wgpu::Buffer,
+        x: Binding,
         n: usize,
-        y: &wgpu::Buffer,
-        act: Option<(&wgpu::Buffer, ActLayout)>,
+        y: Binding,
+        act: Option<(Binding, ActLayout)>,
     ) {
         let k = kernels(self.ty).expect("checked at load");
         for part in &self.parts {
@@ -368,11 +364,7 @@ impl WgpuWeight {
             dev.dispatch(
                 k.matmul,
                 &params,
-                &[
-                    Binding::whole(&part.buffer),
-                    Binding::whole(input),
-                    Binding::whole(y),
-                ],
+                &[Binding::whole(&part.buffer), input, y],
                 groups,
             );
         }

@@ -57,8 +57,9 @@ fn score<B: Backend>(ids: &[u32], loaded: Loaded<B>) -> Result<()> {
         .config
         .context_size(ids.len(), None)
         .with_context(|| format!("cannot score {} token ids", ids.len()))?;
-    let batch = 64;
-    let mut state = dec.try_new_state(n_ctx, batch)?;
+    let mut state = dec.try_new_state(n_ctx, 64)?;
+    // Every row's logits are read: as many rows as the backend holds.
+    let batch = state.logit_rows();
     let mut positions = Vec::with_capacity(ids.len() - 1);
     let mut nll = 0.0;
     // A bar (or, without a terminal, a line per tenth) once it takes a while.

@@ -11,7 +11,7 @@ pub use weights::{
     Borrowed, DecoderWeights, FileTensors, LayerWeights, TensorLoader, TensorSource,
 };
 
-use crate::backend::{AttentionMask, AttentionParams, Backend, RopeParams};
+use crate::backend::{AttentionMask, AttentionParams, Backend, MemoryLimits, RopeParams};
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
 use blockdraft_gguf::GgufFile;
@@ -138,6 +138,11 @@ impl<B: Backend> Decoder<B> {
         on_progress: &mut dyn FnMut(u64),
     ) -> Result<Self, ModelError> {
         let config = ModelConfig::from_metadata(file.metadata())?;
+        // Refused before anything is loaded, rather than aborting midway.
+        let weight_bytes = file.tensors().iter().map(|t| t.n_bytes).sum();
+        backend
+            .memory_limits()
+            .check_bytes("the model's weights", weight_bytes)?;
         let mut tensors = FileTensors::new(file);
         let decoder = Self::load_with_config(config, &mut tensors, None, backend, on_progress)?;
         // Unlike a drafter's, a model's file may hold tensors that serve
@@ -173,6 +178,8 @@ impl<B: Backend> Decoder<B> {
             }),
         };
         let weights = DecoderWeights::load(&config, &mut loader)?;
+        // An upload the device refused (out of memory) shows up here.
+        crate::backend::check_device(&*backend)?;
         Ok(Decoder {
             config,
             weights,
@@ -185,9 +192,12 @@ impl<B: Backend> Decoder<B> {
     }
 
     /// A fresh sequence state holding `n_ctx` positions and forward passes of
-    /// up to `max_batch` rows.
+    /// up to `max_batch` rows (fewer where the backend's tensors cannot hold
+    /// that many: see [`DecoderState::max_batch`] and
+    /// [`DecoderState::logit_rows`]).
     pub fn new_state(&self, n_ctx: usize, max_batch: usize) -> DecoderState<B> {
-        DecoderState::new(&*self.backend, &self.config, n_ctx, max_batch)
+        let rows = PassRows::new::<B>(&self.config, self.backend.memory_limits(), max_batch);
+        DecoderState::new(&*self.backend, &self.config, n_ctx, rows)
     }
 
     /// One forward pass of one token, read back: the costs of a first pass
@@ -209,11 +219,11 @@ impl<B: Backend> Decoder<B> {
         n_ctx: usize,
         max_batch: usize,
     ) -> Result<DecoderState<B>, ModelError> {
-        let shapes = DecoderState::<B>::shapes(&self.config, n_ctx, max_batch);
-        self.backend
-            .memory_limits()
-            .check(&format!("a context of {n_ctx} positions"), &shapes)?;
-        Ok(self.new_state(n_ctx, max_batch))
+        let limits = self.backend.memory_limits();
+        let rows = PassRows::new::<B>(&self.config, limits, max_batch);
+        let shapes = DecoderState::<B>::shapes(&self.config, n_ctx, rows);
+        limits.check(&format!("a context of {n_ctx} positions"), &shapes)?;
+        Ok(DecoderState::new(&*self.backend, &self.config, n_ctx, rows))
     }
 
     /// Runs `tokens` through the decoder at the next positions of `state`,
@@ -287,6 +297,13 @@ impl<B: Backend> Decoder<B> {
             return Err(ModelError::Usage(format!(
                 "a forward pass takes 1..={} tokens, got {n}",
                 state.max_batch
+            )));
+        }
+        if logits == LogitRows::All && n > state.logit_rows {
+            return Err(ModelError::Usage(format!(
+                "a forward pass with logits for every row takes at most {} rows on this backend \
+                 (as many rows of the {}-entry vocabulary as its largest tensor holds), got {n}",
+                state.logit_rows, cfg.n_vocab_head
             )));
         }
         if let Some(t) = taps.as_deref_mut() {
@@ -483,27 +500,56 @@ pub struct DecoderState<B: Backend> {
     scratch: Scratch<B>,
     logits: B::Tensor,
     max_batch: usize,
+    logit_rows: usize,
+}
+
+/// Rows of a forward pass that fit a backend: every scratch tensor of
+/// `max_batch` rows within its largest tensor, and logits for all rows of
+/// a pass only up to `logit_rows` (a 262,144-entry vocabulary is 1 MiB a
+/// row, and a browser's storage binding may be 128 MiB).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PassRows {
+    max_batch: usize,
+    logit_rows: usize,
+}
+
+impl PassRows {
+    /// `requested` rows, fewer where a tensor of that many would not fit;
+    /// at least one (a state that cannot hold one row is refused by
+    /// [`MemoryLimits::check`](crate::backend::MemoryLimits::check)).
+    fn new<B: Backend>(cfg: &ModelConfig, limits: MemoryLimits, requested: usize) -> Self {
+        let fit = |cols: usize| {
+            limits.max_tensor.map_or(usize::MAX, |max| {
+                usize::try_from(max / (cols.max(1) as u64 * 4)).unwrap_or(usize::MAX)
+            })
+        };
+        let scratch = Scratch::<B>::cols(cfg).into_iter().map(fit).min();
+        let max_batch = requested.min(scratch.unwrap_or(usize::MAX)).max(1);
+        PassRows {
+            max_batch,
+            logit_rows: max_batch.min(fit(cfg.n_vocab_head)).max(1),
+        }
+    }
 }
 
 impl<B: Backend> DecoderState<B> {
     /// Shapes of the tensors [`Self::new`] allocates: the KV cache, the
     /// scratch rows and the logits.
-    fn shapes(cfg: &ModelConfig, n_ctx: usize, max_batch: usize) -> Vec<(usize, usize)> {
-        let max_batch = max_batch.max(1);
+    fn shapes(cfg: &ModelConfig, n_ctx: usize, rows: PassRows) -> Vec<(usize, usize)> {
         let kv = std::iter::repeat_n((n_ctx, cfg.kv_dim()), 2 * cfg.n_layer);
-        let scratch = Scratch::<B>::cols(cfg).map(|cols| (max_batch, cols));
+        let scratch = Scratch::<B>::cols(cfg).map(|cols| (rows.max_batch, cols));
         kv.chain(scratch)
-            .chain([(max_batch, cfg.n_vocab_head)])
+            .chain([(rows.logit_rows, cfg.n_vocab_head)])
             .collect()
     }
 
-    fn new(be: &B, cfg: &ModelConfig, n_ctx: usize, max_batch: usize) -> Self {
-        let max_batch = max_batch.max(1);
+    fn new(be: &B, cfg: &ModelConfig, n_ctx: usize, rows: PassRows) -> Self {
         DecoderState {
             kv: KvCache::new(be, cfg.n_layer, cfg.kv_dim(), n_ctx),
-            scratch: Scratch::new(be, cfg, max_batch),
-            logits: be.tensor(max_batch, cfg.n_vocab_head),
-            max_batch,
+            scratch: Scratch::new(be, cfg, rows.max_batch),
+            logits: be.tensor(rows.logit_rows, cfg.n_vocab_head),
+            max_batch: rows.max_batch,
+            logit_rows: rows.logit_rows,
         }
     }
 
@@ -522,8 +568,16 @@ impl<B: Backend> DecoderState<B> {
         &self.scratch.o
     }
 
+    /// Most tokens of one forward pass (what was asked for, or fewer where
+    /// the backend's largest tensor holds fewer rows).
     pub fn max_batch(&self) -> usize {
         self.max_batch
+    }
+
+    /// Most rows of a pass with [`LogitRows::All`] (a verify of a draft of
+    /// `logit_rows() - 1` tokens); at most [`Self::max_batch`].
+    pub fn logit_rows(&self) -> usize {
+        self.logit_rows
     }
 
     /// Positions held in the cache.

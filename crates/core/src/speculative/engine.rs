@@ -3,7 +3,7 @@
 use super::policy::DraftPolicy;
 use super::proposer::Drafter;
 use super::verifier::{verify_by_matching, verify_greedy, verify_rejection, Verdict};
-use crate::backend::Backend;
+use crate::backend::{check_device, Backend};
 use crate::error::ModelError;
 use crate::generate::{next_token, penalize, StopReason};
 use crate::model::{Decoder, DecoderState, LogitRows, Taps};
@@ -188,6 +188,7 @@ pub async fn generate_speculative<B: Backend>(
     let mut history = prompt.to_vec();
     let mut picked = be.tensor(1, 1);
     let first = next_token(be, state, sampler, &history, &mut picked).await;
+    check_device(be)?;
     stats.prefill_seconds = t0.elapsed().as_secs_f64();
 
     // Rounds of drafters that can draft on the device keep every id there:
@@ -223,7 +224,7 @@ pub async fn generate_speculative<B: Backend>(
             .next_len(drafter.max_draft())
             .min(max_tokens - out.len() - 1)
             .min(room)
-            .min(state.max_batch() - 1);
+            .min(state.logit_rows() - 1);
 
         let last = *history.last().expect("history holds the prompt");
         let tc = Instant::now();
@@ -307,6 +308,7 @@ pub async fn generate_speculative<B: Backend>(
             let verdict = accept(be, state.logits(), &history, &draft, sampler, cfg.n_vocab).await;
             (batch, draft, verdict, draft_seconds, tv)
         };
+        check_device(be)?;
         state.truncate(pos + 1 + verdict.accepted);
         drafter
             .observe(

@@ -212,7 +212,7 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
         state.truncate(0);
         time_forward(dec, &mut state, &tokens[..args.verify_ctx], LogitRows::None)?;
         let base = state.len();
-        for k in 1..=args.verify_max.min(state.max_batch()) {
+        for k in 1..=args.verify_max.min(state.logit_rows()) {
             let mut times = Vec::new();
             for _ in 0..args.reps.max(3) {
                 times.push(time_forward(

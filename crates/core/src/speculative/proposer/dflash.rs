@@ -690,7 +690,9 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
     }
 
     fn max_draft(&self) -> usize {
-        self.config.block_size - self.config.first_row()
+        // A block's logits must fit the backend's largest tensor too.
+        let rows = self.config.block_size.min(self.state.logit_rows());
+        rows.saturating_sub(self.config.first_row())
     }
 
     async fn observe(
