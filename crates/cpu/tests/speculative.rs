@@ -11,7 +11,7 @@ use blockdraft_core::model::Decoder;
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{
     generate_speculative, DFlashDrafter, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter,
-    OracleDrafter, PolicyConfig,
+    OracleDrafter, PolicyConfig, CATCH_UP_WINDOW,
 };
 use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
@@ -134,6 +134,35 @@ fn draft_model_greedy_is_identical_to_plain() {
         stats.accepted > 0,
         "0.5B should agree with 1.5B somewhere: {stats:?}"
     );
+}
+
+#[test]
+fn a_losing_draft_model_is_probed_rarely_with_bounded_catch_ups() {
+    // Two unrelated random models: the draft (as big as the target) is
+    // slower than plain decoding and nearly never right.
+    let dims = SyntheticDims {
+        n_layer: 2,
+        ..SyntheticDims::default()
+    };
+    let tfile = GgufFile::from_bytes(synthetic_decoder("qwen3", dims, 31).bytes).unwrap();
+    let dfile = GgufFile::from_bytes(synthetic_decoder("qwen3", dims, 32).bytes).unwrap();
+    let be = Arc::new(CpuBackend::new(1));
+    let target = Decoder::load(&tfile, be.clone(), &mut |_| {}).unwrap();
+    let draft = Arc::new(Decoder::load(&dfile, be, &mut |_| {}).unwrap());
+    let prompt: Vec<u32> = (0..48).map(|i| (i * 7 % dims.n_vocab) as u32).collect();
+    let n = 128;
+    let want = greedy_plain(&target, &prompt, n);
+    let mut d = DraftModelDrafter::new(draft, dims.n_vocab, 256).unwrap();
+    let (got, stats) = greedy_speculative(&target, &mut d, &prompt, n, PolicyConfig::default());
+    assert_eq!(got, want, "catch-ups that skip tokens change nothing");
+    // The prompt and every gap are caught up on one window at most, and
+    // after the first rounds only probes speculate, ever more rarely.
+    assert!(stats.rounds <= 6, "{stats:?}");
+    assert!(
+        stats.caught_up <= stats.rounds * CATCH_UP_WINDOW,
+        "{stats:?}"
+    );
+    assert!(stats.probes >= 2, "{stats:?}");
 }
 
 fn dflash_spec(target: &Decoder<CpuBackend>, layers: Vec<i32>, block_size: u32) -> SyntheticDFlash {
