@@ -155,10 +155,10 @@ fn a_losing_draft_model_catches_up_on_bounded_windows_and_stays_identical() {
     let mut d = DraftModelDrafter::new(draft, dims.n_vocab, 256).unwrap();
     let (got, stats) = greedy_speculative(&target, &mut d, &prompt, n, PolicyConfig::default());
     assert_eq!(got, want, "catch-ups that skip tokens change nothing");
-    // The prompt and every gap are caught up on one window at most. (How
-    // often it speculates is not asserted: passes this small time as noise.)
+    // The prompt once, then every gap on one window at most. (How often it
+    // speculates is not asserted: passes this small time as noise.)
     assert!(
-        stats.caught_up <= stats.rounds * CATCH_UP_WINDOW,
+        stats.caught_up <= prompt.len() + stats.rounds * CATCH_UP_WINDOW,
         "{stats:?}"
     );
 }

@@ -93,13 +93,20 @@ impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
     /// Feeds all but the last two committed tokens, at most the last
     /// [`CATCH_UP_WINDOW`] of them: a round after a fully accepted one
     /// leaves the model two behind, and its draft takes both in one batch,
-    /// so a steady round's cost stays in the draft.
+    /// so a steady round's cost stays in the draft. The first catch-up
+    /// reads up to one batch of the prompt, whose context a draft model's
+    /// acceptance rests on; that is one pass, paid once.
     fn catch_up(&mut self, history: &[u32]) -> Result<usize, ModelError> {
         let upto = history
             .len()
             .saturating_sub(2)
             .min(self.state.kv.capacity());
-        self.feed_upto(history, upto, CATCH_UP_WINDOW)
+        let window = if self.state.is_empty() && self.skipped == 0 {
+            self.state.max_batch()
+        } else {
+            CATCH_UP_WINDOW
+        };
+        self.feed_upto(history, upto, window)
     }
 
     async fn propose(
