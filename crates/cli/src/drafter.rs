@@ -101,6 +101,9 @@ pub fn build<B: Backend>(
     let backend = target.decoder.backend.clone();
     let model = Decoder::load(&file, backend, &mut |_| {})
         .with_context(|| format!("cannot load draft model {spec}"))?;
+    // Its first pass (paging, repacking) belongs to loading, as the
+    // target's does, not to the first probe's catch-up.
+    pollster::block_on(model.warm_up()).context("the draft model's warm-up pass failed")?;
     let d = DraftModelDrafter::new(Arc::new(model), target.decoder.config.n_vocab, n_ctx)
         .with_context(|| format!("draft model {spec}"))?;
     Ok(Box::new(d))

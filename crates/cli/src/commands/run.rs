@@ -178,10 +178,13 @@ fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
         stats["warmup_seconds"] = json!(loaded.warmup_seconds);
         stats["looping"] = json!(looping);
         if let (Some(s), Some(p)) = (&spec, &plain) {
+            let (catch_up, probing) = s.losses(p);
             stats["compare"] = json!({
                 "plain_decode_tokens_per_second": p.decode_tps,
                 "speculative_decode_tokens_per_second": s.decode_tps,
                 "speedup": s.decode_tps / p.decode_tps,
+                "catch_up_seconds": catch_up,
+                "probe_loss_seconds": probing,
                 "identical_output": s.tokens == p.tokens,
             });
         }
@@ -197,11 +200,14 @@ fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
             eprintln!("[the output ends in a loop; --repeat-penalty 1.1 usually prevents it]");
         }
         if let (Some(s), Some(p)) = (&spec, &plain) {
+            let (catch_up, probing) = s.losses(p);
             eprintln!(
-                "[compare: plain {:.2} tok/s, speculative {:.2} tok/s, speedup {:.2}x, output {}]",
+                "[compare: plain {:.2} tok/s, speculative {:.2} tok/s, speedup {:.2}x; lost to catch-up {:.1} ms, to probes {:.1} ms; output {}]",
                 p.decode_tps,
                 s.decode_tps,
                 s.decode_tps / p.decode_tps,
+                catch_up * 1e3,
+                probing * 1e3,
                 if s.tokens == p.tokens {
                     "identical"
                 } else {
@@ -220,6 +226,17 @@ struct Outcome {
     decode_tps: f64,
     stats: serde_json::Value,
     summary: String,
+}
+
+impl Outcome {
+    /// Of a speculative run beside the plain one: seconds of catch-up, and
+    /// seconds its probes lost against the plain run's steps.
+    fn losses(&self, plain: &Outcome) -> (f64, f64) {
+        let get = |k: &str| self.stats[k].as_f64().unwrap_or(0.0);
+        let plain_step = 1.0 / plain.decode_tps.max(1e-9);
+        let probing = get("probe_seconds") - get("probe_tokens") * plain_step;
+        (get("catch_up_seconds"), probing)
+    }
 }
 
 /// Generates with `draft` (speculative) or without (plain), streaming the
@@ -333,6 +350,11 @@ fn decode<B: Backend>(
                 "per_slot_acceptance": per_slot,
                 "draft_seconds": st.draft_seconds,
                 "verify_seconds": st.verify_seconds,
+                "caught_up": st.caught_up,
+                "catch_up_seconds": st.catch_up_seconds,
+                "probes": st.probes,
+                "probe_tokens": st.probe_tokens,
+                "probe_seconds": st.probe_seconds,
             });
             let summary = format!(
                 "{}: {} generated at {:.1} tok/s; {} rounds, {} plain steps, {}/{} drafts accepted, tau {:.2}, stop: {}",

@@ -21,6 +21,8 @@ pub struct RoundStats {
     pub catch_up_seconds: f64,
     pub draft_seconds: f64,
     pub verify_seconds: f64,
+    /// Whether the policy drafted to explore ([`DraftPolicy::probing`]).
+    pub probe: bool,
 }
 
 /// Totals of a speculative generation.
@@ -40,9 +42,17 @@ pub struct SpecStats {
     /// Per draft slot: how often it was verified and accepted.
     pub slot_tried: Vec<usize>,
     pub slot_accepted: Vec<usize>,
-    /// Drafting, catch-up included.
+    /// Drafting, catch-up excluded.
     pub draft_seconds: f64,
     pub verify_seconds: f64,
+    /// Tokens the drafter caught up on, and the time it took.
+    pub caught_up: usize,
+    pub catch_up_seconds: f64,
+    /// Rounds the policy drafted to explore, the tokens they committed and
+    /// their draft and verify time (catch-up excluded).
+    pub probes: usize,
+    pub probe_tokens: usize,
+    pub probe_seconds: f64,
 }
 
 impl SpecStats {
@@ -70,6 +80,12 @@ impl SpecStats {
         }
     }
 
+    /// Seconds the probes lost against plain steps of `plain_step` seconds
+    /// (negative where they won), catch-up excluded.
+    pub fn probe_loss_seconds(&self, plain_step: f64) -> f64 {
+        self.probe_seconds - self.probe_tokens as f64 * plain_step
+    }
+
     fn record_round(&mut self, r: &RoundStats) {
         if r.drafted == 0 {
             self.plain_steps += 1;
@@ -78,8 +94,15 @@ impl SpecStats {
         }
         self.drafted += r.drafted;
         self.accepted += r.accepted;
-        self.draft_seconds += r.catch_up_seconds + r.draft_seconds;
+        self.draft_seconds += r.draft_seconds;
         self.verify_seconds += r.verify_seconds;
+        self.caught_up += r.caught_up;
+        self.catch_up_seconds += r.catch_up_seconds;
+        if r.probe {
+            self.probes += 1;
+            self.probe_tokens += r.accepted + 1;
+            self.probe_seconds += r.draft_seconds + r.verify_seconds;
+        }
         if self.slot_tried.len() < r.drafted {
             self.slot_tried.resize(r.drafted, 0);
             self.slot_accepted.resize(r.drafted, 0);
@@ -327,6 +350,7 @@ pub async fn generate_speculative<B: Backend>(
             catch_up_seconds,
             draft_seconds,
             verify_seconds,
+            probe: !draft.tokens.is_empty() && policy.probing(),
         };
         policy.record(want, &round);
         stats.record_round(&round);

@@ -14,5 +14,5 @@ pub use policy::{DraftPolicy, PolicyConfig, MAX_DRAFT};
 pub use proposer::{error_rate_for_tau, ForcedDrafter};
 pub use proposer::{
     DFlash2Config, DFlashConfig, DFlashDrafter, Draft, DraftModelDrafter, Drafter, Lattice,
-    NgramDrafter, OracleDrafter,
+    NgramDrafter, OracleDrafter, CATCH_UP_WINDOW,
 };

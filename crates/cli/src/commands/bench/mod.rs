@@ -480,6 +480,10 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
             "plain_steps": st.plain_steps,
             "draft_ms_per_pass": st.draft_seconds / passes * 1e3,
             "verify_ms_per_pass": st.verify_seconds / passes * 1e3,
+            "caught_up_tokens": st.caught_up,
+            "catch_up_ms": st.catch_up_seconds * 1e3,
+            "probes": st.probes,
+            "probe_loss_ms": st.probe_loss_seconds(1.0 / plain_tps) * 1e3,
             "identical_to_plain": identical,
         }))?;
         return Ok(interrupted);
@@ -519,6 +523,14 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
         st.draft_seconds / passes * 1e3,
         st.verify_seconds / passes * 1e3,
         1e3 / plain_tps
+    );
+    let _ = writeln!(
+        out,
+        "lost      catch-up {:.1} ms ({} tokens); {} probes {:.1} ms against plain steps",
+        st.catch_up_seconds * 1e3,
+        st.caught_up,
+        st.probes,
+        st.probe_loss_seconds(1.0 / plain_tps) * 1e3
     );
     let _ = writeln!(
         out,

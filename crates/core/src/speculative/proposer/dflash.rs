@@ -258,6 +258,10 @@ pub struct DFlashDrafter<B: Backend> {
     markov_device: Option<DeviceMarkov<B>>,
     /// The anchor id (1 x 1) for the chains drafted on the device.
     anchor: B::Tensor,
+    /// Taps observed but not injected yet: while speculation is off the
+    /// target's rows are only copied here, and injected in one batch when
+    /// a draft needs them (see [`Self::inject_pending`]).
+    pending: Pending<B>,
     /// Stop drafting at the first row whose top probability (DSpark: whose
     /// confidence) is below this.
     pub p_min: f32,
@@ -372,8 +376,16 @@ impl<B: Backend> DFlashDrafter<B> {
                 names: unused,
             });
         }
+        let width = config.target_layers.len() * c.n_embd;
+        let pending = Pending {
+            taps: Some(be.tensor(rows, width)),
+            pos0: 0,
+            rows: 0,
+            drafted: false,
+        };
         Ok(DFlashDrafter {
             anchor: be.tensor(1, 1),
+            pending,
             config,
             model,
             ctx,
@@ -399,6 +411,53 @@ impl<B: Backend> DFlashDrafter<B> {
         pos0: usize,
         n: usize,
     ) -> Result<(), ModelError> {
+        self.inject_pending()?;
+        self.inject_rows(taps, pos0, n)
+    }
+
+    /// Keeps the first `n` rows of `taps` (positions `pos0..pos0 + n`) for
+    /// a later injection: a plain step's rows then cost one copy, not a
+    /// context projection of one row, and a probe injects the whole gap in
+    /// one batch.
+    fn defer(&mut self, taps: &B::Tensor, pos0: usize, n: usize) -> Result<(), ModelError> {
+        let p = &self.pending;
+        if p.rows > 0 && (pos0 != p.pos0 + p.rows || p.rows + n > self.scratch.rows) {
+            self.inject_pending()?;
+        }
+        let (rows, width) = self.model.backend.shape(taps);
+        if n > rows || n > self.scratch.rows {
+            return Err(ModelError::Usage(format!(
+                "DFlash context of {n} rows from taps of {rows} rows (scratch holds {})",
+                self.scratch.rows
+            )));
+        }
+        let p = &mut self.pending;
+        let buf = p.taps.as_mut().expect("pending taps are put back");
+        if p.rows == 0 {
+            p.pos0 = pos0;
+        }
+        let be = &*self.model.backend;
+        be.reshape(buf, self.scratch.rows, width);
+        be.copy_rows(taps, 0, buf, p.rows, 0, n);
+        p.rows += n;
+        Ok(())
+    }
+
+    /// Injects the rows [`Self::defer`] kept; returns how many.
+    fn inject_pending(&mut self) -> Result<usize, ModelError> {
+        let rows = std::mem::take(&mut self.pending.rows);
+        if rows == 0 {
+            return Ok(0);
+        }
+        let mut taps = self.pending.taps.take().expect("pending taps are put back");
+        let width = self.model.backend.shape(&taps).1;
+        self.model.backend.reshape(&mut taps, rows, width);
+        let result = self.inject_rows(&taps, self.pending.pos0, rows);
+        self.pending.taps = Some(taps);
+        result.map(|()| rows)
+    }
+
+    fn inject_rows(&mut self, taps: &B::Tensor, pos0: usize, n: usize) -> Result<(), ModelError> {
         let be = &*self.model.backend;
         let cfg = &self.model.config;
         let (rows, width) = be.shape(taps);
@@ -525,6 +584,7 @@ impl<B: Backend> DFlashDrafter<B> {
     /// Runs the block drafting `n` tokens (see [`Self::block_logits`]),
     /// leaving its raw logits on the device; returns its row count.
     fn block_forward(&mut self, anchor: u32, n: usize) -> Result<usize, ModelError> {
+        self.inject_pending()?;
         let rows = (n.min(self.max_draft()) + self.config.first_row()).max(1);
         let mut block = vec![self.config.mask_token; rows];
         block[0] = anchor;
@@ -703,7 +763,19 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
     ) -> Result<(), ModelError> {
         let taps =
             taps.ok_or_else(|| ModelError::Usage("DFlash needs the target's taps".into()))?;
-        self.inject(taps, pos0, tokens.len()).await
+        // After a draft the rows go in at once, as part of the round; a
+        // plain step's are kept for the next draft.
+        if std::mem::take(&mut self.pending.drafted) {
+            self.inject(taps, pos0, tokens.len()).await
+        } else {
+            self.defer(taps, pos0, tokens.len())
+        }
+    }
+
+    /// Injects the context rows observed since the last draft: after a
+    /// gap, its whole catch-up in one batch.
+    fn catch_up(&mut self, _history: &[u32]) -> Result<usize, ModelError> {
+        self.inject_pending()
     }
 
     async fn propose(
@@ -715,6 +787,8 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
         let Some(&anchor) = history.last() else {
             return Ok(Draft::default());
         };
+        self.inject_pending()?;
+        self.pending.drafted = true;
         let n = n_max.min(self.max_draft()).min(
             self.state
                 .kv
@@ -769,6 +843,8 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
         if !self.drafts_on_device() {
             return Ok(None);
         }
+        self.inject_pending()?;
+        self.pending.drafted = true;
         let first = self.config.first_row();
         let n = n_max.min(self.max_draft()).min(
             self.state
@@ -814,7 +890,19 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
 
     fn rollback(&mut self, len: usize) {
         self.state.truncate(len);
+        let p = &mut self.pending;
+        p.rows = p.rows.min(len.saturating_sub(p.pos0));
     }
+}
+
+/// Taps kept for a later injection: `rows` rows from position `pos0`.
+struct Pending<B: Backend> {
+    /// `None` only while they are being injected.
+    taps: Option<B::Tensor>,
+    pos0: usize,
+    rows: usize,
+    /// Whether a draft was made since the last observed rows.
+    drafted: bool,
 }
 
 /// Softmax probability of `row[best]`.

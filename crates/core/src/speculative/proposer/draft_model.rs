@@ -8,9 +8,18 @@ use crate::model::{Decoder, DecoderState, LogitRows};
 use crate::sampling::Sampler;
 use std::sync::Arc;
 
+/// Most tokens one catch-up feeds: after a long gap (speculation off) the
+/// model skips to the last this many committed tokens, so that a probe
+/// costs a bounded prefill however long it was off.
+pub const CATCH_UP_WINDOW: usize = 16;
+
 pub struct DraftModelDrafter<B: Backend> {
     model: Arc<Decoder<B>>,
     state: DecoderState<B>,
+    /// Committed tokens skipped by catch-ups: cache position p holds the
+    /// token at history index p + skipped (the model sees the window right
+    /// after what it saw before the gap).
+    skipped: usize,
 }
 
 impl<B: Backend> DraftModelDrafter<B> {
@@ -27,29 +36,40 @@ impl<B: Backend> DraftModelDrafter<B> {
             )));
         }
         let state = model.new_state(n_ctx, 256);
-        Ok(DraftModelDrafter { model, state })
+        Ok(DraftModelDrafter {
+            model,
+            state,
+            skipped: 0,
+        })
     }
 
     /// Forgets positions at or beyond `history.len() − 1` that were
     /// drafts, and returns how many tokens of `history` the cache holds.
     fn seen(&mut self, history: &[u32]) -> usize {
-        let seen = self.state.len().min(history.len().saturating_sub(1));
-        self.state.truncate(seen);
+        let seen = (self.state.len() + self.skipped).min(history.len().saturating_sub(1));
+        self.state.truncate(seen.saturating_sub(self.skipped));
         seen
     }
 
     /// Feeds the committed tokens before `upto` that this model has not
-    /// seen; returns how many.
-    fn feed_upto(&mut self, history: &[u32], upto: usize) -> Result<usize, ModelError> {
+    /// seen, at most the last `window` of them; returns how many it fed.
+    fn feed_upto(
+        &mut self,
+        history: &[u32],
+        upto: usize,
+        window: usize,
+    ) -> Result<usize, ModelError> {
         let seen = self.seen(history);
         if upto <= seen {
             return Ok(0);
         }
-        for chunk in history[seen..upto].chunks(self.state.max_batch()) {
+        let from = seen.max(upto - window.min(upto));
+        self.skipped += from - seen;
+        for chunk in history[from..upto].chunks(self.state.max_batch()) {
             self.model
                 .forward(&mut self.state, chunk, LogitRows::Last, true, None)?;
         }
-        Ok(upto - seen)
+        Ok(upto - from)
     }
 
     /// Feeds every committed token this model has not seen, leaving the
@@ -58,7 +78,7 @@ impl<B: Backend> DraftModelDrafter<B> {
         let n_ctx = self.state.kv.capacity();
         let n_max = n_max.min(n_ctx.saturating_sub(history.len()));
         if n_max > 0 {
-            self.feed_upto(history, history.len())?;
+            self.feed_upto(history, history.len(), usize::MAX)?;
         }
         Ok(n_max)
     }
@@ -70,15 +90,23 @@ impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
         "draft-model"
     }
 
-    /// Feeds all but the last two committed tokens: a round after a fully
-    /// accepted one leaves the model two behind, and its draft takes both
-    /// in one batch, so a steady round's cost stays in the draft.
+    /// Feeds all but the last two committed tokens, at most the last
+    /// [`CATCH_UP_WINDOW`] of them: a round after a fully accepted one
+    /// leaves the model two behind, and its draft takes both in one batch,
+    /// so a steady round's cost stays in the draft. The first catch-up
+    /// reads up to one batch of the prompt, whose context a draft model's
+    /// acceptance rests on; that is one pass, paid once.
     fn catch_up(&mut self, history: &[u32]) -> Result<usize, ModelError> {
         let upto = history
             .len()
             .saturating_sub(2)
             .min(self.state.kv.capacity());
-        self.feed_upto(history, upto)
+        let window = if self.state.is_empty() && self.skipped == 0 {
+            self.state.max_batch()
+        } else {
+            CATCH_UP_WINDOW
+        };
+        self.feed_upto(history, upto, window)
     }
 
     async fn propose(
@@ -146,6 +174,6 @@ impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
     }
 
     fn rollback(&mut self, len: usize) {
-        self.state.truncate(len);
+        self.state.truncate(len.saturating_sub(self.skipped));
     }
 }

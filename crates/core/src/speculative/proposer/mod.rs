@@ -14,7 +14,7 @@ mod oracle;
 pub use dflash::{DFlashConfig, DFlashDrafter};
 pub use dflash2::{DFlash2Config, Lattice};
 pub use dfly::DFlyConfig;
-pub use draft_model::DraftModelDrafter;
+pub use draft_model::{DraftModelDrafter, CATCH_UP_WINDOW};
 pub use ngram::NgramDrafter;
 pub use oracle::{error_rate_for_tau, ForcedDrafter, OracleDrafter};
 
