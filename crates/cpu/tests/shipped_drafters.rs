@@ -34,7 +34,8 @@ fn check(drafter: &str, target: &str) {
     let tfile = GgufFile::open(&target_path).unwrap();
     let target = Decoder::load(&tfile, be.clone(), &mut |_| {}).unwrap();
     let dfile = GgufFile::open(repo("drafters").join(drafter)).unwrap();
-    let mut d = DFlashDrafter::load(&dfile, &target, 256, 64).unwrap();
+    // The CLI's sizes: the golden's context is one prompt long.
+    let mut d = DFlashDrafter::load(&dfile, &target, 1024, 256).unwrap();
     let c = g["context"].as_u64().unwrap() as usize;
     let taps = flat(&g["taps"]);
     let mut t = be.tensor(c, taps.len() / c);

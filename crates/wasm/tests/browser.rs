@@ -16,7 +16,7 @@ use blockdraft_core::testing::{
     greedy_plain_async, greedy_speculative_async, synthetic_decoder, synthetic_dflash,
     SyntheticDFlash, SyntheticDims,
 };
-use blockdraft_core::Backend;
+use blockdraft_core::{Backend, ModelError};
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile};
 use blockdraft_wgpu::{Gpu, WgpuBackend};
@@ -103,9 +103,8 @@ async fn greedy_in_state<B: Backend>(
     prompt: &[u32],
 ) -> Vec<u32> {
     let mut sampler = Sampler::new(SamplingParams::greedy());
-    let run = generate(dec, state, prompt, 6, &mut sampler, &|_| false, &mut |_| {
-        true
-    });
+    let (eog, mut each) = (|_: u32| false, |_: u32| true);
+    let run = generate(dec, state, prompt, 6, &mut sampler, &eog, &mut each);
     run.await.unwrap().0
 }
 
@@ -241,9 +240,16 @@ async fn a_lost_device_is_reported_not_a_crash() {
     assert_eq!(before.len(), 4);
     assert!(!gpu.backend.has_device_error());
     gpu.backend.destroy_device();
-    // Readbacks fail from here on: generation goes on without panicking
-    // (its tokens mean nothing) and the loss is kept for the caller.
-    greedy_plain_async(&gpu, &prompt, 2).await;
+    // Readbacks fail from here on: generation stops at its first one with
+    // a typed error naming the loss, and the loss stays for the caller.
+    let mut state = gpu.new_state(16, 8);
+    let mut sampler = Sampler::new(SamplingParams::greedy());
+    let (eog, mut each) = (|_: u32| false, |_: u32| true);
+    let run = generate(&gpu, &mut state, &prompt, 2, &mut sampler, &eog, &mut each);
+    match run.await {
+        Err(ModelError::Backend(e)) => assert!(e.to_string().contains("lost"), "{e}"),
+        other => panic!("a lost device: {:?}", other.map(|r| r.0)),
+    }
     assert!(gpu.backend.has_device_error());
     let e = gpu.backend.take_device_error().unwrap();
     assert!(e.contains("lost"), "{e}");
