@@ -461,19 +461,24 @@ async fn plain_async<B: crate::Backend>(
     params: &crate::sampling::SamplingParams,
 ) -> Vec<u32> {
     let mut state = dec.new_state(prompt.len() + n + 1, 32);
+    plain_in_state(dec, &mut state, prompt, n, params)
+        .await
+        .expect("plain decoding")
+}
+
+/// Plain decoding of `n` tokens sampled with `params` in a state the
+/// caller sized (tests of the rows a backend holds), its error kept.
+pub async fn plain_in_state<B: crate::Backend>(
+    dec: &crate::model::Decoder<B>,
+    state: &mut crate::model::DecoderState<B>,
+    prompt: &[u32],
+    n: usize,
+    params: &crate::sampling::SamplingParams,
+) -> Result<Vec<u32>, crate::ModelError> {
     let mut sampler = crate::sampling::Sampler::new(params.clone());
-    crate::generate::generate(
-        dec,
-        &mut state,
-        prompt,
-        n,
-        &mut sampler,
-        &|_| false,
-        &mut |_| true,
-    )
-    .await
-    .expect("plain decoding")
-    .0
+    let (eog, mut each) = (|_: u32| false, |_: u32| true);
+    let run = crate::generate::generate(dec, state, prompt, n, &mut sampler, &eog, &mut each);
+    Ok(run.await?.0)
 }
 
 /// Greedy speculative decoding of `n` tokens with `drafter` under `policy`.

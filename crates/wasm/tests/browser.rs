@@ -8,13 +8,12 @@
 //! `wasm-bindgen-test-runner` and chromedriver (flags in webdriver.json).
 #![cfg(target_arch = "wasm32")]
 
-use blockdraft_core::generate::generate;
-use blockdraft_core::model::{Decoder, DecoderState, ModelConfig, StreamingLoad};
-use blockdraft_core::sampling::{Sampler, SamplingParams};
+use blockdraft_core::model::{Decoder, ModelConfig, StreamingLoad};
+use blockdraft_core::sampling::SamplingParams;
 use blockdraft_core::speculative::{DFlashDrafter, PolicyConfig};
 use blockdraft_core::testing::{
-    greedy_plain_async, greedy_speculative_async, synthetic_decoder, synthetic_dflash,
-    SyntheticDFlash, SyntheticDims,
+    greedy_plain_async, greedy_speculative_async, plain_in_state, synthetic_decoder,
+    synthetic_dflash, SyntheticDFlash, SyntheticDims,
 };
 use blockdraft_core::{Backend, ModelError};
 use blockdraft_cpu::CpuBackend;
@@ -96,22 +95,12 @@ async fn synthetic_models_generate_what_the_cpu_backend_generates() {
     }
 }
 
-/// Six greedy tokens after `prompt` in `state`.
-async fn greedy_in_state<B: Backend>(
-    dec: &Decoder<B>,
-    state: &mut DecoderState<B>,
-    prompt: &[u32],
-) -> Vec<u32> {
-    let mut sampler = Sampler::new(SamplingParams::greedy());
-    let (eog, mut each) = (|_: u32| false, |_: u32| true);
-    let run = generate(dec, state, prompt, 6, &mut sampler, &eog, &mut each);
-    run.await.unwrap().0
-}
-
-/// [`greedy_in_state`] in a state of the CLI's 256 rows.
+/// Six greedy tokens after `prompt` in a state of the CLI's 256 rows.
 async fn greedy_in<B: Backend>(dec: &Decoder<B>, prompt: &[u32]) -> Vec<u32> {
     let mut state = dec.try_new_state(prompt.len() + 8, 256).unwrap();
-    greedy_in_state(dec, &mut state, prompt).await
+    plain_in_state(dec, &mut state, prompt, 6, &SamplingParams::greedy())
+        .await
+        .unwrap()
 }
 
 /// Qwen2.5's and Gemma 3's vocabulary sizes with the CLI's 256-row
@@ -139,11 +128,8 @@ async fn big_vocabularies_decode_within_the_browsers_binding_limit() {
         let prompt = [3u32, 140_000, 15, 9, 151_000];
         let mut sg = gpu.try_new_state(prompt.len() + 8, 256).unwrap();
         let want = greedy_in(&cpu, &prompt).await;
-        assert_eq!(
-            greedy_in_state(&gpu, &mut sg, &prompt).await,
-            want,
-            "{arch}"
-        );
+        let got = plain_in_state(&gpu, &mut sg, &prompt, 6, &SamplingParams::greedy()).await;
+        assert_eq!(got.unwrap(), want, "{arch}");
         let largest = gpu.backend.counters().largest_binding;
         wasm_bindgen_test::console_log!(
             "{arch}: vocabulary {n_vocab}, logit rows {}, largest binding {largest} of {limit}",
@@ -243,12 +229,9 @@ async fn a_lost_device_is_reported_not_a_crash() {
     // Readbacks fail from here on: generation stops at its first one with
     // a typed error naming the loss, and the loss stays for the caller.
     let mut state = gpu.new_state(16, 8);
-    let mut sampler = Sampler::new(SamplingParams::greedy());
-    let (eog, mut each) = (|_: u32| false, |_: u32| true);
-    let run = generate(&gpu, &mut state, &prompt, 2, &mut sampler, &eog, &mut each);
-    match run.await {
+    match plain_in_state(&gpu, &mut state, &prompt, 2, &SamplingParams::greedy()).await {
         Err(ModelError::Backend(e)) => assert!(e.to_string().contains("lost"), "{e}"),
-        other => panic!("a lost device: {:?}", other.map(|r| r.0)),
+        other => panic!("a lost device: {other:?}"),
     }
     assert!(gpu.backend.has_device_error());
     let e = gpu.backend.take_device_error().unwrap();

@@ -5,11 +5,10 @@
 //! into more parts and binding tensors by range change no arithmetic, so
 //! both give the same tokens.
 
-use blockdraft_core::generate::generate;
 use blockdraft_core::model::{Decoder, LogitRows};
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{generate_speculative, DraftPolicy, NgramDrafter, PolicyConfig};
-use blockdraft_core::testing::{block_on, real_model};
+use blockdraft_core::testing::{block_on, plain_in_state, real_model};
 use blockdraft_core::tokenizer::Tokenizer;
 use blockdraft_core::ModelError;
 use blockdraft_gguf::GgufFile;
@@ -36,18 +35,14 @@ fn backend(limit: Option<u64>) -> (Arc<WgpuBackend>, u64) {
 fn decode(dec: &Decoder<WgpuBackend>, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<u32>) {
     let n_ctx = prompt.len() + n + 16;
     let mut state = dec.try_new_state(n_ctx, CLI_BATCH).expect("a state");
-    let mut sampler = Sampler::new(SamplingParams::greedy());
-    let plain = block_on(generate(
+    let plain = block_on(plain_in_state(
         dec,
         &mut state,
         prompt,
         n,
-        &mut sampler,
-        &|_| false,
-        &mut |_| true,
+        &SamplingParams::greedy(),
     ))
-    .expect("plain decoding")
-    .0;
+    .expect("plain decoding");
     let mut state = dec.try_new_state(n_ctx, CLI_BATCH).expect("a state");
     let (mut s, mut d) = (
         Sampler::new(SamplingParams::greedy()),
@@ -147,15 +142,12 @@ fn device_errors_are_typed_errors_not_panics() {
     let err = Decoder::load(&file, be.clone(), &mut |_| {})
         .and_then(|dec| {
             let mut state = dec.try_new_state(64, CLI_BATCH)?;
-            let mut sampler = Sampler::new(SamplingParams::greedy());
-            block_on(generate(
+            block_on(plain_in_state(
                 &dec,
                 &mut state,
                 &prompt,
                 4,
-                &mut sampler,
-                &|_| false,
-                &mut |_| true,
+                &SamplingParams::greedy(),
             ))
         })
         .expect_err("a binding beyond the device's limit");
@@ -170,15 +162,12 @@ fn device_errors_are_typed_errors_not_panics() {
     let dec = Decoder::load(&file, be.clone(), &mut |_| {}).unwrap();
     let mut state = dec.try_new_state(64, 8).unwrap();
     be.destroy_device();
-    let mut sampler = Sampler::new(SamplingParams::greedy());
-    let err = block_on(generate(
+    let err = block_on(plain_in_state(
         &dec,
         &mut state,
         &prompt,
         4,
-        &mut sampler,
-        &|_| false,
-        &mut |_| true,
+        &SamplingParams::greedy(),
     ))
     .expect_err("a lost device");
     eprintln!("lost device: {err}");
