@@ -203,6 +203,83 @@ class Data(unittest.TestCase):
             with self.assertRaisesRegex(DataError, "corrupt or truncated"):
                 load_shards(d, m)
 
+    def test_sequences_export_the_token_ids_in_prompt_order(self):
+        import json
+        import subprocess
+        from safetensors.torch import save_file
+        with tempfile.TemporaryDirectory() as d:
+            d = Path(d)
+            manifest = {"format": "blockdraft-taps/1", "tap_layers": [1], "n_embd": 2}
+            (d / "manifest.json").write_text(json.dumps(manifest))
+            for k, (index, ids) in enumerate([([2, 3], [[5, 6, 7], [8, 9]]), ([0], [[1, 2, 3, 4]])]):
+                flat = [t for seq in ids for t in seq]
+                offsets = [0]
+                for seq in ids:
+                    offsets.append(offsets[-1] + len(seq))
+                save_file({"input_ids": torch.tensor(flat, dtype=torch.int32),
+                           "seq_offsets": torch.tensor(offsets),
+                           "prompt_lens": torch.ones(len(ids), dtype=torch.int32),
+                           "prompt_index": torch.tensor(index, dtype=torch.int32),
+                           "finished": torch.tensor([1] * len(ids), dtype=torch.uint8),
+                           "taps": torch.zeros(len(flat), 2, dtype=torch.float16)},
+                          str(d / f"shard-{k:05}.safetensors"))
+            out = d / "seqs.jsonl"
+            script = Path(__file__).resolve().parent / "sequences.py"
+            subprocess.run([sys.executable, str(script), str(d), "-o", str(out)], check=True,
+                           capture_output=True)
+            lines = [json.loads(line) for line in out.read_text().splitlines()]
+            self.assertEqual(lines[0], {"manifest": manifest})
+            self.assertEqual([(x["prompt_index"], x["ids"]) for x in lines[1:]],
+                             [(0, [1, 2, 3, 4]), (2, [5, 6, 7]), (3, [8, 9])])
+            self.assertTrue(all(x["prompt_len"] == 1 and x["finished"] for x in lines[1:]))
+
+
+class WarmStart(unittest.TestCase):
+    """`train.py --init-from`: a shipped drafter's weights become the
+    trainer's starting point, exactly, and only for data it was made for."""
+    SHIPPED = Path(__file__).resolve().parents[1] / "drafters" / "smollm2-dflash.gguf"
+
+    def args(self, **flags):
+        import argparse
+        base = {"init_from": self.SHIPPED, "layers": None, "intermediate": None, "heads": None,
+                "kv_heads": None, "head_dim": None, "block": None, "mask_token": None}
+        return argparse.Namespace(**{**base, **flags})
+
+    def manifest(self, taps=(2, 9, 15, 21, 28)):
+        return {"tap_layers": list(taps), "n_embd": 576}
+
+    def test_the_shipped_drafter_loads_into_the_trainers_model(self):
+        from gguf import GGUFReader
+        from gguf.quants import dequantize
+        import train
+        args = self.args()
+        weights = train.warm_start(args, self.manifest())
+        self.assertEqual((args.layers, args.block, args.mask_token, args.heads, args.kv_heads),
+                         (1, 8, 16, 9, 3))
+        cfg = DrafterConfig(hidden_size=576, intermediate_size=args.intermediate,
+                            num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                            num_key_value_heads=args.kv_heads, head_dim=args.head_dim,
+                            target_layer_ids=[1, 8, 14, 20, 27], num_target_layers=30,
+                            mask_token_id=args.mask_token, vocab_size=49152, block_size=args.block)
+        model = Drafter(cfg)
+        model.load_state_dict(weights, strict=True)  # every tensor, no extra
+        fc = next(t for t in GGUFReader(str(self.SHIPPED)).tensors if t.name == "fc.weight")
+        expected = torch.from_numpy(dequantize(fc.data, fc.tensor_type).copy()).float()
+        self.assertTrue(torch.equal(model.fc.weight.detach(), expected))
+
+    def test_a_drafter_for_other_data_or_shape_is_refused(self):
+        import train
+        from dflash_train.gguf_drafter import DrafterFileError
+        with self.assertRaisesRegex(DrafterFileError, "taps"):
+            train.warm_start(self.args(), self.manifest(taps=(2, 9, 15, 21, 29)))
+        with self.assertRaisesRegex(DrafterFileError, "--layers 2, the file has 1"):
+            train.warm_start(self.args(layers=2), self.manifest())
+        with self.assertRaisesRegex(DrafterFileError, "not a readable GGUF"):
+            with tempfile.NamedTemporaryFile(suffix=".gguf") as f:
+                f.write(b"GGUF-not-really")
+                f.flush()
+                train.warm_start(self.args(init_from=Path(f.name)), self.manifest())
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dflash_train.data import DataError, load_shards, read_manifest  # noqa: E402
+from dflash_train.gguf_drafter import DrafterFileError, read_drafter  # noqa: E402
 from dflash_train.model import Drafter, DrafterConfig  # noqa: E402
 from dflash_train.objective import (accept_length, block_loss,  # noqa: E402
                                     labels_and_weights, sample_anchors)
@@ -33,13 +34,16 @@ def parse_args():
     ap.add_argument("--heldout", type=Path, help="gen-data dir of held-out prompts (evaluation only)")
     ap.add_argument("--target", type=Path, required=True, help="the target GGUF the data was made with")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--layers", type=int, help="drafter layers (default 1)")
     ap.add_argument("--intermediate", type=int, help="drafter MLP width (default: the target's)")
     ap.add_argument("--heads", type=int, help="query heads (default: hidden/64)")
     ap.add_argument("--kv-heads", type=int, help="key/value heads (default: heads/3 or 1)")
-    ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--block", type=int, default=8)
-    ap.add_argument("--mask-token", type=int, required=True)
+    ap.add_argument("--head-dim", type=int, help="default 64")
+    ap.add_argument("--block", type=int, help="tokens per block, the anchor included (default 8)")
+    ap.add_argument("--mask-token", type=int, help="required unless --init-from gives it")
+    ap.add_argument("--init-from", type=Path, metavar="DRAFTER_GGUF",
+                    help="start from this drafter's weights (a shipped DFlash v1 GGUF made for the same "
+                         "target and taps); its shape replaces the shape flags, which must agree with it")
     ap.add_argument("--anchors", type=int, default=64, help="blocks per sequence per step")
     ap.add_argument("--seqs", type=int, default=1, help="sequences per optimizer step")
     ap.add_argument("--gamma", type=float, default=4.0)
@@ -51,6 +55,24 @@ def parse_args():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args()
+
+
+def warm_start(args, manifest):
+    """The weights of `args.init_from`, after checking it was made for this
+    data (taps, width) and setting the shape flags from it (an explicit flag
+    that disagrees is an error, not silently overridden)."""
+    weights, m = read_drafter(args.init_from)
+    if m["taps"] != manifest["tap_layers"] or m["hidden"] != manifest["n_embd"]:
+        raise DrafterFileError(f"{args.init_from}: taps {m['taps']}, width {m['hidden']}; the data has "
+                               f"taps {manifest['tap_layers']}, width {manifest['n_embd']}")
+    for flag, key in (("layers", "layers"), ("intermediate", "intermediate"), ("heads", "heads"),
+                      ("kv_heads", "kv_heads"), ("head_dim", "head_dim"), ("block", "block_size"),
+                      ("mask_token", "mask_token")):
+        given = getattr(args, flag)
+        if given is not None and given != m[key]:
+            raise DrafterFileError(f"{args.init_from}: --{flag.replace('_', '-')} {given}, the file has {m[key]}")
+        setattr(args, flag, m[key])
+    return weights
 
 
 def lr_at(step, args):
@@ -129,6 +151,15 @@ def main():
     except (DataError, TargetMismatch) as e:
         sys.exit(f"error: {e}")
     H = manifest["n_embd"]
+    init = None
+    if args.init_from:
+        try:
+            init = warm_start(args, manifest)
+        except DrafterFileError as e:
+            sys.exit(f"error: --init-from {e}")
+    args.layers, args.head_dim, args.block = args.layers or 1, args.head_dim or 64, args.block or 8
+    if args.mask_token is None:
+        sys.exit("error: --mask-token is required (or --init-from a drafter that names it)")
     if not 0 <= args.mask_token < manifest["n_vocab"]:
         sys.exit(f"error: --mask-token {args.mask_token} is outside the vocabulary of {manifest['n_vocab']}")
     heads = args.heads or H // args.head_dim
@@ -143,6 +174,10 @@ def main():
         vocab_size=manifest["n_vocab"], block_size=args.block, rope_theta=info["rope_theta"],
         max_position_embeddings=info["n_ctx"] or 8192)
     model = Drafter(cfg)
+    if init is not None:
+        missing, unexpected = model.load_state_dict(init, strict=False)
+        if missing or unexpected:
+            sys.exit(f"error: --init-from {args.init_from}: missing {missing}, unexpected {unexpected}")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt_path = args.out / "checkpoint.pt"

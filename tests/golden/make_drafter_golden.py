@@ -29,46 +29,11 @@ from gguf.quants import dequantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "training"))
 from dflash_train.data import load_shards, read_manifest  # noqa: E402
+from dflash_train.gguf_drafter import read_drafter  # noqa: E402
 
 # The context ends 8 tokens into the response: drafting happens there, not
 # inside the prompt (where a drafter was never trained).
 RESPONSE_CONTEXT = 8
-GGUF_TO_HF = {
-    "fc.weight": "fc.weight",
-    "enc.output_norm.weight": "hidden_norm.weight",
-    "output_norm.weight": "norm.weight",
-    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
-
-
-def field(r, key):
-    f = r.fields[key]
-    v = f.parts[f.data[0]]
-    return bytes(v).decode() if f.types[0].name == "STRING" else v.tolist()[0]
-
-
-def array(r, key):
-    f = r.fields[key]
-    return [int(f.parts[i][0]) for i in f.data]
-
-
-def weights(r):
-    out = {}
-    for t in r.tensors:
-        w = torch.from_numpy(np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32))
-        if t.name.startswith("blk."):
-            _, i, rest = t.name.split(".", 2)
-            base = rest.removesuffix(".weight")
-            out[f"layers.{i}.{GGUF_TO_HF[base]}.weight"] = w
-        else:
-            out[GGUF_TO_HF[t.name]] = w
-    return out
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--drafter", type=Path, required=True)
@@ -79,21 +44,19 @@ def main():
     from dflash.model import DFlashDraftModel
     from transformers import Qwen3Config
 
-    r = GGUFReader(str(args.drafter))
-    taps_ids = array(r, "dflash.target_layers")
-    n = lambda k: field(r, f"dflash.{k}")  # noqa: E731
-    w = weights(r)
+    w, m = read_drafter(args.drafter)
+    taps_ids = m["taps"]
     cfg = Qwen3Config(
-        hidden_size=n("embedding_length"), intermediate_size=w["layers.0.mlp.gate_proj.weight"].shape[0],
-        num_hidden_layers=n("block_count"), num_attention_heads=n("attention.head_count"),
-        num_key_value_heads=n("attention.head_count_kv"), head_dim=n("attention.key_length"),
-        rms_norm_eps=n("attention.layer_norm_rms_epsilon"), rope_theta=n("rope.freq_base"),
-        max_position_embeddings=n("context_length"), attention_bias=False, vocab_size=1,
+        hidden_size=m["hidden"], intermediate_size=m["intermediate"],
+        num_hidden_layers=m["layers"], num_attention_heads=m["heads"],
+        num_key_value_heads=m["kv_heads"], head_dim=m["head_dim"],
+        rms_norm_eps=m["eps"], rope_theta=m["rope_theta"],
+        max_position_embeddings=m["n_ctx"], attention_bias=False, vocab_size=1,
         tie_word_embeddings=False)
     cfg.num_target_layers = len(taps_ids)
     cfg.dflash_config = {"target_layer_ids": [t - 1 for t in taps_ids],
-                         "mask_token_id": field(r, "tokenizer.ggml.mask_token_id")}
-    cfg.block_size = n("block_size")
+                         "mask_token_id": m["mask_token"]}
+    cfg.block_size = m["block_size"]
     cfg._attn_implementation = "eager"
     model = DFlashDraftModel(cfg).float().eval()
     missing, unexpected = model.load_state_dict(w, strict=False)

@@ -167,3 +167,149 @@ fn gen_data_captures_the_taps_of_the_greedy_answer_and_resumes() {
     assert_eq!(std::fs::read(&shard1).unwrap().len(), 100);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The file `training/sequences.py` exports from a data directory: its
+/// manifest, then one sequence per line.
+fn sequences_file(data: &Path, corrupt_first_response: bool) -> String {
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.join("manifest.json")).unwrap()).unwrap();
+    let mut lines = vec![serde_json::json!({ "manifest": manifest }).to_string()];
+    let mut shards: Vec<_> = std::fs::read_dir(data)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    shards.sort();
+    for shard in shards {
+        let bytes = std::fs::read(shard).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let (ids, offsets) = (ints(&st, "input_ids", 4), ints(&st, "seq_offsets", 8));
+        let (prompt_lens, index) = (ints(&st, "prompt_lens", 4), ints(&st, "prompt_index", 4));
+        let finished = st.tensor("finished").unwrap().data().to_vec();
+        for i in 0..prompt_lens.len() {
+            let mut seq = ids[offsets[i] as usize..offsets[i + 1] as usize].to_vec();
+            if corrupt_first_response && lines.len() == 1 {
+                for t in &mut seq[prompt_lens[i] as usize..] {
+                    *t = (*t + 7) % 49152;
+                }
+            }
+            lines.push(
+                serde_json::json!({
+                    "prompt_index": index[i], "prompt_len": prompt_lens[i],
+                    "finished": finished[i] == 1, "ids": seq,
+                })
+                .to_string(),
+            );
+        }
+    }
+    lines.join("\n") + "\n"
+}
+
+#[test]
+fn replay_rebuilds_the_data_from_its_sequences_and_refuses_another_models() {
+    let Some(model) = model() else {
+        eprintln!("SKIPPED: SmolLM2 is not in the model cache (tests/fetch_models.sh)");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("bd-replay-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let prompts = dir.join("prompts.jsonl");
+    std::fs::write(
+        &prompts,
+        "{\"prompt\": \"Name three colours.\"}\n{\"prompt\": \"Count to five.\"}\n\
+         {\"prompt\": \"What is rust?\"}\n",
+    )
+    .unwrap();
+    let generated = dir.join("generated");
+    let o = gen_data(&model, &prompts, &generated, TAPS);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let seqs = dir.join("seqs.jsonl");
+    std::fs::write(&seqs, sequences_file(&generated, false)).unwrap();
+    let replay = |out: &Path, seqs: &Path, prompts: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_blockdraft"))
+            .args(["gen-data", "-m"])
+            .arg(&model)
+            .arg("--prompts")
+            .arg(prompts)
+            .arg("-o")
+            .arg(out)
+            .arg("--replay")
+            .arg(seqs)
+            .args(["--taps", TAPS, "-n", "12", "--shard-size", "2", "-t", "2"])
+            .output()
+            .unwrap()
+    };
+
+    // The replayed directory holds the same sequences, and the taps decoding
+    // captured (batched passes give every row the same values here).
+    let replayed = dir.join("replayed");
+    let o = replay(&replayed, &seqs, &prompts);
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{log}");
+    assert!(
+        log.contains("; 0 differ from this target's greedy choice"),
+        "{log}"
+    );
+    for k in 0..2 {
+        let name = format!("shard-{k:05}.safetensors");
+        let (a, b) = (
+            std::fs::read(generated.join(&name)).unwrap(),
+            std::fs::read(replayed.join(&name)).unwrap(),
+        );
+        let (a, b) = (
+            SafeTensors::deserialize(&a).unwrap(),
+            SafeTensors::deserialize(&b).unwrap(),
+        );
+        for t in [
+            "input_ids",
+            "seq_offsets",
+            "prompt_lens",
+            "prompt_index",
+            "finished",
+        ] {
+            assert_eq!(
+                a.tensor(t).unwrap().data(),
+                b.tensor(t).unwrap().data(),
+                "{t}"
+            );
+        }
+        let f = |st: &SafeTensors| -> Vec<f32> {
+            st.tensor("taps")
+                .unwrap()
+                .data()
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect()
+        };
+        let (ta, tb) = (f(&a), f(&b));
+        let num: f32 = ta.iter().zip(&tb).map(|(x, y)| (x - y).powi(2)).sum();
+        let den: f32 = ta.iter().map(|x| x * x).sum();
+        assert!((num / den).sqrt() < 0.02, "shard {k}: taps differ");
+    }
+
+    // Another prompts file: refused by the file's manifest.
+    let other = dir.join("other.jsonl");
+    std::fs::write(&other, "{\"prompt\": \"Name three colours.\"}\n").unwrap();
+    let o = replay(&dir.join("r2"), &seqs, &other);
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && log.contains("prompts_hash"), "{log}");
+    // Responses this target would not give: refused before a shard is written.
+    std::fs::write(&seqs, sequences_file(&generated, true)).unwrap();
+    let o = replay(&dir.join("r3"), &seqs, &prompts);
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && log.contains("not this target's greedy choice"),
+        "{log}"
+    );
+    assert!(!dir.join("r3").join("shard-00000.safetensors").exists());
+    // Not a sequences file.
+    std::fs::write(&seqs, "{\"prompt\": \"hi\"}\n").unwrap();
+    let o = replay(&dir.join("r4"), &seqs, &prompts);
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && log.contains("training/sequences.py"),
+        "{log}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

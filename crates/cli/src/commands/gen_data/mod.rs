@@ -13,11 +13,12 @@ use crate::args::at_least;
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use anyhow::{bail, ensure, Context, Result};
 use blockdraft_core::chat_template::ContentTokens;
-use blockdraft_core::model::{DecoderState, LogitRows, Taps};
+use blockdraft_core::model::{Decoder, DecoderState, LogitRows, Taps};
 use blockdraft_core::Backend;
 use half::f16;
 use indicatif::{ProgressBar, ProgressStyle};
 use shard::{check_shard, fnv1a, shard_path, Manifest, Sequence, ShardBuilder, FORMAT};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -50,6 +51,95 @@ pub struct Args {
     /// Stop after this many prompts of the file (default: all).
     #[arg(long = "limit", value_parser = at_least(1))]
     pub limit: Option<usize>,
+    /// Take the responses from this sequences file (JSON Lines, as
+    /// `training/sequences.py` exports from gen-data output) instead of
+    /// generating them: their taps are captured by forward passes over the
+    /// whole sequence, a fraction of decoding's cost. Each sequence's prompt
+    /// must be this run's rendering of its prompt, and its response this
+    /// target's greedy choice; prompts the file lacks are generated.
+    #[arg(long = "replay")]
+    pub replay: Option<PathBuf>,
+}
+
+/// One sequence of a `--replay` file.
+#[derive(serde::Deserialize)]
+struct Replayed {
+    prompt_index: usize,
+    prompt_len: usize,
+    finished: bool,
+    ids: Vec<u32>,
+}
+
+/// The first line of a `--replay` file: the manifest of the data it came from.
+#[derive(serde::Deserialize)]
+struct ReplayHeader {
+    manifest: serde_json::Value,
+}
+
+/// The sequences of a `--replay` file, by prompt index, after checking that
+/// they were made from this model, chat template, system message and prompts
+/// file (the taps and limits may differ: that is what a replay is for).
+fn read_replay(path: &Path, manifest: &Manifest) -> Result<HashMap<usize, Replayed>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read {} as UTF-8 text", path.display()))?;
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty());
+    let header: ReplayHeader = lines
+        .next()
+        .and_then(|(_, l)| serde_json::from_str(l).ok())
+        .with_context(|| {
+            format!(
+                "{}: the first line is not {{\"manifest\": ...}} (make the file with training/sequences.py)",
+                path.display()
+            )
+        })?;
+    let ours = serde_json::to_value(manifest)?;
+    for key in [
+        "model_name",
+        "architecture",
+        "n_vocab",
+        "template_hash",
+        "system",
+        "prompts_hash",
+    ] {
+        if header.manifest.get(key) != ours.get(key) {
+            bail!(
+                "{} was made with {key} = {}, this run has {key} = {}",
+                path.display(),
+                header
+                    .manifest
+                    .get(key)
+                    .map_or("nothing".into(), |v| v.to_string()),
+                ours[key]
+            );
+        }
+    }
+    let mut out = HashMap::new();
+    for (i, line) in lines {
+        let r: Replayed = serde_json::from_str(line).with_context(|| {
+            format!(
+                "{} line {}: expected {{\"prompt_index\", \"prompt_len\", \"finished\", \"ids\"}}",
+                path.display(),
+                i + 1
+            )
+        })?;
+        ensure!(
+            r.prompt_len < r.ids.len() && r.ids.iter().all(|&t| (t as usize) < manifest.n_vocab),
+            "{} line {}: no response after the prompt, or an id beyond the vocabulary",
+            path.display(),
+            i + 1
+        );
+        if out.insert(r.prompt_index, r).is_some() {
+            bail!(
+                "{} line {}: a second sequence for one prompt",
+                path.display(),
+                i + 1
+            );
+        }
+    }
+    Ok(out)
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -167,6 +257,11 @@ fn generate_data<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
         );
     }
 
+    let replay = match &args.replay {
+        Some(path) => read_replay(path, &manifest)?,
+        None => HashMap::new(),
+    };
+    let mut replay_stats = ReplayStats::default();
     let batch = 64;
     let mut state = dec.try_new_state(n_ctx, batch)?;
     let mut taps = Taps::new(&*dec.backend, cfg, &args.taps, batch)?;
@@ -193,7 +288,26 @@ fn generate_data<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
                 skipped += 1;
             } else {
                 state.truncate(0);
-                let seq = answer(&loaded, &mut state, &mut taps, i, ids, args.n_predict)?;
+                let seq = match replay.get(&i) {
+                    Some(r) => {
+                        ensure!(
+                            r.ids.len() <= n_ctx,
+                            "{}: the sequence of prompt {i} has {} tokens, beyond this run's \
+                             --max-prompt-tokens + --n-predict",
+                            args.replay.as_ref().expect("replaying").display(),
+                            r.ids.len()
+                        );
+                        ensure!(
+                            r.ids[..r.prompt_len] == ids[..],
+                            "{}: the sequence of prompt {i} does not start with this run's \
+                             rendering of the prompt (another prompts file, system message or \
+                             chat template?)",
+                            args.replay.as_ref().expect("replaying").display()
+                        );
+                        replayed(&loaded, &mut state, &mut taps, i, r, &mut replay_stats)?
+                    }
+                    None => answer(&loaded, &mut state, &mut taps, i, ids, args.n_predict)?,
+                };
                 new_tokens += seq.ids.len() - seq.prompt_len;
                 shard.push(seq);
             }
@@ -203,6 +317,9 @@ fn generate_data<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
                 "{new_tokens} response tokens, {:.1} tok/s, {skipped} skipped",
                 new_tokens as f64 / secs
             ));
+        }
+        if let Some(replay) = &args.replay {
+            replay_stats.check(replay)?;
         }
         shard.write(&path, &manifest)?;
         if bar.is_hidden() {
@@ -217,6 +334,12 @@ fn generate_data<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
         }
     }
     bar.finish();
+    if args.replay.is_some() {
+        eprintln!(
+            "replayed {} response tokens; {} differ from this target's greedy choice",
+            replay_stats.tokens, replay_stats.differing
+        );
+    }
     let all: Vec<_> = (0..n_shards)
         .map(|k| check_shard(&shard_path(&args.out, k), &manifest))
         .collect::<Result<_>>()?;
@@ -228,6 +351,21 @@ fn generate_data<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
         all.iter().map(|s| s.tokens).sum::<usize>(),
         all.iter().map(|s| s.response_tokens).sum::<usize>()
     );
+    Ok(())
+}
+
+/// One forward pass over `tokens`, its taps appended to `rows` (f16).
+fn forward_capturing<B: Backend>(
+    dec: &Decoder<B>,
+    state: &mut DecoderState<B>,
+    tokens: &[u32],
+    logits: LogitRows,
+    taps: &mut Taps<B>,
+    rows: &mut Vec<f16>,
+) -> Result<()> {
+    dec.forward(state, tokens, logits, true, Some(&mut *taps))?;
+    let captured = pollster::block_on(dec.backend.read(taps.output()));
+    rows.extend(captured.iter().map(|&v| f16::from_f32(v)));
     Ok(())
 }
 
@@ -244,11 +382,8 @@ fn answer<B: Backend>(
     let be = &*dec.backend;
     let prompt_len = ids.len();
     let mut rows: Vec<f16> = Vec::new();
-    let mut forward = |state: &mut DecoderState<B>, tokens: &[u32]| -> Result<()> {
-        dec.forward(state, tokens, LogitRows::Last, true, Some(&mut *taps))?;
-        let captured = pollster::block_on(be.read(taps.output()));
-        rows.extend(captured.iter().map(|&v| f16::from_f32(v)));
-        Ok(())
+    let mut forward = |state: &mut DecoderState<B>, tokens: &[u32]| {
+        forward_capturing(dec, state, tokens, LogitRows::Last, taps, &mut rows)
     };
     for chunk in ids.chunks(state.max_batch()) {
         forward(state, chunk)?;
@@ -270,6 +405,75 @@ fn answer<B: Backend>(
         ids,
         prompt_len,
         finished,
+        taps: rows,
+    })
+}
+
+/// How far replayed responses follow this target's own greedy choices.
+#[derive(Default)]
+struct ReplayStats {
+    tokens: usize,
+    differing: usize,
+}
+
+impl ReplayStats {
+    /// Near-ties may flip between machines whose kernels sum in another
+    /// order; more than this share of differing tokens means the file was
+    /// made by another model (or with sampling), and its taps would teach
+    /// a drafter another target.
+    const MAX_DIFFERING: f64 = 0.02;
+
+    /// Fails where more than the tolerated share (and more than one token)
+    /// differs; checked before each shard is written, so a shard of
+    /// another model's answers is never written.
+    fn check(&self, path: &Path) -> Result<()> {
+        let tolerated = (Self::MAX_DIFFERING * self.tokens as f64).max(1.0);
+        if self.differing as f64 > tolerated {
+            bail!(
+                "{}: {} of {} replayed response tokens are not this target's greedy choice; \
+                 was it made by another model?",
+                path.display(),
+                self.differing,
+                self.tokens
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A sequence from a `--replay` file with the taps of every position,
+/// captured by forward passes over it in batches; the logits of every row
+/// check that the response is this target's greedy answer.
+fn replayed<B: Backend>(
+    loaded: &Loaded<B>,
+    state: &mut DecoderState<B>,
+    taps: &mut Taps<B>,
+    prompt_index: usize,
+    seq: &Replayed,
+    stats: &mut ReplayStats,
+) -> Result<Sequence> {
+    let dec = &loaded.decoder;
+    let be = &*dec.backend;
+    let mut rows: Vec<f16> =
+        Vec::with_capacity(seq.ids.len() * taps.layers().len() * dec.config.n_embd);
+    let batch = state.logit_rows();
+    for (c, chunk) in seq.ids.chunks(batch).enumerate() {
+        forward_capturing(dec, state, chunk, LogitRows::All, taps, &mut rows)?;
+        let greedy = pollster::block_on(be.argmax(state.logits()));
+        let start = c * batch;
+        for (j, &next) in greedy.iter().enumerate() {
+            let pos = start + j + 1; // the token this row predicts
+            if pos >= seq.prompt_len && pos < seq.ids.len() {
+                stats.tokens += 1;
+                stats.differing += (seq.ids[pos] != next) as usize;
+            }
+        }
+    }
+    Ok(Sequence {
+        prompt_index,
+        ids: seq.ids.clone(),
+        prompt_len: seq.prompt_len,
+        finished: seq.finished,
         taps: rows,
     })
 }
