@@ -6,7 +6,8 @@ For every drafter and prompt (chat template, greedy):
             round drafts a whole block (the drafter's own quality);
   speed run `--compare` with the default policy: speculative vs plain decode
             tok/s measured in the same process, and whether the output is
-            token-identical.
+            token-identical (`--no-tau`: these runs only, and the tau and
+            acceptance columns then describe the policy's own drafts).
 Prints one table (tau, per-slot acceptance, speedup median / min, identical),
 with the runs whose greedy output loops (a repeated 8-gram 3+ times) counted
 apart, since a loop inflates tau without saying anything about the drafter.
@@ -54,6 +55,9 @@ def main():
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--block", type=int, default=8)
     ap.add_argument("--no-speed", action="store_true", help="tau runs only")
+    ap.add_argument("--no-tau", action="store_true", help="speed runs only (the policy's choices)")
+    ap.add_argument("--compare-runs", type=int, default=3,
+                    help="timings each way per speed run (medians; one short run is mostly noise)")
     ap.add_argument("--blockdraft", default=str(ROOT / "target/release/blockdraft"))
     ap.add_argument("--json", type=Path, help="also write every run's figures here")
     args = ap.parse_args()
@@ -67,8 +71,11 @@ def main():
                "tau_noloop": [], "speedups": [], "identical": 0, "runs": 0}
         per_run = []
         for p in prompts:
-            t = run(args.blockdraft, args, p, path,
-                    ["--fixed-draft", "--draft-max", str(args.block - 1), "--draft-min", str(args.block - 1)])
+            if args.no_tau:
+                t = run(args.blockdraft, args, p, path, ["--compare", "--compare-runs", str(args.compare_runs)])
+            else:
+                t = run(args.blockdraft, args, p, path,
+                        ["--fixed-draft", "--draft-max", str(args.block - 1), "--draft-min", str(args.block - 1)])
             st = t["stats"]
             looped = loops(t["tokens"])
             acc["loop_runs"] += looped
@@ -79,7 +86,8 @@ def main():
             slots = st.get("per_slot_acceptance") or []
             rec = {"prompt": p[:60], "tau": st["tau"], "loop": looped, "slots": slots}
             if not args.no_speed:
-                s = run(args.blockdraft, args, p, path, ["--compare"])
+                s = t if args.no_tau else run(args.blockdraft, args, p, path,
+                                              ["--compare", "--compare-runs", str(args.compare_runs)])
                 c = s["stats"]["compare"]
                 acc["speedups"].append(c["speedup"])
                 acc["identical"] += c["identical_output"]

@@ -22,6 +22,10 @@ fn model() -> Option<PathBuf> {
 }
 
 fn gen_data(model: &Path, prompts: &Path, out: &Path, taps: &str) -> Output {
+    gen_data_with(model, prompts, out, taps, &[])
+}
+
+fn gen_data_with(model: &Path, prompts: &Path, out: &Path, taps: &str, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_blockdraft"))
         .args(["gen-data", "-m"])
         .arg(model)
@@ -30,6 +34,7 @@ fn gen_data(model: &Path, prompts: &Path, out: &Path, taps: &str) -> Output {
         .arg("-o")
         .arg(out)
         .args(["--taps", taps, "-n", "12", "--shard-size", "2", "-t", "2"])
+        .args(extra)
         .output()
         .unwrap()
 }
@@ -129,6 +134,37 @@ fn gen_data_captures_the_taps_of_the_greedy_answer_and_resumes() {
         let den: f32 = w.iter().map(|b| b * b).sum();
         let rel = (num / den).sqrt();
         assert!(rel < 0.02, "position {pos}: taps off by {rel}");
+    }
+
+    // One sequence at a time gives the same data as the default batch of
+    // sequences decoded together (a row's values do not depend on its batch).
+    let alone = dir.join("alone");
+    let o = gen_data_with(&model, &prompts, &alone, TAPS, &["--parallel", "1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for k in 0..2 {
+        let name = format!("shard-{k:05}.safetensors");
+        let (a, b) = (
+            std::fs::read(out.join(&name)).unwrap(),
+            std::fs::read(alone.join(&name)).unwrap(),
+        );
+        let (a, b) = (
+            SafeTensors::deserialize(&a).unwrap(),
+            SafeTensors::deserialize(&b).unwrap(),
+        );
+        for t in [
+            "input_ids",
+            "seq_offsets",
+            "prompt_lens",
+            "prompt_index",
+            "finished",
+            "taps",
+        ] {
+            assert_eq!(
+                a.tensor(t).unwrap().data(),
+                b.tensor(t).unwrap().data(),
+                "{name} {t}"
+            );
+        }
     }
 
     // Interrupted after the first shard: the rerun makes only the missing one.

@@ -1,5 +1,6 @@
 //! `blockdraft run`: streamed generation.
 
+use super::median;
 use crate::args::{at_least, f32_in, usize_in};
 use crate::drafter::DraftArgs;
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
@@ -75,6 +76,12 @@ pub struct Args {
     /// With --draft, also run plain decoding and report the speedup.
     #[arg(long = "compare", requires = "draft")]
     pub compare: bool,
+    /// With --compare, decode this many times each way, alternating which
+    /// goes first, and compare the medians (short outputs take a fraction
+    /// of a second, where one timing is mostly noise).
+    #[arg(long = "compare-runs", default_value_t = 1, requires = "compare",
+          value_parser = clap::value_parser!(u16).range(1..=20))]
+    pub compare_runs: u16,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -167,6 +174,24 @@ fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
     } else {
         None
     };
+    // Further timings of both, alternating which goes first; their outputs
+    // are the first runs' (greedy or seeded: the same tokens).
+    let (mut spec_tps, mut plain_tps) = (Vec::new(), Vec::new());
+    if let (Some(s), Some(p)) = (&spec, &plain) {
+        spec_tps.push(s.decode_tps);
+        plain_tps.push(p.decode_tps);
+        for i in 1..args.compare_runs {
+            let draft = args.draft.draft.as_deref();
+            let time = |d| decode(&loaded, &args, &prompt, n_ctx, &params, d, false);
+            if i % 2 == 1 {
+                plain_tps.push(time(None)?.decode_tps);
+                spec_tps.push(time(draft)?.decode_tps);
+            } else {
+                spec_tps.push(time(draft)?.decode_tps);
+                plain_tps.push(time(None)?.decode_tps);
+            }
+        }
+    }
     let main = spec.as_ref().or(plain.as_ref()).expect("one of them ran");
     // Small models loop without a repeat penalty: said, not guessed at.
     let looping = ends_in_a_loop(&main.tokens);
@@ -180,9 +205,10 @@ fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
         if let (Some(s), Some(p)) = (&spec, &plain) {
             let (catch_up, probing) = s.losses(p);
             stats["compare"] = json!({
-                "plain_decode_tokens_per_second": p.decode_tps,
-                "speculative_decode_tokens_per_second": s.decode_tps,
-                "speedup": s.decode_tps / p.decode_tps,
+                "runs": spec_tps.len(),
+                "plain_decode_tokens_per_second": median(&plain_tps),
+                "speculative_decode_tokens_per_second": median(&spec_tps),
+                "speedup": median(&spec_tps) / median(&plain_tps),
                 "catch_up_seconds": catch_up,
                 "probe_loss_seconds": probing,
                 "identical_output": s.tokens == p.tokens,
@@ -202,10 +228,15 @@ fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
         if let (Some(s), Some(p)) = (&spec, &plain) {
             let (catch_up, probing) = s.losses(p);
             eprintln!(
-                "[compare: plain {:.2} tok/s, speculative {:.2} tok/s, speedup {:.2}x; lost to catch-up {:.1} ms, to probes {:.1} ms; output {}]",
-                p.decode_tps,
-                s.decode_tps,
-                s.decode_tps / p.decode_tps,
+                "[compare{}: plain {:.2} tok/s, speculative {:.2} tok/s, speedup {:.2}x; lost to catch-up {:.1} ms, to probes {:.1} ms; output {}]",
+                if spec_tps.len() > 1 {
+                    format!(" (medians of {})", spec_tps.len())
+                } else {
+                    String::new()
+                },
+                median(&plain_tps),
+                median(&spec_tps),
+                median(&spec_tps) / median(&plain_tps),
                 catch_up * 1e3,
                 probing * 1e3,
                 if s.tokens == p.tokens {

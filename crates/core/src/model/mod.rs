@@ -211,6 +211,21 @@ impl<B: Backend> Decoder<B> {
         Ok(())
     }
 
+    /// Activations for [`Self::forward_batch`] passes of up to `max_rows`
+    /// rows (fewer where the backend's tensors hold fewer) from up to
+    /// `max_seqs` sequences.
+    pub fn new_batch(&self, max_rows: usize, max_seqs: usize) -> BatchState<B> {
+        let be = &*self.backend;
+        let rows = PassRows::new::<B>(&self.config, be.memory_limits(), max_rows.max(max_seqs));
+        let max_seqs = max_seqs.clamp(1, rows.logit_rows);
+        BatchState {
+            scratch: Scratch::new(be, &self.config, rows.max_batch),
+            logits: be.tensor(max_seqs, self.config.n_vocab_head),
+            max_rows: rows.max_batch,
+            max_seqs,
+        }
+    }
+
     /// [`Self::new_state`] for sizes a user chose: refused with
     /// [`ModelError::MemoryLimit`] where the backend cannot hold it (use
     /// [`ModelConfig::context_size`] for `n_ctx` first).
@@ -285,7 +300,7 @@ impl<B: Backend> Decoder<B> {
         logits: LogitRows,
         causal: bool,
         mut taps: Option<&mut Taps<B>>,
-        mut hook: Option<&mut dyn LayerHook<B>>,
+        hook: Option<&mut dyn LayerHook<B>>,
     ) -> Result<(), ModelError> {
         let cfg = &self.config;
         let be = &*self.backend;
@@ -311,14 +326,123 @@ impl<B: Backend> Decoder<B> {
         }
         let pos0 = state.kv.len();
         state.kv.reserve(pos0 + n)?;
-        let w = &self.weights;
         let s = &mut state.scratch;
         s.shape(be, n, cfg);
-
         match tokens {
-            TokenInput::Host(t) => be.embed(&w.tok_embd, t, &mut s.x),
-            TokenInput::Device { ids, row0, .. } => be.embed_from(&w.tok_embd, ids, row0, &mut s.x),
+            TokenInput::Host(t) => be.embed(&self.weights.tok_embd, t, &mut s.x),
+            TokenInput::Device { ids, row0, .. } => {
+                be.embed_from(&self.weights.tok_embd, ids, row0, &mut s.x)
+            }
         }
+        let kv = &mut state.kv;
+        self.layers(s, n, taps, hook, &mut |il, s| {
+            self.attend(il, s.q_k_v_attn(), kv, pos0, causal);
+        });
+        state.kv.set_len(pos0 + n);
+        let (s, out) = (&mut state.scratch, &mut state.logits);
+        match logits {
+            LogitRows::None => {}
+            LogitRows::Last => self.head(s, &[n - 1], out),
+            LogitRows::All => self.head(s, &(0..n).collect::<Vec<_>>(), out),
+        }
+        Ok(())
+    }
+
+    /// One forward pass over several sequences at once: `parts[i].1` runs
+    /// at the next positions of `parts[i].0`, its rows stacked after those
+    /// of the parts before it, so that every weight is read once for all
+    /// of them while each row attends over its own sequence's cache. A
+    /// row's values are those of a pass over its sequence alone (the
+    /// kernels do not mix rows). `batch` ([`Self::new_batch`]) holds the
+    /// stacked activations and receives the logits of the last row of each
+    /// part, in part order; `taps` capture every stacked row.
+    pub fn forward_batch(
+        &self,
+        batch: &mut BatchState<B>,
+        parts: &mut [(&mut DecoderState<B>, &[u32])],
+        mut taps: Option<&mut Taps<B>>,
+    ) -> Result<(), ModelError> {
+        let cfg = &self.config;
+        let be = &*self.backend;
+        let n: usize = parts.iter().map(|(_, t)| t.len()).sum();
+        if n == 0 || n > batch.max_rows || parts.len() > batch.max_seqs {
+            return Err(ModelError::Usage(format!(
+                "a batched pass takes 1..={} rows of at most {} sequences, got {n} rows of {}",
+                batch.max_rows,
+                batch.max_seqs,
+                parts.len()
+            )));
+        }
+        let mut starts = Vec::with_capacity(parts.len());
+        let mut ids = Vec::with_capacity(n);
+        for (state, tokens) in parts.iter() {
+            if tokens.is_empty() || tokens.len() > state.max_batch {
+                return Err(ModelError::Usage(format!(
+                    "each sequence of a batched pass takes 1..={} tokens, got {}",
+                    state.max_batch,
+                    tokens.len()
+                )));
+            }
+            if let Some(&id) = tokens.iter().find(|&&t| t as usize >= cfg.n_vocab) {
+                return Err(ModelError::TokenOutOfRange {
+                    id,
+                    n_vocab: cfg.n_vocab,
+                });
+            }
+            state.kv.reserve(state.kv.len() + tokens.len())?;
+            starts.push(ids.len());
+            ids.extend_from_slice(tokens);
+        }
+        if let Some(t) = taps.as_deref_mut() {
+            t.prepare(be, n)?;
+        }
+        let s = &mut batch.scratch;
+        s.shape(be, n, cfg);
+        be.embed(&self.weights.tok_embd, &ids, &mut s.x);
+        self.layers(s, n, taps, None, &mut |il, s| {
+            let (q, k, v, attn) = s.q_k_v_attn();
+            for ((state, tokens), &row) in parts.iter_mut().zip(&starts) {
+                // The part's rows, through its own scratch: rope at its
+                // positions, appended to its cache, attended over it.
+                let m = tokens.len();
+                let own = &mut state.scratch;
+                own.shape(be, m, cfg);
+                be.copy_rows(q, row, &mut own.q, 0, 0, m);
+                be.copy_rows(k, row, &mut own.k, 0, 0, m);
+                be.copy_rows(v, row, &mut own.v, 0, 0, m);
+                let pos0 = state.kv.len();
+                self.attend(il, own.q_k_v_attn(), &mut state.kv, pos0, true);
+                be.copy_rows(&own.attn, 0, attn, row, 0, m);
+            }
+        });
+        for (state, tokens) in parts.iter_mut() {
+            let len = state.kv.len() + tokens.len();
+            state.kv.set_len(len);
+        }
+        let last: Vec<usize> = parts
+            .iter()
+            .zip(&starts)
+            .map(|((_, t), &row)| row + t.len() - 1)
+            .collect();
+        self.head(&mut batch.scratch, &last, &mut batch.logits);
+        Ok(())
+    }
+
+    /// The layer loop over the `n` rows of `s.x`, from the embedded tokens
+    /// to the last block's output; `attend` turns each layer's `q`, `k`, `v`
+    /// into `attn` (rope, cache append and attention: what depends on the
+    /// sequences the rows belong to).
+    fn layers(
+        &self,
+        s: &mut Scratch<B>,
+        n: usize,
+        mut taps: Option<&mut Taps<B>>,
+        mut hook: Option<&mut dyn LayerHook<B>>,
+        attend: &mut dyn FnMut(usize, &mut Scratch<B>),
+    ) {
+        let cfg = &self.config;
+        let be = &*self.backend;
+        let w = &self.weights;
         if let Some(scale) = cfg.embedding_scale {
             be.scale(&mut s.x, scale);
         }
@@ -347,38 +471,7 @@ impl<B: Backend> Decoder<B> {
                 be.rms_norm(&s.k, kn, cfg.head_dim, cfg.rms_eps, &mut s.tmp_k);
                 std::mem::swap(&mut s.k, &mut s.tmp_k);
             }
-            let swa = cfg.swa_layers[il];
-            let base = if swa {
-                cfg.rope_base_swa
-            } else {
-                cfg.rope_base
-            };
-            let rope = |n_head| RopeParams {
-                style: cfg.rope_style,
-                n_head,
-                head_dim: cfg.head_dim,
-                n_rot: cfg.n_rot,
-                base,
-            };
-            be.rope(&mut s.q, pos0, rope(cfg.n_head));
-            be.rope(&mut s.k, pos0, rope(cfg.n_head_kv));
-            let (kc, vc) = state.kv.layer_mut(il);
-            be.copy_rows(&s.k, 0, kc, pos0, 0, n);
-            be.copy_rows(&s.v, 0, vc, pos0, 0, n);
-            let mask = AttentionMask {
-                q_pos0: pos0,
-                kv_len: pos0 + n,
-                causal,
-                window: if swa { cfg.sliding_window } else { None },
-            };
-            let params = AttentionParams {
-                n_head: cfg.n_head,
-                n_head_kv: cfg.n_head_kv,
-                head_dim: cfg.head_dim,
-                scale: cfg.attention_scale,
-            };
-            let (kc, vc) = state.kv.layer(il);
-            be.attention(&s.q, kc, vc, mask, params, &mut s.attn);
+            attend(il, s);
             be.matmul(&lw.wo, &s.attn, &mut s.o);
             if let Some(h) = hook.as_deref_mut() {
                 h.apply(be, il, HookPoint::AttnOutput, &mut s.o);
@@ -414,20 +507,86 @@ impl<B: Backend> Decoder<B> {
             // activation" or a NaN must not poison their context.
             be.clamp_finite(&mut t.out, TAP_LIMIT);
         }
-        state.kv.set_len(pos0 + n);
+    }
 
-        let (first, rows) = match logits {
-            LogitRows::None => return Ok(()),
-            LogitRows::Last => (n - 1, 1),
-            LogitRows::All => (0, n),
+    /// Rope of one layer's `q` and `k` rows at positions `pos0..`, their
+    /// keys and values appended to `kv` there, and attention over it.
+    fn attend(
+        &self,
+        il: usize,
+        (q, k, v, attn): (
+            &mut B::Tensor,
+            &mut B::Tensor,
+            &mut B::Tensor,
+            &mut B::Tensor,
+        ),
+        kv: &mut KvCache<B>,
+        pos0: usize,
+        causal: bool,
+    ) {
+        let cfg = &self.config;
+        let be = &*self.backend;
+        let n = be.shape(q).0;
+        let swa = cfg.swa_layers[il];
+        let base = if swa {
+            cfg.rope_base_swa
+        } else {
+            cfg.rope_base
         };
-        be.reshape(&mut s.xn, rows, cfg.n_embd);
-        be.copy_rows(&s.x, first, &mut s.xn, 0, 0, rows);
-        be.reshape(&mut s.o, rows, cfg.n_embd);
-        be.rms_norm(&s.xn, &w.output_norm, cfg.n_embd, cfg.rms_eps, &mut s.o);
-        be.reshape(&mut state.logits, rows, cfg.n_vocab_head);
-        be.matmul(w.head(), &s.o, &mut state.logits);
-        Ok(())
+        let rope = |n_head| RopeParams {
+            style: cfg.rope_style,
+            n_head,
+            head_dim: cfg.head_dim,
+            n_rot: cfg.n_rot,
+            base,
+        };
+        be.rope(q, pos0, rope(cfg.n_head));
+        be.rope(k, pos0, rope(cfg.n_head_kv));
+        let (kc, vc) = kv.layer_mut(il);
+        be.copy_rows(k, 0, kc, pos0, 0, n);
+        be.copy_rows(v, 0, vc, pos0, 0, n);
+        let mask = AttentionMask {
+            q_pos0: pos0,
+            kv_len: pos0 + n,
+            causal,
+            window: if swa { cfg.sliding_window } else { None },
+        };
+        let params = AttentionParams {
+            n_head: cfg.n_head,
+            n_head_kv: cfg.n_head_kv,
+            head_dim: cfg.head_dim,
+            scale: cfg.attention_scale,
+        };
+        let (kc, vc) = kv.layer(il);
+        be.attention(q, kc, vc, mask, params, attn);
+    }
+
+    /// Logits of `rows` of the last block's output `s.x`, in that order.
+    fn head(&self, s: &mut Scratch<B>, rows: &[usize], logits: &mut B::Tensor) {
+        let cfg = &self.config;
+        let be = &*self.backend;
+        let n = rows.len();
+        be.reshape(&mut s.xn, n, cfg.n_embd);
+        // Runs of consecutive rows are one copy each.
+        let mut i = 0;
+        while i < n {
+            let mut j = i + 1;
+            while j < n && rows[j] == rows[j - 1] + 1 {
+                j += 1;
+            }
+            be.copy_rows(&s.x, rows[i], &mut s.xn, i, 0, j - i);
+            i = j;
+        }
+        be.reshape(&mut s.o, n, cfg.n_embd);
+        be.rms_norm(
+            &s.xn,
+            &self.weights.output_norm,
+            cfg.n_embd,
+            cfg.rms_eps,
+            &mut s.o,
+        );
+        be.reshape(logits, n, cfg.n_vocab_head);
+        be.matmul(self.weights.head(), &s.o, logits);
     }
 }
 
@@ -473,6 +632,18 @@ impl<B: Backend> Scratch<B> {
         }
     }
 
+    /// The tensors one layer's attention step reads and writes.
+    fn q_k_v_attn(
+        &mut self,
+    ) -> (
+        &mut B::Tensor,
+        &mut B::Tensor,
+        &mut B::Tensor,
+        &mut B::Tensor,
+    ) {
+        (&mut self.q, &mut self.k, &mut self.v, &mut self.attn)
+    }
+
     fn shape(&mut self, be: &B, n: usize, cfg: &ModelConfig) {
         let tensors = [
             &mut self.x,
@@ -491,6 +662,32 @@ impl<B: Backend> Scratch<B> {
         for (t, cols) in tensors.into_iter().zip(Self::cols(cfg)) {
             be.reshape(t, n, cols);
         }
+    }
+}
+
+/// The stacked activations of [`Decoder::forward_batch`] passes, and the
+/// logits of each sequence's last row.
+pub struct BatchState<B: Backend> {
+    scratch: Scratch<B>,
+    logits: B::Tensor,
+    max_rows: usize,
+    max_seqs: usize,
+}
+
+impl<B: Backend> BatchState<B> {
+    /// One row per sequence of the last pass, in its order.
+    pub fn logits(&self) -> &B::Tensor {
+        &self.logits
+    }
+
+    /// Most rows of one pass, all sequences together.
+    pub fn max_rows(&self) -> usize {
+        self.max_rows
+    }
+
+    /// Most sequences of one pass.
+    pub fn max_seqs(&self) -> usize {
+        self.max_seqs
     }
 }
 

@@ -6,6 +6,7 @@
 
 mod memory;
 
+use super::median;
 use crate::args::{at_least, f64_in, usize_in};
 use crate::drafter::DraftArgs;
 use crate::interrupt::{self, Interrupted};
@@ -68,16 +69,6 @@ pub struct Args {
         default_value = "def quicksort(items):\n    \"\"\"Sort a list of numbers.\"\"\"\n"
     )]
     pub prompt_text: String,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
@@ -199,9 +190,9 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
     }
     let n_prefill = prefill.len();
     let n_decode = decode.len();
-    let prefill_tps = (!prefill.is_empty()).then(|| median(prefill));
-    let decode_tps = (!decode.is_empty()).then(|| median(decode));
-    let read_gbps = (!bandwidth.is_empty()).then(|| median(bandwidth));
+    let prefill_tps = (!prefill.is_empty()).then(|| median(&prefill));
+    let decode_tps = (!decode.is_empty()).then(|| median(&decode));
+    let read_gbps = (!bandwidth.is_empty()).then(|| median(&bandwidth));
 
     let mut verify = Vec::new();
     if args.verify_max > 0 && !interrupt::requested() {
@@ -226,7 +217,7 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
             if interrupt::requested() {
                 break;
             }
-            verify.push((k, median(times)));
+            verify.push((k, median(&times)));
         }
     }
     let interrupted = interrupt::requested();
@@ -416,7 +407,7 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
         }
         return Ok(true);
     }
-    let plain_tps = median(plain_runs);
+    let plain_tps = median(&plain_runs);
     spec_runs.sort_by(|a, b| a.0.total_cmp(&b.0));
     let (spec_tps, st, rounds) = spec_runs.swap_remove(spec_runs.len() / 2);
     let passes = (st.rounds + st.plain_steps).max(1) as f64;
@@ -447,7 +438,7 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
                 )?);
                 state.truncate(context);
             }
-            pass_seconds.push(median(times));
+            pass_seconds.push(median(&times));
         }
         let predicted_seconds: f64 = rounds
             .iter()

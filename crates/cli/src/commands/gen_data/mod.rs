@@ -7,6 +7,8 @@
 //! second pass is needed. Output: `shard.rs`'s format. A rerun of an
 //! interrupted run keeps the finished shards and makes the missing ones.
 
+mod parallel;
+mod replay;
 mod shard;
 
 use crate::args::at_least;
@@ -17,8 +19,10 @@ use blockdraft_core::model::{Decoder, DecoderState, LogitRows, Taps};
 use blockdraft_core::Backend;
 use half::f16;
 use indicatif::{ProgressBar, ProgressStyle};
+use parallel::Generator;
+use replay::{read_replay, replayed, ReplayStats};
 use shard::{check_shard, fnv1a, shard_path, Manifest, Sequence, ShardBuilder, FORMAT};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -59,87 +63,11 @@ pub struct Args {
     /// target's greedy choice; prompts the file lacks are generated.
     #[arg(long = "replay")]
     pub replay: Option<PathBuf>,
-}
-
-/// One sequence of a `--replay` file.
-#[derive(serde::Deserialize)]
-struct Replayed {
-    prompt_index: usize,
-    prompt_len: usize,
-    finished: bool,
-    ids: Vec<u32>,
-}
-
-/// The first line of a `--replay` file: the manifest of the data it came from.
-#[derive(serde::Deserialize)]
-struct ReplayHeader {
-    manifest: serde_json::Value,
-}
-
-/// The sequences of a `--replay` file, by prompt index, after checking that
-/// they were made from this model, chat template, system message and prompts
-/// file (the taps and limits may differ: that is what a replay is for).
-fn read_replay(path: &Path, manifest: &Manifest) -> Result<HashMap<usize, Replayed>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read {} as UTF-8 text", path.display()))?;
-    let mut lines = text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty());
-    let header: ReplayHeader = lines
-        .next()
-        .and_then(|(_, l)| serde_json::from_str(l).ok())
-        .with_context(|| {
-            format!(
-                "{}: the first line is not {{\"manifest\": ...}} (make the file with training/sequences.py)",
-                path.display()
-            )
-        })?;
-    let ours = serde_json::to_value(manifest)?;
-    for key in [
-        "model_name",
-        "architecture",
-        "n_vocab",
-        "template_hash",
-        "system",
-        "prompts_hash",
-    ] {
-        if header.manifest.get(key) != ours.get(key) {
-            bail!(
-                "{} was made with {key} = {}, this run has {key} = {}",
-                path.display(),
-                header
-                    .manifest
-                    .get(key)
-                    .map_or("nothing".into(), |v| v.to_string()),
-                ours[key]
-            );
-        }
-    }
-    let mut out = HashMap::new();
-    for (i, line) in lines {
-        let r: Replayed = serde_json::from_str(line).with_context(|| {
-            format!(
-                "{} line {}: expected {{\"prompt_index\", \"prompt_len\", \"finished\", \"ids\"}}",
-                path.display(),
-                i + 1
-            )
-        })?;
-        ensure!(
-            r.prompt_len < r.ids.len() && r.ids.iter().all(|&t| (t as usize) < manifest.n_vocab),
-            "{} line {}: no response after the prompt, or an id beyond the vocabulary",
-            path.display(),
-            i + 1
-        );
-        if out.insert(r.prompt_index, r).is_some() {
-            bail!(
-                "{} line {}: a second sequence for one prompt",
-                path.display(),
-                i + 1
-            );
-        }
-    }
-    Ok(out)
+    /// Sequences generated together, one batched pass per token for all of
+    /// them (each weight read once for all): several times the throughput
+    /// of one at a time on a CPU, with the same answers and taps.
+    #[arg(long = "parallel", default_value_t = 8, value_parser = at_least(1))]
+    pub parallel: usize,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -262,65 +190,45 @@ fn generate_data<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
         None => HashMap::new(),
     };
     let mut replay_stats = ReplayStats::default();
-    let batch = 64;
-    let mut state = dec.try_new_state(n_ctx, batch)?;
-    let mut taps = Taps::new(&*dec.backend, cfg, &args.taps, batch)?;
+    let mut replay_state = None;
+    let mut generator = Generator::new(&loaded, &args.taps, args.parallel, n_ctx, args.n_predict)?;
     let started = Instant::now();
     let mut new_tokens = 0usize;
     let mut skipped = 0usize;
-    for k in 0..n_shards {
-        let path = shard_path(&args.out, k);
-        if path.exists() {
-            continue;
-        }
-        let mut shard = ShardBuilder::default();
+    // Sequences of the shards being made, by shard, until each is whole.
+    let mut open: BTreeMap<usize, Vec<Option<Sequence>>> = BTreeMap::new();
+    let todo: Vec<usize> = (0..prompts.len())
+        .filter(|&i| !shard_path(&args.out, i / args.shard_size).exists())
+        .collect();
+    let mut resolve = |i: usize, seq: Option<Sequence>, stats: &ReplayStats| -> Result<()> {
+        let k = i / args.shard_size;
         let range = k * args.shard_size..((k + 1) * args.shard_size).min(prompts.len());
-        for i in range {
-            let ids = crate::chat::user_turn_tokens(
-                &template,
-                &loaded.tokenizer,
-                args.system.as_deref(),
-                &prompts[i],
-                ContentTokens::Plain,
-            )
-            .with_context(|| format!("prompt {} (line {})", i, i + 1))?;
-            if ids.len() > args.max_prompt_tokens {
-                skipped += 1;
-            } else {
-                state.truncate(0);
-                let seq = match replay.get(&i) {
-                    Some(r) => {
-                        ensure!(
-                            r.ids.len() <= n_ctx,
-                            "{}: the sequence of prompt {i} has {} tokens, beyond this run's \
-                             --max-prompt-tokens + --n-predict",
-                            args.replay.as_ref().expect("replaying").display(),
-                            r.ids.len()
-                        );
-                        ensure!(
-                            r.ids[..r.prompt_len] == ids[..],
-                            "{}: the sequence of prompt {i} does not start with this run's \
-                             rendering of the prompt (another prompts file, system message or \
-                             chat template?)",
-                            args.replay.as_ref().expect("replaying").display()
-                        );
-                        replayed(&loaded, &mut state, &mut taps, i, r, &mut replay_stats)?
-                    }
-                    None => answer(&loaded, &mut state, &mut taps, i, ids, args.n_predict)?,
-                };
-                new_tokens += seq.ids.len() - seq.prompt_len;
-                shard.push(seq);
-            }
-            bar.inc(1);
-            let secs = started.elapsed().as_secs_f64().max(1e-9);
-            bar.set_message(format!(
-                "{new_tokens} response tokens, {:.1} tok/s, {skipped} skipped",
-                new_tokens as f64 / secs
-            ));
+        let entries = open.entry(k).or_default();
+        if let Some(seq) = &seq {
+            new_tokens += seq.ids.len() - seq.prompt_len;
+        } else {
+            skipped += 1;
+        }
+        entries.push(seq);
+        bar.inc(1);
+        let secs = started.elapsed().as_secs_f64().max(1e-9);
+        bar.set_message(format!(
+            "{new_tokens} response tokens, {:.1} tok/s, {skipped} skipped",
+            new_tokens as f64 / secs
+        ));
+        if entries.len() < range.len() {
+            return Ok(());
         }
         if let Some(replay) = &args.replay {
-            replay_stats.check(replay)?;
+            stats.check(replay)?;
         }
+        let mut seqs: Vec<Sequence> = open.remove(&k).into_iter().flatten().flatten().collect();
+        seqs.sort_by_key(|s| s.prompt_index);
+        let mut shard = ShardBuilder::default();
+        for seq in seqs {
+            shard.push(seq);
+        }
+        let path = shard_path(&args.out, k);
         shard.write(&path, &manifest)?;
         if bar.is_hidden() {
             // No terminal (a log file): one line per shard instead of the bar.
@@ -331,6 +239,55 @@ fn generate_data<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
                 prompts.len(),
                 bar.message()
             );
+        }
+        Ok(())
+    };
+    for i in todo {
+        let ids = crate::chat::user_turn_tokens(
+            &template,
+            &loaded.tokenizer,
+            args.system.as_deref(),
+            &prompts[i],
+            ContentTokens::Plain,
+        )
+        .with_context(|| format!("prompt {} (line {})", i, i + 1))?;
+        if ids.len() > args.max_prompt_tokens {
+            resolve(i, None, &replay_stats)?;
+        } else if let Some(r) = replay.get(&i) {
+            let path = args.replay.as_ref().expect("replaying").display();
+            ensure!(
+                r.ids.len() <= n_ctx,
+                "{path}: the sequence of prompt {i} has {} tokens, beyond this run's \
+                 --max-prompt-tokens + --n-predict",
+                r.ids.len()
+            );
+            ensure!(
+                r.ids[..r.prompt_len] == ids[..],
+                "{path}: the sequence of prompt {i} does not start with this run's rendering \
+                 of the prompt (another prompts file, system message or chat template?)"
+            );
+            let (state, taps) = match &mut replay_state {
+                Some(st) => st,
+                None => replay_state.insert((
+                    dec.try_new_state(n_ctx, 64)?,
+                    Taps::new(&*dec.backend, cfg, &args.taps, 64)?,
+                )),
+            };
+            state.truncate(0);
+            let seq = replayed(&loaded, state, taps, i, r, &mut replay_stats)?;
+            resolve(i, Some(seq), &replay_stats)?;
+        } else {
+            while !generator.has_room() {
+                for seq in generator.step()? {
+                    resolve(seq.prompt_index, Some(seq), &replay_stats)?;
+                }
+            }
+            generator.start(i, ids)?;
+        }
+    }
+    while !generator.is_idle() {
+        for seq in generator.step()? {
+            resolve(seq.prompt_index, Some(seq), &replay_stats)?;
         }
     }
     bar.finish();
@@ -367,113 +324,4 @@ fn forward_capturing<B: Backend>(
     let captured = pollster::block_on(dec.backend.read(taps.output()));
     rows.extend(captured.iter().map(|&v| f16::from_f32(v)));
     Ok(())
-}
-
-/// The target's greedy answer to `prompt`, with the taps of every position.
-fn answer<B: Backend>(
-    loaded: &Loaded<B>,
-    state: &mut DecoderState<B>,
-    taps: &mut Taps<B>,
-    prompt_index: usize,
-    mut ids: Vec<u32>,
-    n_predict: usize,
-) -> Result<Sequence> {
-    let dec = &loaded.decoder;
-    let be = &*dec.backend;
-    let prompt_len = ids.len();
-    let mut rows: Vec<f16> = Vec::new();
-    let mut forward = |state: &mut DecoderState<B>, tokens: &[u32]| {
-        forward_capturing(dec, state, tokens, LogitRows::Last, taps, &mut rows)
-    };
-    for chunk in ids.chunks(state.max_batch()) {
-        forward(state, chunk)?;
-    }
-    let mut finished = false;
-    for _ in 0..n_predict {
-        let next = pollster::block_on(be.argmax(state.logits()))[0];
-        ids.push(next);
-        // The last token's taps are captured too, so row j of the taps is
-        // always position j; the logits of that pass go unused.
-        forward(state, &[next])?;
-        if loaded.tokenizer.is_eog(next) {
-            finished = true;
-            break;
-        }
-    }
-    Ok(Sequence {
-        prompt_index,
-        ids,
-        prompt_len,
-        finished,
-        taps: rows,
-    })
-}
-
-/// How far replayed responses follow this target's own greedy choices.
-#[derive(Default)]
-struct ReplayStats {
-    tokens: usize,
-    differing: usize,
-}
-
-impl ReplayStats {
-    /// Near-ties may flip between machines whose kernels sum in another
-    /// order; more than this share of differing tokens means the file was
-    /// made by another model (or with sampling), and its taps would teach
-    /// a drafter another target.
-    const MAX_DIFFERING: f64 = 0.02;
-
-    /// Fails where more than the tolerated share (and more than one token)
-    /// differs; checked before each shard is written, so a shard of
-    /// another model's answers is never written.
-    fn check(&self, path: &Path) -> Result<()> {
-        let tolerated = (Self::MAX_DIFFERING * self.tokens as f64).max(1.0);
-        if self.differing as f64 > tolerated {
-            bail!(
-                "{}: {} of {} replayed response tokens are not this target's greedy choice; \
-                 was it made by another model?",
-                path.display(),
-                self.differing,
-                self.tokens
-            );
-        }
-        Ok(())
-    }
-}
-
-/// A sequence from a `--replay` file with the taps of every position,
-/// captured by forward passes over it in batches; the logits of every row
-/// check that the response is this target's greedy answer.
-fn replayed<B: Backend>(
-    loaded: &Loaded<B>,
-    state: &mut DecoderState<B>,
-    taps: &mut Taps<B>,
-    prompt_index: usize,
-    seq: &Replayed,
-    stats: &mut ReplayStats,
-) -> Result<Sequence> {
-    let dec = &loaded.decoder;
-    let be = &*dec.backend;
-    let mut rows: Vec<f16> =
-        Vec::with_capacity(seq.ids.len() * taps.layers().len() * dec.config.n_embd);
-    let batch = state.logit_rows();
-    for (c, chunk) in seq.ids.chunks(batch).enumerate() {
-        forward_capturing(dec, state, chunk, LogitRows::All, taps, &mut rows)?;
-        let greedy = pollster::block_on(be.argmax(state.logits()));
-        let start = c * batch;
-        for (j, &next) in greedy.iter().enumerate() {
-            let pos = start + j + 1; // the token this row predicts
-            if pos >= seq.prompt_len && pos < seq.ids.len() {
-                stats.tokens += 1;
-                stats.differing += (seq.ids[pos] != next) as usize;
-            }
-        }
-    }
-    Ok(Sequence {
-        prompt_index,
-        ids: seq.ids.clone(),
-        prompt_len: seq.prompt_len,
-        finished: seq.finished,
-        taps: rows,
-    })
 }

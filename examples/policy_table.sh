@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The draft policy's promise, measured: for every drafter kind on each real
+# target, speculative vs plain decoding per held-out prompt (`run --compare`,
+# medians of alternating timings in one process), at each thread count.
+# Prints one summary line per (target, drafter, threads) with the median and
+# the worst prompt's speedup; the goal is >= 0.95x median and >= 0.85x on
+# every prompt (a drafter that loses must cost almost nothing).
+#
+# Usage: examples/policy_table.sh [OUT_DIR]
+# Environment: PROMPTS (a dir with chat-heldout.jsonl and code-heldout.jsonl,
+#              from training/prompts.py; default data/prompts), LIMIT (prompts
+#              per run, default 6), N (tokens, default 128), RUNS (timings each
+#              way, default 3), THREADS (default "1 2"), PYTHON (default python3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PROMPTS="${PROMPTS:-data/prompts}"
+LIMIT="${LIMIT:-6}" N="${N:-128}" RUNS="${RUNS:-3}" THREADS="${THREADS:-1 2}"
+PYTHON="${PYTHON:-python3}"
+OUT="${1:-policy-table}"
+mkdir -p "$OUT"
+[ -f "$PROMPTS/chat-heldout.jsonl" ] || {
+    echo "no $PROMPTS/chat-heldout.jsonl: run training/prompts.py --out $PROMPTS first" >&2
+    exit 1
+}
+cargo build --release -q -p blockdraft-cli
+smol=$(tests/fetch_models.sh smollm2)
+q05=$(tests/fetch_models.sh qwen05)
+q15=$(tests/fetch_models.sh qwen15)
+
+measure() { # name model prompts drafter...
+    local name=$1 model=$2 prompts=$3 t
+    shift 3
+    for t in $THREADS; do
+        "$PYTHON" training/evaluate.py --model "$model" --prompts "$PROMPTS/$prompts" \
+            --limit "$LIMIT" -n "$N" -t "$t" --no-tau --compare-runs "$RUNS" \
+            --json "$OUT/$name-t$t.json" "$@" 2>/dev/null | tail -n +2 |
+            sed "s/^/$name t=$t /"
+    done
+}
+measure smollm2 "$smol" chat-heldout.jsonl --drafter dflash=drafters/smollm2-dflash.gguf --drafter ngram
+measure qwen05 "$q05" code-heldout.jsonl --drafter ngram
+measure qwen15 "$q15" code-heldout.jsonl --drafter draft-model="$q05" --drafter ngram
