@@ -46,6 +46,11 @@ pub struct Args {
     #[arg(long = "verify-ctx", default_value_t = 64, value_parser = at_least(1),
           conflicts_with = "draft")]
     pub verify_ctx: usize,
+    /// Aggregate decode speed of this many sequences decoded together (one
+    /// batched pass per token for all of them), e.g. `1,2,4,8`.
+    #[arg(long = "parallel", value_delimiter = ',', conflicts_with = "draft",
+          value_parser = usize_in(Bounds { lo: 1, hi: 256 }))]
+    pub parallel: Vec<usize>,
     #[arg(long = "json")]
     pub json: bool,
     /// Benchmark speculative against plain decoding with this drafter
@@ -220,6 +225,23 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
             verify.push((k, median(&times)));
         }
     }
+    let mut parallel = Vec::new();
+    for &n in &args.parallel {
+        if interrupt::requested() || args.n_gen == 0 {
+            break;
+        }
+        progress(format!("{n} sequences decoding together"));
+        let mut times = Vec::new();
+        for _ in 0..args.reps {
+            times.push(time_parallel(dec, n, args.n_gen)?);
+            if interrupt::requested() {
+                break;
+            }
+        }
+        if times.len() == args.reps {
+            parallel.push((n, (n * args.n_gen) as f64 / median(&times)));
+        }
+    }
     let interrupted = interrupt::requested();
     let t1 = verify.first().map(|v| v.1);
     let bytes = weight_bytes_per_token(&loaded.file);
@@ -249,6 +271,10 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
             "memory_read_gb_per_second": read_gbps,
             "decode_bandwidth_fraction": bandwidth_fraction,
             "verify": curve,
+            "parallel": parallel
+                .iter()
+                .map(|&(n, tps)| json!({"sequences": n, "decode_tokens_per_second": tps}))
+                .collect::<Vec<_>>(),
             "peak_rss_bytes": rss,
         }))?;
         return Ok(interrupted);
@@ -293,11 +319,60 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
             let _ = writeln!(out, "  k={k:<3} {:>8.2} ms  {:>5.2}x", t * 1e3, t / t1);
         }
     }
+    if let Some(&(_, one)) = parallel.first() {
+        let _ = writeln!(
+            out,
+            "parallel aggregate decode tg{}, sequences decoded together:",
+            args.n_gen
+        );
+        for &(n, tps) in &parallel {
+            let _ = writeln!(
+                out,
+                "  {n:<3} seq {tps:>9.2} tok/s  {:>5.2}x the first",
+                tps / one
+            );
+        }
+    }
     if let Some(r) = rss {
         let _ = writeln!(out, "peak RSS {:.1} MB", r as f64 / 1e6);
     }
     crate::out::print(&out)?;
     Ok(interrupted)
+}
+
+/// Seconds for `n` sequences, each after a short prompt of its own, to
+/// decode `n_gen` tokens each, one batched pass per token for all of them.
+fn time_parallel<B: Backend>(dec: &Decoder<B>, n: usize, n_gen: usize) -> Result<f64> {
+    const PROMPT: usize = 16;
+    let n_ctx = dec
+        .config
+        .context_size(PROMPT + n_gen, None)
+        .context("-n with --parallel's 16-token prompts")?;
+    let mut states = (0..n)
+        .map(|_| dec.try_new_state(n_ctx, PROMPT))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut batch = dec.new_batch(n, n);
+    anyhow::ensure!(
+        batch.max_seqs() >= n && batch.max_rows() >= n,
+        "this backend's tensors hold {} sequences of a batched pass, not {n}",
+        batch.max_seqs().min(batch.max_rows())
+    );
+    let mut next = Vec::with_capacity(n);
+    for (i, state) in states.iter_mut().enumerate() {
+        let prompt = random_tokens(PROMPT, dec.config.n_vocab, i as u64);
+        dec.forward(state, &prompt, LogitRows::Last, true, None)?;
+        next.push([pollster::block_on(dec.backend.argmax(state.logits()))[0]]);
+    }
+    let t = Instant::now();
+    for _ in 0..n_gen {
+        let mut parts: Vec<_> = states.iter_mut().zip(next.iter().map(|t| &t[..])).collect();
+        dec.forward_batch(&mut batch, &mut parts, None)?;
+        let greedy = pollster::block_on(dec.backend.argmax(batch.logits()));
+        for (t, g) in next.iter_mut().zip(greedy) {
+            *t = [g];
+        }
+    }
+    Ok(t.elapsed().as_secs_f64())
 }
 
 /// Plain and speculative greedy decoding of the same prompt, repeated,
