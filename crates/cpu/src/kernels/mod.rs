@@ -17,8 +17,11 @@
 //! than n decode steps. Larger n (prefill) runs in groups of `MAX_NR` rows
 //! over L2-sized chunks of weight rows.
 //!
-//! SIMD: AVX2+FMA+F16C kernels for every type, chosen at runtime
-//! (`BLOCKDRAFT_NO_SIMD=1` forces the portable scalar kernels); aarch64
+//! SIMD: AVX2+FMA+F16C kernels for every type, chosen at runtime, and the
+//! same kernels built for AVX-512 VNNI where the CPU has it (`vpdpbusd`
+//! dots and 32 vector registers, bit-identical results;
+//! `BLOCKDRAFT_NO_AVX512=1` keeps the AVX2 build; `BLOCKDRAFT_NO_SIMD=1`
+//! forces the portable scalar kernels); aarch64
 //! NEON kernels for every type too, using `sdot` where the CPU has it
 //! (`BLOCKDRAFT_NO_DOTPROD=1` opts out), and wasm32 simd128 ones (when the
 //! build enables simd128).
@@ -714,6 +717,10 @@ pub fn supports(ty: GgmlType) -> bool {
 
 /// The SIMD instruction set the kernels use on this CPU, for logs.
 pub fn simd_level() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    if x86::has_avx512_vnni() {
+        return "avx512+vnni";
+    }
     #[cfg(target_arch = "x86_64")]
     if x86::has_avx2() {
         return "avx2+fma";

@@ -376,6 +376,45 @@ fn simd_kernels_match_scalar() {
     }
 }
 
+/// The AVX-512 VNNI build of the kernels gives the AVX2 build's results bit
+/// for bit: same float sequence, and `vpdpbusd` lanes equal to those of
+/// maddubs + madd.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_kernels_equal_the_avx2_ones_bit_for_bit() {
+    if !super::x86::has_avx512_vnni() {
+        eprintln!("SKIPPED: this CPU has no AVX-512 VNNI (or BLOCKDRAFT_NO_AVX512 is set)");
+        return;
+    }
+    let pool = ThreadPool::new(1);
+    let mut rng = Rng::new(5);
+    for ty in ALL_TYPES {
+        let (Some(wide), Some(base)) =
+            (super::x86::avx512::kernel(ty), super::x86::avx2::kernel(ty))
+        else {
+            continue;
+        };
+        for (rows, cols) in shapes(ty) {
+            let data = random_weights(ty, rows, cols, &mut rng);
+            let w = WeightRef {
+                ty,
+                data: &data,
+                rows,
+                cols,
+            };
+            for n in NS {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
+                let mut a = vec![0f32; n * rows];
+                let mut b = vec![0f32; n * rows];
+                matmul_with(&pool, &w, &x, &mut a, wide, false);
+                matmul_with(&pool, &w, &x, &mut b, base, false);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{ty} {rows}x{cols} n={n}");
+            }
+        }
+    }
+}
+
 #[test]
 fn results_identical_across_thread_counts() {
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(4)];
@@ -643,7 +682,8 @@ fn results_independent_of_batch_and_tiling() {
 /// AVX2).
 fn packed_where_supported(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
     let packed = pack(pool, w);
-    let supported = cfg!(target_arch = "x86_64") && simd_level() == "avx2+fma";
+    // Both x86 builds (avx2+fma, avx512+vnni) pack.
+    let supported = cfg!(target_arch = "x86_64") && simd_level().starts_with("avx");
     assert_eq!(
         packed.is_some(),
         supported,

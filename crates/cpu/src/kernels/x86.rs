@@ -16,6 +16,31 @@ pub(crate) fn has_avx2() -> bool {
     })
 }
 
+/// AVX-512 F/BW/VL with VNNI (Zen 4, Sapphire Rapids and later), unless
+/// `BLOCKDRAFT_NO_AVX512=1` asks for the AVX2 build.
+pub(crate) fn has_avx512_vnni() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        has_avx2()
+            && std::env::var_os("BLOCKDRAFT_NO_AVX512").is_none()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni")
+    })
+}
+
+/// The matmul kernel for `ty` of the widest build this CPU runs.
+pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
+    if has_avx512_vnni() {
+        return avx512::kernel(ty);
+    }
+    if has_avx2() {
+        return avx2::kernel(ty);
+    }
+    None
+}
+
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn hsum(v: __m256) -> f32 {
@@ -180,14 +205,30 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
 // ---------------------------------------------------------------------------
 // Matmul kernels. Each is generic over NR (activation rows per call,
 // 1..=MAX_NR): the weight block is loaded and unpacked once, then dotted
-// with every row. On AVX2 the integer dot is maddubs (u8 x i8 pairs -> i16)
-// then madd (-> i32, applying a sub-block scale when there is one).
+// with every row. They are built twice (`matmul_kernels!`): for AVX2, where
+// the integer dot is maddubs (u8 x i8 pairs -> i16) then madd (-> i32,
+// applying a sub-block scale when there is one), and for AVX-512 VNNI, where
+// `vpdpbusd` gives the same i32 lanes in one instruction and the compiler
+// has 32 vector registers for the accumulators of many rows. The float
+// sequence is the same, so both builds give bit-identical results.
+
+/// Eight i32 lanes, each the sum of four u8 x i8 products of its bytes:
+/// `vpdpbusd` (`yes`) or maddubs + madd (`no`; exact too, since no pair
+/// of products here reaches the i16 limit).
+macro_rules! dot_lanes {
+    (yes, $u:expr, $s:expr) => {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), $u, $s)
+    };
+    (no, $u:expr, $s:expr) => {
+        _mm256_madd_epi16(_mm256_maddubs_epi16($u, $s), _mm256_set1_epi16(1))
+    };
+}
 
 /// Like `by_nr!` for the float kernels, which keep two accumulators per row
 /// and would spill beyond 4 rows: more rows are done 4 at a time (the weight
 /// row is in L1 by then).
 macro_rules! by_nr4 {
-    ($f:ident) => {{
+    ($feat:literal, $f:ident) => {{
         unsafe fn row(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
             let mut i = 0;
             while i < x.len() {
@@ -213,8 +254,8 @@ macro_rules! by_nr4 {
 /// target features, so `$f` is inlined into it and the row count is
 /// matched once per call instead of once per weight row.
 macro_rules! rows {
-    ($f:ident) => {{
-        #[target_feature(enable = "avx2,fma,f16c")]
+    ($feat:literal, $f:ident) => {{
+        #[target_feature(enable = $feat)]
         unsafe fn each<const NR: usize>(
             w: *const u8,
             rb: usize,
@@ -247,170 +288,6 @@ macro_rules! rows {
     }};
 }
 
-/// Q4_K: `q4_k`, except for rows that must follow llama.cpp's batch (gemm)
-/// order, which take `q4_k_rows`.
-unsafe fn q4_k_any(
-    w: *const u8,
-    rb: usize,
-    nw: usize,
-    nb: usize,
-    x: &[Act],
-    out: *mut f32,
-    ldo: usize,
-) {
-    let k = if x.iter().any(|a| a.in_group4) {
-        by_nr!(q4_k_rows)
-    } else {
-        rows!(q4_k)
-    };
-    k(w, rb, nw, nb, x, out, ldo)
-}
-
-/// The AVX2 kernel for `ty`, if there is one and the CPU has AVX2.
-pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
-    use GgmlType::*;
-    if !has_avx2() {
-        return None;
-    }
-    Some(match ty {
-        F32 => by_nr4!(f32w),
-        F16 => by_nr4!(f16w),
-        BF16 => by_nr4!(bf16w),
-        Q4_0 => rows!(q4_0),
-        Q4_1 => rows!(q4_1),
-        Q5_0 => rows!(q5_0),
-        Q5_1 => rows!(q5_1),
-        Q8_0 => rows!(q8_0),
-        Q8_1 => rows!(q8_1),
-        Q4_K => q4_k_any,
-        Q5_K => rows!(q5_k),
-        Q6_K => rows!(q6_k),
-        Q3_K => rows!(q3_k),
-        Q2_K => rows!(q2_k),
-        Q8_K => rows!(q8_k),
-        _ => return None,
-    })
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn h2f(p: *const u8) -> f32 {
-    let bits = (p as *const u16).read_unaligned();
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-}
-
-/// The f16 at `p` as f32 in all 8 lanes.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn h2f8(p: *const u8) -> __m256 {
-    _mm256_cvtph_ps(_mm_set1_epi16((p as *const i16).read_unaligned()))
-}
-
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn load(p: *const u8) -> __m256i {
-    _mm256_loadu_si256(p as *const __m256i)
-}
-
-/// 16 bytes at `p` -> 32 nibbles: low nibbles in bytes 0..16, high in 16..32.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn nibbles32(p: *const u8) -> __m256i {
-    let q = _mm_loadu_si128(p as *const __m128i);
-    let v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
-    _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
-}
-
-/// The 32 bits of `bits` spread to bytes: 0xFF where the bit is set.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn bits_to_bytes(bits: u32) -> __m256i {
-    let v = _mm256_set1_epi32(bits as i32);
-    // Byte i takes source byte i / 8, then tests bit i % 8.
-    let spread = _mm256_shuffle_epi8(
-        v,
-        _mm256_setr_epi8(
-            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
-            3, 3, 3,
-        ),
-    );
-    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
-}
-
-/// Signed i8 x signed i8 dot of 32 pairs -> 8 i32 partial sums.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn dot_i8(w_abs: __m256i, w: __m256i, x: __m256i) -> __m256i {
-    // maddubs needs one unsigned operand: |w| and x carrying w's sign.
-    let p = _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, w));
-    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
-}
-
-/// Unsigned u8 (< 128) x signed i8 dot of 32 pairs -> 8 i32 partial sums.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn dot_u8(w: __m256i, x: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
-}
-
-/// Finish: horizontal sums of the NR accumulators into `out`.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn finish<const NR: usize>(acc: &[__m256; NR], extra: &[f32; NR], out: &mut [f32]) {
-    for i in 0..NR {
-        out[i] = hsum(acc[i]) + extra[i];
-    }
-}
-
-// Unpack one 32-block's quants to 32 bytes.
-
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn unpack_q8_0(blk: *const u8) -> __m256i {
-    load(blk.add(2))
-}
-
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn unpack_q8_1(blk: *const u8) -> __m256i {
-    load(blk.add(4))
-}
-
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn unpack_q4_0(blk: *const u8) -> __m256i {
-    // Unsigned 0..15; the -8 offset is applied through the activation sums.
-    nibbles32(blk.add(2))
-}
-
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn unpack_q5_0(blk: *const u8) -> __m256i {
-    // Unsigned 0..31; the -16 offset is applied through the activation sums.
-    let hb = bits_to_bytes((blk.add(2) as *const u32).read_unaligned());
-    _mm256_or_si256(
-        nibbles32(blk.add(6)),
-        _mm256_and_si256(hb, _mm256_set1_epi8(0x10)),
-    )
-}
-
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn unpack_q4_1(blk: *const u8) -> __m256i {
-    nibbles32(blk.add(4))
-}
-
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn unpack_q5_1(blk: *const u8) -> __m256i {
-    let hb = bits_to_bytes((blk.add(4) as *const u32).read_unaligned());
-    _mm256_or_si256(
-        nibbles32(blk.add(8)),
-        _mm256_and_si256(hb, _mm256_set1_epi8(0x10)),
-    )
-}
-
 /// Shared body of the 32-block types, with the float sequence of ggml's
 /// AVX2 `ggml_vec_dot_*_q8_0/_q8_1` (and llamafile's sgemm, which matches
 /// it), so results are bit-equal to llama.cpp's: per block, the 8 lane sums
@@ -423,8 +300,8 @@ unsafe fn unpack_q5_1(blk: *const u8) -> __m256i {
 /// at a time: tiles of several weight rows measured slower on an idle Zen 3
 /// (SmolLM2 decode 33 tok/s with 4-row tiles, 49 with one).
 macro_rules! kernel_32 {
-    ($name:ident, $bytes:expr, $unpack:ident, $offset:expr, $has_min:expr) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
+    ($feat:literal, $name:ident, $bytes:expr, $unpack:ident, $offset:expr, $has_min:expr) => {
+        #[target_feature(enable = $feat)]
         unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
             let mut acc = [_mm256_setzero_ps(); NR];
             let mut summs = [0f32; NR];
@@ -460,62 +337,6 @@ macro_rules! kernel_32 {
     };
 }
 
-// Q8_0/Q8_1/Q4_0/Q5_0 are signed; Q4_1/Q5_1 unsigned with a stored min.
-kernel_32!(q8_0, 34, unpack_q8_0, 0, false);
-kernel_32!(q8_1, 36, unpack_q8_1, 0, false);
-kernel_32!(q4_0, 18, unpack_q4_0, 8, false);
-kernel_32!(q5_0, 22, unpack_q5_0, 16, false);
-kernel_32!(q4_1, 20, unpack_q4_1, 0, true);
-kernel_32!(q5_1, 24, unpack_q5_1, 0, true);
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
-    let mut acc = [_mm256_setzero_ps(); NR];
-    let x: &[Act; NR] = x.try_into().unwrap_unchecked();
-    for b in 0..nb {
-        let blk = w.add(b * 292);
-        let dw = (blk as *const f32).read_unaligned();
-        let mut sum = [_mm256_setzero_si256(); NR];
-        for c in 0..8 {
-            let q = load(blk.add(4 + 32 * c));
-            let qa = _mm256_sign_epi8(q, q);
-            for i in 0..NR {
-                let xq = load(x[i].qs.add(256 * b + 32 * c) as *const u8);
-                sum[i] = _mm256_add_epi32(sum[i], dot_i8(qa, q, xq));
-            }
-        }
-        for i in 0..NR {
-            let s = _mm256_cvtepi32_ps(sum[i]);
-            acc[i] = _mm256_fmadd_ps(s, _mm256_set1_ps(dw * *x[i].d.add(b)), acc[i]);
-        }
-    }
-    finish(&acc, &[0.0; NR], out);
-}
-
-/// Eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K super-block.
-#[inline(always)]
-pub(crate) fn k4_scales(p: *const u8) -> ([u8; 8], [u8; 8]) {
-    // SAFETY: callers pass a pointer to the 12 scale bytes of a block.
-    let (w0, w1, w2) = unsafe {
-        (
-            (p as *const u32).read_unaligned(),
-            (p.add(4) as *const u32).read_unaligned(),
-            (p.add(8) as *const u32).read_unaligned(),
-        )
-    };
-    let (m6, m4, m2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
-    let sc_lo = w0 & m6;
-    let mn_lo = w1 & m6;
-    let sc_hi = (w2 & m4) | (((w0 >> 6) & m2) << 4);
-    let mn_hi = ((w2 >> 4) & m4) | (((w1 >> 6) & m2) << 4);
-    let (a, b) = (sc_lo.to_le_bytes(), sc_hi.to_le_bytes());
-    let (c, d) = (mn_lo.to_le_bytes(), mn_hi.to_le_bytes());
-    (
-        [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]],
-        [c[0], c[1], c[2], c[3], d[0], d[1], d[2], d[3]],
-    )
-}
-
 /// Shared body of Q4_K / Q5_K (`$five`: OR in the fifth bit of each quant
 /// from the 32 `qh` bytes, bit j for sub-block j).
 ///
@@ -529,8 +350,8 @@ pub(crate) fn k4_scales(p: *const u8) -> ([u8; 8], [u8; 8]) {
 /// whole groups of 4 rows, accumulates the same way per 64 values (pair of
 /// sub-blocks) instead of per super-block.
 macro_rules! k4_kernel {
-    ($name:ident, $bytes:expr, $qs_off:expr, $five:expr) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
+    ($feat:literal, $name:ident, $bytes:expr, $qs_off:expr, $five:expr) => {
+        #[target_feature(enable = $feat)]
         unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
             let mut acc = [_mm256_setzero_ps(); NR];
             let (mut acc1, mut acc_min) = ([0f32; NR], [0f32; NR]);
@@ -626,255 +447,10 @@ macro_rules! k4_kernel {
     };
 }
 
-k4_kernel!(q4_k_rows, 144, 16, false);
-k4_kernel!(q5_k, 176, 48, true);
-
-/// Horizontal sums of eight i32x8 vectors: lane k of the result = sum of `v[k]`.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
-    let h01 = _mm256_hadd_epi32(v[0], v[1]);
-    let h23 = _mm256_hadd_epi32(v[2], v[3]);
-    let h45 = _mm256_hadd_epi32(v[4], v[5]);
-    let h67 = _mm256_hadd_epi32(v[6], v[7]);
-    // Per 128-bit half: partial sums of [v0 v1 v2 v3] and [v4 v5 v6 v7].
-    let a = _mm256_hadd_epi32(h01, h23);
-    let b = _mm256_hadd_epi32(h45, h67);
-    let lo = _mm256_permute2x128_si256(a, b, 0x20);
-    let hi = _mm256_permute2x128_si256(a, b, 0x31);
-    _mm256_add_epi32(lo, hi)
-}
-
-/// Q4_K for NR activation rows (NR <= 8) with `q4_k_rows`' float sequence
-/// for each output (llama.cpp's gemv): the integer sums are exact, so they
-/// are reduced for all rows at once, and the two per-super-block FMAs of
-/// every output run as lanes of one vector (lane i: activation row i), with
-/// the weight's two scales converted once for all of them.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_min = _mm256_setzero_ps();
-    let x: &[Act; NR] = x.try_into().unwrap_unchecked();
-    let low4 = _mm256_set1_epi8(0x0F);
-    for b in 0..nb {
-        let mut sum = [_mm256_setzero_si256(); 8];
-        let mut msum = [_mm256_setzero_si256(); 8];
-        let mut dx = [0f32; 8];
-        let blk = w.add(b * 144);
-        let (sc, mn) = k4_scales(blk.add(4));
-        let scv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(
-            sc.as_ptr() as *const __m128i
-        )));
-        // Min j for each 16-sum of the activations (two per sub-block).
-        let m8 = _mm_loadl_epi64(mn.as_ptr() as *const __m128i);
-        let mn16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-        for jj in 0..4 {
-            let q = load(blk.add(16 + 32 * jj));
-            let lo = _mm256_and_si256(q, low4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-            // Scale j in all 16 i16 lanes: a byte shuffle of `scv`.
-            let pick = |j: usize| {
-                let m = (2 * j as i16) | ((2 * j as i16 + 1) << 8);
-                _mm256_shuffle_epi8(scv, _mm256_set1_epi16(m))
-            };
-            let (s_lo, s_hi) = (pick(2 * jj), pick(2 * jj + 1));
-            for i in 0..NR {
-                let xp = x[i].qs.add(256 * b + 64 * jj) as *const u8;
-                let p_lo = _mm256_maddubs_epi16(lo, load(xp));
-                let p_hi = _mm256_maddubs_epi16(hi, load(xp.add(32)));
-                let s =
-                    _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo), _mm256_madd_epi16(p_hi, s_hi));
-                sum[i] = _mm256_add_epi32(sum[i], s);
-            }
-        }
-        for (i, xi) in x.iter().enumerate() {
-            msum[i] = _mm256_madd_epi16(load(xi.bs.add(16 * b) as *const u8), mn16);
-            dx[i] = *xi.d.add(b);
-        }
-        let s = _mm256_cvtepi32_ps(reduce8(&sum));
-        let m = _mm256_cvtepi32_ps(reduce8(&msum));
-        let dxv = _mm256_loadu_ps(dx.as_ptr());
-        let dd = _mm256_mul_ps(h2f8(blk), dxv);
-        let dm = _mm256_mul_ps(h2f8(blk.add(2)), dxv);
-        acc = _mm256_fmadd_ps(s, dd, acc);
-        acc_min = _mm256_fmadd_ps(m, dm, acc_min);
-    }
-    let mut r = [0f32; 8];
-    _mm256_storeu_ps(r.as_mut_ptr(), _mm256_sub_ps(acc, acc_min));
-    out[..NR].copy_from_slice(&r[..NR]);
-}
-
-/// i16 vector with `a` in the low 8 lanes and `b` in the high 8 (the scales
-/// of two 16-value sub-blocks covered by one 32-byte maddubs).
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn pair16(a: i16, b: i16) -> __m256i {
-    _mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
-    let mut acc = [_mm256_setzero_ps(); NR];
-    let x: &[Act; NR] = x.try_into().unwrap_unchecked();
-    let low4 = _mm256_set1_epi8(0x0F);
-    let low2 = _mm256_set1_epi8(0x03);
-    for b in 0..nb {
-        let blk = w.add(b * 210);
-        let d = h2f(blk.add(208));
-        let sc = blk.add(192) as *const i8;
-        // Quants are stored +32; the offset is removed with the 16-sums:
-        // sum (q - 32) x = sum q x - 32 sum_g sc_g bsum_g.
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc as *const __m128i));
-        let dup_lo = _mm256_unpacklo_epi16(sc16, sc16);
-        let dup_hi = _mm256_unpackhi_epi16(sc16, sc16);
-        let mut sum = [_mm256_setzero_si256(); NR];
-        for h in 0..2 {
-            let ql0 = load(blk.add(64 * h));
-            let ql1 = load(blk.add(64 * h + 32));
-            let qh = load(blk.add(128 + 32 * h));
-            let q = [
-                _mm256_or_si256(
-                    _mm256_and_si256(ql0, low4),
-                    _mm256_slli_epi16(_mm256_and_si256(qh, low2), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(ql1, low4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), low2), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), low2), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), low2), 4),
-                ),
-            ];
-            // Scale pairs (8h + 2k, 8h + 2k + 1) by one cross-lane permute:
-            // dup_lo holds scales 0-3, 8-11 and dup_hi 4-7, 12-15, each
-            // doubled into a 32-bit lane.
-            let (o0, o1) = (4 * h as i32, 4 * h as i32 + 1);
-            let (o2, o3) = (4 * h as i32 + 2, 4 * h as i32 + 3);
-            let perm = |v: __m256i, a: i32, b: i32| {
-                _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(a, a, a, a, b, b, b, b))
-            };
-            let s = [
-                perm(dup_lo, o0, o1),
-                perm(dup_lo, o2, o3),
-                perm(dup_hi, o0, o1),
-                perm(dup_hi, o2, o3),
-            ];
-            for i in 0..NR {
-                let xp = x[i].qs.add(256 * b + 128 * h) as *const u8;
-                for k in 0..4 {
-                    let p = _mm256_maddubs_epi16(q[k], load(xp.add(32 * k)));
-                    sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(p, s[k]));
-                }
-            }
-        }
-        for i in 0..NR {
-            let bs = load(x[i].bs.add(16 * b) as *const u8);
-            let off = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
-            let s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sum[i], off));
-            acc[i] = _mm256_fmadd_ps(s, _mm256_set1_ps(d * *x[i].d.add(b)), acc[i]);
-        }
-    }
-    finish(&acc, &[0.0; NR], out);
-}
-
-/// The 16 signed Q3_K scales (already minus 32) as i16.
-#[inline(always)]
-fn q3_scales16(p: *const u8) -> [i16; 16] {
-    // SAFETY: callers pass a pointer to the 12 scale bytes of a block.
-    let s = unsafe { std::slice::from_raw_parts(p, 12) };
-    super::scalar::q3k_scales(s).map(|v| v as i16)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q3_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
-    let mut acc = [_mm256_setzero_ps(); NR];
-    let x: &[Act; NR] = x.try_into().unwrap_unchecked();
-    let low2 = _mm256_set1_epi8(0x03);
-    let one = _mm256_set1_epi8(1);
-    for b in 0..nb {
-        let blk = w.add(b * 110);
-        let d = h2f(blk.add(108));
-        let sc = q3_scales16(blk.add(96));
-        let sc16 = _mm256_loadu_si256(sc.as_ptr() as *const __m256i);
-        let hm = load(blk);
-        let mut sum = [_mm256_setzero_si256(); NR];
-        for h in 0..2 {
-            let qs = load(blk.add(32 + 32 * h));
-            for j in 0..4 {
-                let sh = _mm_cvtsi32_si128(2 * j as i32);
-                let q2 = _mm256_and_si256(_mm256_srl_epi16(qs, sh), low2);
-                let hb = _mm256_and_si256(
-                    _mm256_srl_epi16(hm, _mm_cvtsi32_si128((4 * h + j) as i32)),
-                    one,
-                );
-                // Stored as q2 - 4 * (1 - hbit); use q2 + 4 hbit (>= 0), subtract 4 later.
-                let q = _mm256_or_si256(q2, _mm256_slli_epi16(hb, 2));
-                let is = 8 * h + 2 * j;
-                let s = pair16(sc[is], sc[is + 1]);
-                for i in 0..NR {
-                    let xp = x[i].qs.add(256 * b + 128 * h + 32 * j) as *const u8;
-                    let p = _mm256_maddubs_epi16(q, load(xp));
-                    sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(p, s));
-                }
-            }
-        }
-        for i in 0..NR {
-            let bs = load(x[i].bs.add(16 * b) as *const u8);
-            let off = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 2);
-            let s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sum[i], off));
-            acc[i] = _mm256_fmadd_ps(s, _mm256_set1_ps(d * *x[i].d.add(b)), acc[i]);
-        }
-    }
-    finish(&acc, &[0.0; NR], out);
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q2_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
-    let mut acc = [_mm256_setzero_ps(); NR];
-    let x: &[Act; NR] = x.try_into().unwrap_unchecked();
-    let low2 = _mm256_set1_epi8(0x03);
-    for b in 0..nb {
-        let blk = w.add(b * 84);
-        let d = h2f(blk.add(80));
-        let dmin = h2f(blk.add(82));
-        let scb = _mm_loadu_si128(blk as *const __m128i);
-        let mins16 =
-            _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), _mm_set1_epi8(0x0F)));
-        let mut sum = [_mm256_setzero_si256(); NR];
-        for h in 0..2 {
-            let qs = load(blk.add(16 + 32 * h));
-            for j in 0..4 {
-                let q =
-                    _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * j as i32)), low2);
-                let is = 8 * h + 2 * j;
-                let s = pair16((*blk.add(is) & 0xF) as i16, (*blk.add(is + 1) & 0xF) as i16);
-                for i in 0..NR {
-                    let xp = x[i].qs.add(256 * b + 128 * h + 32 * j) as *const u8;
-                    let p = _mm256_maddubs_epi16(q, load(xp));
-                    sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(p, s));
-                }
-            }
-        }
-        for i in 0..NR {
-            let xd = *x[i].d.add(b);
-            let bs = load(x[i].bs.add(16 * b) as *const u8);
-            let msum = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mins16));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[i]), _mm256_set1_ps(d * xd), acc[i]);
-            acc[i] = _mm256_fmadd_ps(msum, _mm256_set1_ps(-dmin * xd), acc[i]);
-        }
-    }
-    finish(&acc, &[0.0; NR], out);
-}
-
 /// Float weights: `$load(ptr to element k)` gives 8 f32 weights.
 macro_rules! float_kernel {
-    ($name:ident, $esize:expr, |$p:ident| $load:expr) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
+    ($feat:literal, $name:ident, $esize:expr, |$p:ident| $load:expr) => {
+        #[target_feature(enable = $feat)]
         unsafe fn $name<const NR: usize>(w: *const u8, n: usize, x: &[Act], out: &mut [f32]) {
             // Two accumulators per row hide the FMA latency.
             let mut acc = [[_mm256_setzero_ps(); 2]; NR];
@@ -899,7 +475,7 @@ macro_rules! float_kernel {
                 for i in 0..NR {
                     xs[i].f = x[i].f.add(k);
                 }
-                super::scalar::$name(w.add(k * $esize), n - k, &xs, &mut tail);
+                crate::kernels::scalar::$name(w.add(k * $esize), n - k, &xs, &mut tail);
             }
             for i in 0..NR {
                 out[i] = hsum(_mm256_add_ps(acc[i][0], acc[i][1])) + tail[i];
@@ -908,11 +484,504 @@ macro_rules! float_kernel {
     };
 }
 
-float_kernel!(f32w, 4, |p| _mm256_loadu_ps(p as *const f32));
-float_kernel!(f16w, 2, |p| _mm256_cvtph_ps(_mm_loadu_si128(
-    p as *const __m128i
-)));
-float_kernel!(bf16w, 2, |p| _mm256_castsi256_ps(_mm256_slli_epi32(
-    _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)),
-    16
-)));
+/// Eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K super-block.
+#[inline(always)]
+pub(crate) fn k4_scales(p: *const u8) -> ([u8; 8], [u8; 8]) {
+    // SAFETY: callers pass a pointer to the 12 scale bytes of a block.
+    let (w0, w1, w2) = unsafe {
+        (
+            (p as *const u32).read_unaligned(),
+            (p.add(4) as *const u32).read_unaligned(),
+            (p.add(8) as *const u32).read_unaligned(),
+        )
+    };
+    let (m6, m4, m2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+    let sc_lo = w0 & m6;
+    let mn_lo = w1 & m6;
+    let sc_hi = (w2 & m4) | (((w0 >> 6) & m2) << 4);
+    let mn_hi = ((w2 >> 4) & m4) | (((w1 >> 6) & m2) << 4);
+    let (a, b) = (sc_lo.to_le_bytes(), sc_hi.to_le_bytes());
+    let (c, d) = (mn_lo.to_le_bytes(), mn_hi.to_le_bytes());
+    (
+        [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]],
+        [c[0], c[1], c[2], c[3], d[0], d[1], d[2], d[3]],
+    )
+}
+
+/// The matmul kernels for one instruction set: `$feat` its target
+/// features, `$vnni` whether its 8-bit dots are `vpdpbusd` (see `dot_lanes!`).
+macro_rules! matmul_kernels {
+    ($feat:literal, $vnni:ident) => {
+        // ---------------------------------------------------------------------------
+        // Matmul kernels. Each is generic over NR (activation rows per call,
+        // 1..=MAX_NR): the weight block is loaded and unpacked once, then dotted
+        // with every row. On AVX2 the integer dot is maddubs (u8 x i8 pairs -> i16)
+        // then madd (-> i32, applying a sub-block scale when there is one).
+
+        /// Q4_K: `q4_k`, except for rows that must follow llama.cpp's batch (gemm)
+        /// order, which take `q4_k_rows`.
+        unsafe fn q4_k_any(
+            w: *const u8,
+            rb: usize,
+            nw: usize,
+            nb: usize,
+            x: &[Act],
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            let k = if x.iter().any(|a| a.in_group4) {
+                by_nr!(q4_k_rows)
+            } else {
+                rows!($feat, q4_k)
+            };
+            k(w, rb, nw, nb, x, out, ldo)
+        }
+
+        /// This build's kernel for `ty`, if there is one.
+        pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
+            use GgmlType::*;
+            Some(match ty {
+                F32 => by_nr4!($feat, f32w),
+                F16 => by_nr4!($feat, f16w),
+                BF16 => by_nr4!($feat, bf16w),
+                Q4_0 => rows!($feat, q4_0),
+                Q4_1 => rows!($feat, q4_1),
+                Q5_0 => rows!($feat, q5_0),
+                Q5_1 => rows!($feat, q5_1),
+                Q8_0 => rows!($feat, q8_0),
+                Q8_1 => rows!($feat, q8_1),
+                Q4_K => q4_k_any,
+                Q5_K => rows!($feat, q5_k),
+                Q6_K => rows!($feat, q6_k),
+                Q3_K => rows!($feat, q3_k),
+                Q2_K => rows!($feat, q2_k),
+                Q8_K => rows!($feat, q8_k),
+                _ => return None,
+            })
+        }
+
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn h2f(p: *const u8) -> f32 {
+            let bits = (p as *const u16).read_unaligned();
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+        }
+
+        /// The f16 at `p` as f32 in all 8 lanes.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn h2f8(p: *const u8) -> __m256 {
+            _mm256_cvtph_ps(_mm_set1_epi16((p as *const i16).read_unaligned()))
+        }
+
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn load(p: *const u8) -> __m256i {
+            _mm256_loadu_si256(p as *const __m256i)
+        }
+
+        /// 16 bytes at `p` -> 32 nibbles: low nibbles in bytes 0..16, high in 16..32.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn nibbles32(p: *const u8) -> __m256i {
+            let q = _mm_loadu_si128(p as *const __m128i);
+            let v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+            _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
+        }
+
+        /// The 32 bits of `bits` spread to bytes: 0xFF where the bit is set.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn bits_to_bytes(bits: u32) -> __m256i {
+            let v = _mm256_set1_epi32(bits as i32);
+            // Byte i takes source byte i / 8, then tests bit i % 8.
+            let spread = _mm256_shuffle_epi8(
+                v,
+                _mm256_setr_epi8(
+                    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                    3, 3, 3, 3, 3, 3,
+                ),
+            );
+            let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+            _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
+        }
+
+        /// Signed i8 x signed i8 dot of 32 pairs -> 8 i32 partial sums.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn dot_i8(w_abs: __m256i, w: __m256i, x: __m256i) -> __m256i {
+            // maddubs needs one unsigned operand: |w| and x carrying w's sign.
+            dot_lanes!($vnni, w_abs, _mm256_sign_epi8(x, w))
+        }
+
+        /// Unsigned u8 (< 128) x signed i8 dot of 32 pairs -> 8 i32 partial sums.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn dot_u8(w: __m256i, x: __m256i) -> __m256i {
+            dot_lanes!($vnni, w, x)
+        }
+
+        /// Finish: horizontal sums of the NR accumulators into `out`.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn finish<const NR: usize>(acc: &[__m256; NR], extra: &[f32; NR], out: &mut [f32]) {
+            for i in 0..NR {
+                out[i] = hsum(acc[i]) + extra[i];
+            }
+        }
+
+        // Unpack one 32-block's quants to 32 bytes.
+
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn unpack_q8_0(blk: *const u8) -> __m256i {
+            load(blk.add(2))
+        }
+
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn unpack_q8_1(blk: *const u8) -> __m256i {
+            load(blk.add(4))
+        }
+
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn unpack_q4_0(blk: *const u8) -> __m256i {
+            // Unsigned 0..15; the -8 offset is applied through the activation sums.
+            nibbles32(blk.add(2))
+        }
+
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn unpack_q5_0(blk: *const u8) -> __m256i {
+            // Unsigned 0..31; the -16 offset is applied through the activation sums.
+            let hb = bits_to_bytes((blk.add(2) as *const u32).read_unaligned());
+            _mm256_or_si256(
+                nibbles32(blk.add(6)),
+                _mm256_and_si256(hb, _mm256_set1_epi8(0x10)),
+            )
+        }
+
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn unpack_q4_1(blk: *const u8) -> __m256i {
+            nibbles32(blk.add(4))
+        }
+
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn unpack_q5_1(blk: *const u8) -> __m256i {
+            let hb = bits_to_bytes((blk.add(4) as *const u32).read_unaligned());
+            _mm256_or_si256(
+                nibbles32(blk.add(8)),
+                _mm256_and_si256(hb, _mm256_set1_epi8(0x10)),
+            )
+        }
+
+        // Q8_0/Q8_1/Q4_0/Q5_0 are signed; Q4_1/Q5_1 unsigned with a stored min.
+        kernel_32!($feat, q8_0, 34, unpack_q8_0, 0, false);
+        kernel_32!($feat, q8_1, 36, unpack_q8_1, 0, false);
+        kernel_32!($feat, q4_0, 18, unpack_q4_0, 8, false);
+        kernel_32!($feat, q5_0, 22, unpack_q5_0, 16, false);
+        kernel_32!($feat, q4_1, 20, unpack_q4_1, 0, true);
+        kernel_32!($feat, q5_1, 24, unpack_q5_1, 0, true);
+
+        #[target_feature(enable = $feat)]
+        unsafe fn q8_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            let mut acc = [_mm256_setzero_ps(); NR];
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            for b in 0..nb {
+                let blk = w.add(b * 292);
+                let dw = (blk as *const f32).read_unaligned();
+                let mut sum = [_mm256_setzero_si256(); NR];
+                for c in 0..8 {
+                    let q = load(blk.add(4 + 32 * c));
+                    let qa = _mm256_sign_epi8(q, q);
+                    for i in 0..NR {
+                        let xq = load(x[i].qs.add(256 * b + 32 * c) as *const u8);
+                        sum[i] = _mm256_add_epi32(sum[i], dot_i8(qa, q, xq));
+                    }
+                }
+                for i in 0..NR {
+                    let s = _mm256_cvtepi32_ps(sum[i]);
+                    acc[i] = _mm256_fmadd_ps(s, _mm256_set1_ps(dw * *x[i].d.add(b)), acc[i]);
+                }
+            }
+            finish(&acc, &[0.0; NR], out);
+        }
+
+        k4_kernel!($feat, q4_k_rows, 144, 16, false);
+        k4_kernel!($feat, q5_k, 176, 48, true);
+
+        /// Horizontal sums of eight i32x8 vectors: lane k of the result = sum of `v[k]`.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
+            let h01 = _mm256_hadd_epi32(v[0], v[1]);
+            let h23 = _mm256_hadd_epi32(v[2], v[3]);
+            let h45 = _mm256_hadd_epi32(v[4], v[5]);
+            let h67 = _mm256_hadd_epi32(v[6], v[7]);
+            // Per 128-bit half: partial sums of [v0 v1 v2 v3] and [v4 v5 v6 v7].
+            let a = _mm256_hadd_epi32(h01, h23);
+            let b = _mm256_hadd_epi32(h45, h67);
+            let lo = _mm256_permute2x128_si256(a, b, 0x20);
+            let hi = _mm256_permute2x128_si256(a, b, 0x31);
+            _mm256_add_epi32(lo, hi)
+        }
+
+        /// Q4_K for NR activation rows (NR <= 8) with `q4_k_rows`' float sequence
+        /// for each output (llama.cpp's gemv): the integer sums are exact, so they
+        /// are reduced for all rows at once, and the two per-super-block FMAs of
+        /// every output run as lanes of one vector (lane i: activation row i), with
+        /// the weight's two scales converted once for all of them.
+        #[target_feature(enable = $feat)]
+        unsafe fn q4_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            let mut acc = _mm256_setzero_ps();
+            let mut acc_min = _mm256_setzero_ps();
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            let low4 = _mm256_set1_epi8(0x0F);
+            for b in 0..nb {
+                let mut sum = [_mm256_setzero_si256(); 8];
+                let mut msum = [_mm256_setzero_si256(); 8];
+                let mut dx = [0f32; 8];
+                let blk = w.add(b * 144);
+                let (sc, mn) = k4_scales(blk.add(4));
+                let scv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(
+                    sc.as_ptr() as *const __m128i,
+                )));
+                // Min j for each 16-sum of the activations (two per sub-block).
+                let m8 = _mm_loadl_epi64(mn.as_ptr() as *const __m128i);
+                let mn16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+                for jj in 0..4 {
+                    let q = load(blk.add(16 + 32 * jj));
+                    let lo = _mm256_and_si256(q, low4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                    // Scale j in all 16 i16 lanes: a byte shuffle of `scv`.
+                    let pick = |j: usize| {
+                        let m = (2 * j as i16) | ((2 * j as i16 + 1) << 8);
+                        _mm256_shuffle_epi8(scv, _mm256_set1_epi16(m))
+                    };
+                    let (s_lo, s_hi) = (pick(2 * jj), pick(2 * jj + 1));
+                    for i in 0..NR {
+                        let xp = x[i].qs.add(256 * b + 64 * jj) as *const u8;
+                        let p_lo = _mm256_maddubs_epi16(lo, load(xp));
+                        let p_hi = _mm256_maddubs_epi16(hi, load(xp.add(32)));
+                        let s = _mm256_add_epi32(
+                            _mm256_madd_epi16(p_lo, s_lo),
+                            _mm256_madd_epi16(p_hi, s_hi),
+                        );
+                        sum[i] = _mm256_add_epi32(sum[i], s);
+                    }
+                }
+                for (i, xi) in x.iter().enumerate() {
+                    msum[i] = _mm256_madd_epi16(load(xi.bs.add(16 * b) as *const u8), mn16);
+                    dx[i] = *xi.d.add(b);
+                }
+                let s = _mm256_cvtepi32_ps(reduce8(&sum));
+                let m = _mm256_cvtepi32_ps(reduce8(&msum));
+                let dxv = _mm256_loadu_ps(dx.as_ptr());
+                let dd = _mm256_mul_ps(h2f8(blk), dxv);
+                let dm = _mm256_mul_ps(h2f8(blk.add(2)), dxv);
+                acc = _mm256_fmadd_ps(s, dd, acc);
+                acc_min = _mm256_fmadd_ps(m, dm, acc_min);
+            }
+            let mut r = [0f32; 8];
+            _mm256_storeu_ps(r.as_mut_ptr(), _mm256_sub_ps(acc, acc_min));
+            out[..NR].copy_from_slice(&r[..NR]);
+        }
+
+        /// i16 vector with `a` in the low 8 lanes and `b` in the high 8 (the scales
+        /// of two 16-value sub-blocks covered by one 32-byte maddubs).
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn pair16(a: i16, b: i16) -> __m256i {
+            _mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a))
+        }
+
+        #[target_feature(enable = $feat)]
+        unsafe fn q6_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            let mut acc = [_mm256_setzero_ps(); NR];
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            let low4 = _mm256_set1_epi8(0x0F);
+            let low2 = _mm256_set1_epi8(0x03);
+            for b in 0..nb {
+                let blk = w.add(b * 210);
+                let d = h2f(blk.add(208));
+                let sc = blk.add(192) as *const i8;
+                // Quants are stored +32; the offset is removed with the 16-sums:
+                // sum (q - 32) x = sum q x - 32 sum_g sc_g bsum_g.
+                let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc as *const __m128i));
+                let dup_lo = _mm256_unpacklo_epi16(sc16, sc16);
+                let dup_hi = _mm256_unpackhi_epi16(sc16, sc16);
+                let mut sum = [_mm256_setzero_si256(); NR];
+                for h in 0..2 {
+                    let ql0 = load(blk.add(64 * h));
+                    let ql1 = load(blk.add(64 * h + 32));
+                    let qh = load(blk.add(128 + 32 * h));
+                    let q = [
+                        _mm256_or_si256(
+                            _mm256_and_si256(ql0, low4),
+                            _mm256_slli_epi16(_mm256_and_si256(qh, low2), 4),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(ql1, low4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), low2), 4),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), low2), 4),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), low2), 4),
+                        ),
+                    ];
+                    // Scale pairs (8h + 2k, 8h + 2k + 1) by one cross-lane permute:
+                    // dup_lo holds scales 0-3, 8-11 and dup_hi 4-7, 12-15, each
+                    // doubled into a 32-bit lane.
+                    let (o0, o1) = (4 * h as i32, 4 * h as i32 + 1);
+                    let (o2, o3) = (4 * h as i32 + 2, 4 * h as i32 + 3);
+                    let perm = |v: __m256i, a: i32, b: i32| {
+                        _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(a, a, a, a, b, b, b, b))
+                    };
+                    let s = [
+                        perm(dup_lo, o0, o1),
+                        perm(dup_lo, o2, o3),
+                        perm(dup_hi, o0, o1),
+                        perm(dup_hi, o2, o3),
+                    ];
+                    for i in 0..NR {
+                        let xp = x[i].qs.add(256 * b + 128 * h) as *const u8;
+                        for k in 0..4 {
+                            let p = _mm256_maddubs_epi16(q[k], load(xp.add(32 * k)));
+                            sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(p, s[k]));
+                        }
+                    }
+                }
+                for i in 0..NR {
+                    let bs = load(x[i].bs.add(16 * b) as *const u8);
+                    let off = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
+                    let s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sum[i], off));
+                    acc[i] = _mm256_fmadd_ps(s, _mm256_set1_ps(d * *x[i].d.add(b)), acc[i]);
+                }
+            }
+            finish(&acc, &[0.0; NR], out);
+        }
+
+        /// The 16 signed Q3_K scales (already minus 32) as i16.
+        #[inline(always)]
+        fn q3_scales16(p: *const u8) -> [i16; 16] {
+            // SAFETY: callers pass a pointer to the 12 scale bytes of a block.
+            let s = unsafe { std::slice::from_raw_parts(p, 12) };
+            crate::kernels::scalar::q3k_scales(s).map(|v| v as i16)
+        }
+
+        #[target_feature(enable = $feat)]
+        unsafe fn q3_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            let mut acc = [_mm256_setzero_ps(); NR];
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            let low2 = _mm256_set1_epi8(0x03);
+            let one = _mm256_set1_epi8(1);
+            for b in 0..nb {
+                let blk = w.add(b * 110);
+                let d = h2f(blk.add(108));
+                let sc = q3_scales16(blk.add(96));
+                let sc16 = _mm256_loadu_si256(sc.as_ptr() as *const __m256i);
+                let hm = load(blk);
+                let mut sum = [_mm256_setzero_si256(); NR];
+                for h in 0..2 {
+                    let qs = load(blk.add(32 + 32 * h));
+                    for j in 0..4 {
+                        let sh = _mm_cvtsi32_si128(2 * j as i32);
+                        let q2 = _mm256_and_si256(_mm256_srl_epi16(qs, sh), low2);
+                        let hb = _mm256_and_si256(
+                            _mm256_srl_epi16(hm, _mm_cvtsi32_si128((4 * h + j) as i32)),
+                            one,
+                        );
+                        // Stored as q2 - 4 * (1 - hbit); use q2 + 4 hbit (>= 0), subtract 4 later.
+                        let q = _mm256_or_si256(q2, _mm256_slli_epi16(hb, 2));
+                        let is = 8 * h + 2 * j;
+                        let s = pair16(sc[is], sc[is + 1]);
+                        for i in 0..NR {
+                            let xp = x[i].qs.add(256 * b + 128 * h + 32 * j) as *const u8;
+                            let p = _mm256_maddubs_epi16(q, load(xp));
+                            sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(p, s));
+                        }
+                    }
+                }
+                for i in 0..NR {
+                    let bs = load(x[i].bs.add(16 * b) as *const u8);
+                    let off = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 2);
+                    let s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sum[i], off));
+                    acc[i] = _mm256_fmadd_ps(s, _mm256_set1_ps(d * *x[i].d.add(b)), acc[i]);
+                }
+            }
+            finish(&acc, &[0.0; NR], out);
+        }
+
+        #[target_feature(enable = $feat)]
+        unsafe fn q2_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            let mut acc = [_mm256_setzero_ps(); NR];
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            let low2 = _mm256_set1_epi8(0x03);
+            for b in 0..nb {
+                let blk = w.add(b * 84);
+                let d = h2f(blk.add(80));
+                let dmin = h2f(blk.add(82));
+                let scb = _mm_loadu_si128(blk as *const __m128i);
+                let mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(
+                    _mm_srli_epi16(scb, 4),
+                    _mm_set1_epi8(0x0F),
+                ));
+                let mut sum = [_mm256_setzero_si256(); NR];
+                for h in 0..2 {
+                    let qs = load(blk.add(16 + 32 * h));
+                    for j in 0..4 {
+                        let q = _mm256_and_si256(
+                            _mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * j as i32)),
+                            low2,
+                        );
+                        let is = 8 * h + 2 * j;
+                        let s =
+                            pair16((*blk.add(is) & 0xF) as i16, (*blk.add(is + 1) & 0xF) as i16);
+                        for i in 0..NR {
+                            let xp = x[i].qs.add(256 * b + 128 * h + 32 * j) as *const u8;
+                            let p = _mm256_maddubs_epi16(q, load(xp));
+                            sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(p, s));
+                        }
+                    }
+                }
+                for i in 0..NR {
+                    let xd = *x[i].d.add(b);
+                    let bs = load(x[i].bs.add(16 * b) as *const u8);
+                    let msum = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mins16));
+                    acc[i] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[i]), _mm256_set1_ps(d * xd), acc[i]);
+                    acc[i] = _mm256_fmadd_ps(msum, _mm256_set1_ps(-dmin * xd), acc[i]);
+                }
+            }
+            finish(&acc, &[0.0; NR], out);
+        }
+
+        float_kernel!($feat, f32w, 4, |p| _mm256_loadu_ps(p as *const f32));
+        float_kernel!($feat, f16w, 2, |p| _mm256_cvtph_ps(_mm_loadu_si128(
+            p as *const __m128i
+        )));
+        float_kernel!($feat, bf16w, 2, |p| _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)),
+            16
+        )));
+    };
+}
+
+/// The AVX2 + FMA + F16C build.
+pub(crate) mod avx2 {
+    use super::*;
+    matmul_kernels!("avx2,fma,f16c", no);
+}
+
+/// The AVX-512 F/BW/VL + VNNI build.
+pub(crate) mod avx512 {
+    use super::*;
+    matmul_kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", yes);
+}
