@@ -178,6 +178,43 @@ class Objective(unittest.TestCase):
         self.assertEqual(accept_length(hits, w).tolist(), [3.0, 1.0, 4.0])
 
 
+class ReducedVocabulary(unittest.TestCase):
+    def test_draft_vocabulary_keeps_the_most_frequent_response_tokens(self):
+        import train
+        from dflash_train.data import Sequence
+        seqs = [Sequence(torch.tensor([9, 9, 9, 5, 5, 7, 3]), 1, torch.zeros(7, 1)),
+                Sequence(torch.tensor([9, 3, 3, 8]), 2, torch.zeros(4, 1))]
+        # Responses: 9 9 5 5 7 3 | 3 8 -> counts 9:2 5:2 3:2 7:1 8:1; the
+        # prompt's 9s do not count; ties go to the lower id; ids ascending.
+        self.assertEqual(train.draft_vocab(seqs, 3, V).tolist(), [3, 5, 9])
+        self.assertEqual(train.draft_vocab(seqs, 4, V).tolist(), [3, 5, 7, 9])
+
+    def test_a_reduced_head_scores_its_rows_and_ignores_labels_outside_it(self):
+        import train
+        torch.manual_seed(3)
+        head = torch.randn(V, H)
+        d2t = torch.tensor([2, 7, 11, 40])
+        dh = train.DraftHead(head, d2t)
+        self.assertTrue(torch.equal(dh.weight, head[d2t]))
+        labels = torch.tensor([[7, 3], [40, 2]])
+        w = torch.ones(2, 2)
+        rows, w2 = dh.labels(labels, w)
+        self.assertEqual(rows.tolist(), [[1, 0], [3, 0]])
+        self.assertEqual(w2.tolist(), [[1, 0], [1, 1]])  # 3 is outside: no weight
+        hidden = torch.randn(2, 2, H)
+        loss, hits = block_loss(hidden, dh.weight, rows, w2)
+        # The loss is the cross-entropy over the reduced head's 4 rows.
+        logits = hidden @ head[d2t].T
+        ce = F.cross_entropy(logits.reshape(-1, 4), rows.reshape(-1), reduction="none").reshape(2, 2)
+        self.assertAlmostEqual(loss.item(), ((ce * w2).sum() / w2.sum()).item(), places=5)
+        # A label outside the vocabulary is never a hit, so the tau proxy
+        # stops there.
+        self.assertFalse(bool(hits[0, 1]))
+        # The full head is the identity mapping.
+        full = train.DraftHead(head)
+        self.assertTrue(torch.equal(full.labels(labels, w)[0], labels))
+
+
 class Data(unittest.TestCase):
     def test_truncated_and_missing_data_fail_clearly(self):
         from safetensors.torch import save_file

@@ -44,6 +44,10 @@ def parse_args():
     ap.add_argument("--init-from", type=Path, metavar="DRAFTER_GGUF",
                     help="start from this drafter's weights (a shipped DFlash v1 GGUF made for the same "
                          "target and taps); its shape replaces the shape flags, which must agree with it")
+    ap.add_argument("--draft-vocab", type=int,
+                    help="reduced draft vocabulary (d2t): the drafter's head keeps the N target tokens "
+                         "most frequent in the data's responses; cheaper to train and to run, and a "
+                         "token outside it is never drafted (default: the full vocabulary)")
     ap.add_argument("--anchors", type=int, default=64, help="blocks per sequence per step")
     ap.add_argument("--seqs", type=int, default=1, help="sequences per optimizer step")
     ap.add_argument("--gamma", type=float, default=4.0)
@@ -72,6 +76,7 @@ def warm_start(args, manifest):
         if given is not None and given != m[key]:
             raise DrafterFileError(f"{args.init_from}: --{flag.replace('_', '-')} {given}, the file has {m[key]}")
         setattr(args, flag, m[key])
+    args.init_d2t = m["d2t"]
     return weights
 
 
@@ -89,13 +94,47 @@ def save_atomic(obj, path: Path):
     os.replace(tmp, path)
 
 
-def export_hf(model: Drafter, out: Path):
+def export_hf(model: Drafter, head: "DraftHead", out: Path):
     from safetensors.torch import save_file
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if head.d2t is not None:
+        # The reduced head ships with the drafter (the target's rows, frozen).
+        tensors["lm_head.weight"] = head.weight
+        tensors["d2t"] = head.d2t.clone()
     save_file(tensors, str(out / "model.safetensors.tmp"), metadata={"format": "pt"})
     os.replace(out / "model.safetensors.tmp", out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(model.config.hf_config(), indent=2))
+
+
+class DraftHead:
+    """The frozen head the drafter's logits come from: the target's, or its
+    rows for a reduced vocabulary `d2t` (draft row -> target id), where a
+    label outside the vocabulary weighs nothing and is never hit."""
+
+    def __init__(self, head, d2t=None):
+        self.d2t = d2t
+        self.weight = head if d2t is None else head[d2t].contiguous()
+        self.t2d = None
+        if d2t is not None:
+            self.t2d = torch.full((head.shape[0],), -1, dtype=torch.long)
+            self.t2d[d2t] = torch.arange(len(d2t))
+
+    def labels(self, labels, w):
+        if self.t2d is None:
+            return labels, w
+        rows = self.t2d[labels]
+        return rows.clamp(min=0), w * (rows >= 0)
+
+
+def draft_vocab(seqs, n, n_vocab):
+    """The `n` target tokens most frequent among the responses of `seqs`
+    (ties to the lower id), in increasing id order."""
+    counts = torch.zeros(n_vocab, dtype=torch.long)
+    for s in seqs:
+        counts += torch.bincount(s.ids[s.prompt_len:], minlength=n_vocab)
+    order = sorted(range(n_vocab), key=lambda t: (-int(counts[t]), t))[:n]
+    return torch.tensor(sorted(order), dtype=torch.long)
 
 
 def step_on(model, seq, embed, head, args, gen, train=True):
@@ -104,8 +143,9 @@ def step_on(model, seq, embed, head, args, gen, train=True):
     if len(anchors) == 0:
         return None
     labels, w = labels_and_weights(seq.ids, mask, anchors, args.block, args.gamma)
+    labels, w = head.labels(labels, w)
     hidden = model(seq.taps, seq.ids, anchors, embed)
-    loss, hits = block_loss(hidden, head, labels, w)
+    loss, hits = block_loss(hidden, head.weight, labels, w)
     return loss, hits, w
 
 
@@ -173,6 +213,25 @@ def main():
         num_target_layers=manifest["n_layer"], mask_token_id=args.mask_token,
         vocab_size=manifest["n_vocab"], block_size=args.block, rope_theta=info["rope_theta"],
         max_position_embeddings=info["n_ctx"] or 8192)
+    ckpt_path = args.out / "checkpoint.pt"
+    ck = torch.load(ckpt_path, weights_only=False) if ckpt_path.exists() else None
+    d2t = None
+    if ck is not None and ck.get("d2t") is not None:
+        d2t = ck["d2t"]  # the vocabulary the run started with, whatever data came since
+        if args.draft_vocab not in (None, len(d2t)):
+            sys.exit(f"error: {ckpt_path} has a draft vocabulary of {len(d2t)}, not {args.draft_vocab}")
+    elif getattr(args, "init_d2t", None) is not None and args.draft_vocab in (None, len(args.init_d2t)):
+        d2t = args.init_d2t  # the warm start's own vocabulary
+    elif args.draft_vocab is not None:
+        if not 0 < args.draft_vocab < manifest["n_vocab"]:
+            sys.exit(f"error: --draft-vocab {args.draft_vocab} is not within 1..{manifest['n_vocab'] - 1}")
+        d2t = draft_vocab(seqs, args.draft_vocab, manifest["n_vocab"])
+    head = DraftHead(head, d2t)
+    if d2t is not None:
+        cfg.extra["draft_vocab_size"] = len(d2t)
+        covered = sum(int((head.t2d[s.ids[s.prompt_len:]] >= 0).sum()) for s in seqs)
+        total = sum(len(s.ids) - s.prompt_len for s in seqs)
+        print(f"draft vocabulary {len(d2t)}: {100 * covered / total:.2f} % of response tokens", flush=True)
     model = Drafter(cfg)
     if init is not None:
         missing, unexpected = model.load_state_dict(init, strict=False)
@@ -180,12 +239,10 @@ def main():
             sys.exit(f"error: --init-from {args.init_from}: missing {missing}, unexpected {unexpected}")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     args.out.mkdir(parents=True, exist_ok=True)
-    ckpt_path = args.out / "checkpoint.pt"
     step, order_pos = 0, 0
     gen = torch.Generator().manual_seed(args.seed)
     order = torch.randperm(len(seqs), generator=gen)
-    if ckpt_path.exists():
-        ck = torch.load(ckpt_path, weights_only=False)
+    if ck is not None:
         if ck["config"] != cfg.hf_config():
             sys.exit(f"error: {ckpt_path} is a run with another drafter shape; use another --out")
         model.load_state_dict(ck["model"])
@@ -236,8 +293,8 @@ def main():
         if step % args.save_every == 0 or step == args.steps:
             save_atomic({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                          "order": order, "order_pos": order_pos, "gen": gen.get_state(),
-                         "config": cfg.hf_config()}, ckpt_path)
-            export_hf(model, args.out / "hf")
+                         "config": cfg.hf_config(), "d2t": head.d2t}, ckpt_path)
+            export_hf(model, head, args.out / "hf")
     print(f"done: {args.out / 'hf'}", flush=True)
 
 

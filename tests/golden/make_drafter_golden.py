@@ -80,7 +80,15 @@ def main():
     with torch.no_grad():
         hidden = model(position_ids=torch.arange(c + B)[None], noise_embedding=embed[block][None],
                        target_hidden=taps[None])
-        logits = model.compute_logits(hidden[:, 1:], lambda h: h @ head.T)[0]
+        if m["d2t"] is None:
+            logits = model.compute_logits(hidden[:, 1:], lambda h: h @ head.T)[0]
+        else:
+            # A reduced vocabulary: the target's head rows at d2t, scattered
+            # into a full row where every other id is impossible (-inf).
+            d2t = m["d2t"]
+            reduced = model.compute_logits(hidden[:, 1:], lambda h: h @ head[d2t].T)[0]
+            logits = torch.full((reduced.shape[0], head.shape[0]), float("-inf"))
+            logits[:, d2t] = reduced
     top = logits.topk(64, dim=-1)
     golden = {
         "drafter": args.drafter.name,

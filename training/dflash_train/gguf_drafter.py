@@ -44,15 +44,21 @@ def array(reader, key):
 def read_drafter(path: Path):
     """(weights by HF name, metadata) of the drafter at `path`. Metadata:
     taps (GGUF tap layers), mask_token, block_size, hidden, layers, heads,
-    kv_heads, head_dim, intermediate, eps, rope_theta, n_ctx."""
+    kv_heads, head_dim, intermediate, eps, rope_theta, n_ctx, and d2t (a
+    reduced vocabulary's target ids, or None)."""
     try:
         r = GGUFReader(str(path))
     except Exception as e:  # the gguf package raises several types
         raise DrafterFileError(f"{path}: not a readable GGUF ({e})") from e
     if field(r, "general.architecture") != "dflash":
         raise DrafterFileError(f"{path}: architecture {field(r, 'general.architecture')!r}, expected 'dflash'")
-    weights = {}
+    weights, d2t = {}, None
     for t in r.tensors:
+        if t.name == "d2t":
+            d2t = torch.from_numpy(np.array(t.data, dtype=np.int64))
+            continue
+        if t.name == "output.weight":
+            continue  # a reduced head: the target's rows at d2t, rebuilt from the target
         w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))  # a copy: the map is read-only
         if t.name.startswith("blk."):
             _, i, rest = t.name.split(".", 2)
@@ -78,5 +84,6 @@ def read_drafter(path: Path):
         "eps": n("attention.layer_norm_rms_epsilon"),
         "rope_theta": n("rope.freq_base"),
         "n_ctx": n("context_length"),
+        "d2t": d2t,
     }
     return weights, meta

@@ -62,6 +62,8 @@ pub enum ConvertError {
     },
     #[error("tensor `{tensor}` has unsupported dtype {dtype} (F32, F16 or BF16)")]
     Dtype { tensor: String, dtype: String },
+    #[error("tensor `{tensor}`: {reason}")]
+    BadTensor { tensor: String, reason: String },
     #[error("{path}: {message}")]
     Target { path: PathBuf, message: String },
     #[error(transparent)]
@@ -314,6 +316,26 @@ impl Weights {
             .map_err(bad)
     }
 
+    /// A 1-D I64 tensor's values (a reduced vocabulary's `d2t`).
+    fn i64(&self, name: &str) -> Result<Vec<i64>> {
+        let view = self.view(name)?;
+        if view.dtype() != Dtype::I64 || view.shape().len() != 1 {
+            return Err(ConvertError::BadTensor {
+                tensor: name.into(),
+                reason: format!(
+                    "expected a 1-D I64 tensor, found {:?} {:?}",
+                    view.dtype(),
+                    view.shape()
+                ),
+            });
+        }
+        Ok(view
+            .data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect())
+    }
+
     /// The tensor's values as F32.
     fn f32(&self, name: &str) -> Result<Vec<f32>> {
         let view = self.view(name)?;
@@ -363,6 +385,12 @@ pub fn convert(
     let (variant, plan) = metadata_and_plan(&config, &weights, target, &mut writer)?;
     let mut used: Vec<&str> = plan.iter().map(|p| p.src.as_str()).collect();
     used.extend(DROPPED);
+    let d2t = reduced_vocabulary(&config, &weights, variant)?;
+    if let Some(ids) = &d2t {
+        used.push(D2T);
+        let bytes: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+        writer.add_tensor(D2T.to_string(), &[ids.len() as u64], GgmlType::I64, bytes)?;
+    }
     if let Some(extra) = weights
         .index
         .keys()
@@ -413,8 +441,43 @@ pub fn convert(
     })
 }
 
-/// The drafter borrows the target's embeddings and head.
+/// The drafter borrows the target's embeddings and head (except a reduced
+/// vocabulary's head, which `metadata_and_plan` keeps).
 const DROPPED: [&str; 2] = ["embed_tokens.weight", "lm_head.weight"];
+
+/// A reduced draft vocabulary: draft row -> target token id.
+const D2T: &str = "d2t";
+
+/// The checkpoint's `d2t`, checked: distinct ids within the vocabulary, one
+/// per row of its own `lm_head.weight`; refused for DFly (whose correction
+/// chain runs the full target head).
+fn reduced_vocabulary(c: &Config, w: &Weights, variant: Variant) -> Result<Option<Vec<i64>>> {
+    if !w.has(D2T) {
+        return Ok(None);
+    }
+    let bad = |reason: String| ConvertError::BadTensor {
+        tensor: D2T.into(),
+        reason,
+    };
+    if variant == Variant::DFly {
+        return Err(bad("DFly with a reduced draft vocabulary is not supported (its correction chain runs the full target head)".into()));
+    }
+    let ids = w.i64(D2T)?;
+    let vocab = c.positive("vocab_size")?;
+    let mut seen = std::collections::HashSet::new();
+    if let Some(&id) = ids
+        .iter()
+        .find(|&&id| id < 0 || id as u64 >= u64::from(vocab) || !seen.insert(id))
+    {
+        return Err(bad(format!(
+            "id {id} is outside the vocabulary of {vocab} or repeated"
+        )));
+    }
+    if ids.is_empty() {
+        return Err(bad("no ids".into()));
+    }
+    Ok(Some(ids))
+}
 
 /// `hidden_correction.*` of a DFly checkpoint whose correction is disabled.
 fn ignored(variant: Variant, config: &Config, name: &str) -> bool {
@@ -589,6 +652,15 @@ fn metadata_and_plan(
             "enc.output_norm.weight".into(),
             &[h],
             Kind::Exact,
+        );
+    }
+    if w.has(D2T) && variant != Variant::DFly {
+        let rows = *w.shape(D2T)?.first().unwrap_or(&0);
+        add(
+            "lm_head.weight".into(),
+            "output.weight".into(),
+            &[rows, h],
+            Kind::Matrix,
         );
     }
     for i in 0..n_layer {

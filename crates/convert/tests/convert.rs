@@ -10,8 +10,8 @@ use blockdraft_core::sampling::Rng;
 use blockdraft_core::speculative::DFlashDrafter;
 use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
-    synthetic_decoder, synthetic_dflash, synthetic_dflash2, synthetic_dfly, SyntheticDFlash,
-    SyntheticDFlash2, SyntheticDims, SyntheticModel,
+    synthetic_decoder, synthetic_dflash, synthetic_dflash2, synthetic_dflash_d2t, synthetic_dfly,
+    SyntheticDFlash, SyntheticDFlash2, SyntheticDims, SyntheticModel,
 };
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{quants, GgmlType, GgufFile};
@@ -209,7 +209,8 @@ fn block_logits(t: &Target, file: &GgufFile) -> Vec<f32> {
         .unwrap();
     block_on(d.inject(taps.output(), 0, prompt.len())).unwrap();
     let logits = block_on(d.block_logits(9, 7)).unwrap();
-    assert!(logits.iter().all(|x| x.is_finite()));
+    // Finite, but for ids outside a reduced vocabulary (-inf: never drafted).
+    assert!(logits.iter().all(|x| x.is_finite() || *x == f32::NEG_INFINITY));
     logits
 }
 
@@ -224,6 +225,71 @@ fn dflash_v1_equals_the_directly_written_gguf() {
     let direct = GgufFile::from_bytes(m.bytes).unwrap();
     assert_same_file(&converted, &direct);
     assert_eq!(block_logits(&t, &converted), block_logits(&t, &direct));
+}
+
+/// A v1 checkpoint with a reduced vocabulary: its own `lm_head.weight`
+/// over `d2t`'s rows and the I64 `d2t` map, as `training/train.py
+/// --draft-vocab` exports them.
+fn write_d2t_checkpoint(dir: &Path, d2t: &[i64], m: &SyntheticModel) {
+    let mut config = base_config();
+    config["vocab_size"] = json!(61);
+    let tensors: Vec<HfTensor> = GgufFile::from_bytes(m.bytes.clone())
+        .unwrap()
+        .tensors()
+        .iter()
+        .filter(|t| t.name != "d2t")
+        .map(|t| HfTensor {
+            name: match t.name.as_str() {
+                "output.weight" => "lm_head.weight".into(),
+                other => hf_name(other, false),
+            },
+            shape: t.dims.iter().rev().map(|&d| d as usize).collect(),
+            values: m.weights[&t.name].clone(),
+        })
+        .collect();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|t| encode(&t.values, Dtype::F32))
+        .collect();
+    bytes.push(d2t.iter().flat_map(|v| v.to_le_bytes()).collect());
+    let mut views: Vec<(String, TensorView)> = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|(t, b)| {
+            (
+                t.name.clone(),
+                TensorView::new(Dtype::F32, t.shape.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    let d2t_view = TensorView::new(Dtype::I64, vec![d2t.len()], bytes.last().unwrap()).unwrap();
+    views.push(("d2t".into(), d2t_view));
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+}
+
+#[test]
+fn reduced_vocabulary_equals_the_directly_written_gguf_and_is_checked() {
+    let t = target();
+    let d2t = [0i64, 3, 5, 9, 17, 42, 60];
+    let m = synthetic_dflash_d2t(&spec(), &d2t, 4);
+    let dir = scratch_dir("d2t");
+    write_d2t_checkpoint(&dir, &d2t, &m);
+    let (variant, converted) = run_convert(&dir, OutType::F32).unwrap();
+    assert_eq!(variant, Variant::DFlash);
+    let direct = GgufFile::from_bytes(m.bytes.clone()).unwrap();
+    let ids = |f: &GgufFile| f.tensor_data("d2t").unwrap().as_bytes().to_vec();
+    assert_eq!(ids(&converted), ids(&direct));
+    assert_eq!(block_logits(&t, &converted), block_logits(&t, &direct));
+    // A repeated id, one beyond the vocabulary: refused, naming d2t.
+    for bad in [[0i64, 3, 3, 9, 17, 42, 60], [0, 3, 5, 9, 17, 42, 61]] {
+        write_d2t_checkpoint(&dir, &bad, &m);
+        let e = run_convert(&dir, OutType::F32).unwrap_err();
+        assert!(
+            matches!(&e, ConvertError::BadTensor { tensor, .. } if tensor == "d2t"),
+            "{e}"
+        );
+    }
 }
 
 #[test]
