@@ -183,11 +183,16 @@ class ReducedVocabulary(unittest.TestCase):
         import train
         from dflash_train.data import Sequence
         seqs = [Sequence(torch.tensor([9, 9, 9, 5, 5, 7, 3]), 1, torch.zeros(7, 1)),
-                Sequence(torch.tensor([9, 3, 3, 8]), 2, torch.zeros(4, 1))]
-        # Responses: 9 9 5 5 7 3 | 3 8 -> counts 9:2 5:2 3:2 7:1 8:1; the
-        # prompt's 9s do not count; ties go to the lower id; ids ascending.
+                Sequence(torch.tensor([9, 3, 3, 8]), 2, torch.zeros(4, 1)),
+                Sequence(torch.tensor([20, 1]), 1, torch.zeros(2, 1))]
+        # 8 x response count + count: 9 -> 20, 3 -> 19, 5 -> 18, 1, 7, 8 -> 9
+        # (a tie: lower ids first), 20 (prompt only) -> 1, the rest 0; ids
+        # ascending.
         self.assertEqual(train.draft_vocab(seqs, 3, V).tolist(), [3, 5, 9])
-        self.assertEqual(train.draft_vocab(seqs, 4, V).tolist(), [3, 5, 7, 9])
+        self.assertEqual(train.draft_vocab(seqs, 5, V).tolist(), [1, 3, 5, 7, 9])
+        self.assertEqual(train.draft_vocab(seqs, 7, V).tolist(), [1, 3, 5, 7, 8, 9, 20])
+        # Beyond what the data shows: the lowest ids.
+        self.assertEqual(train.draft_vocab(seqs, 8, V).tolist(), [0, 1, 3, 5, 7, 8, 9, 20])
 
     def test_a_reduced_head_scores_its_rows_and_ignores_labels_outside_it(self):
         import train

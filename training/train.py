@@ -45,9 +45,9 @@ def parse_args():
                     help="start from this drafter's weights (a shipped DFlash v1 GGUF made for the same "
                          "target and taps); its shape replaces the shape flags, which must agree with it")
     ap.add_argument("--draft-vocab", type=int,
-                    help="reduced draft vocabulary (d2t): the drafter's head keeps the N target tokens "
-                         "most frequent in the data's responses; cheaper to train and to run, and a "
-                         "token outside it is never drafted (default: the full vocabulary)")
+                    help="reduced draft vocabulary (d2t): the drafter's head keeps N target tokens "
+                         "(see draft_vocab); cheaper to train and to run, and a token outside it is "
+                         "never drafted (default: the full vocabulary)")
     ap.add_argument("--anchors", type=int, default=64, help="blocks per sequence per step")
     ap.add_argument("--seqs", type=int, default=1, help="sequences per optimizer step")
     ap.add_argument("--gamma", type=float, default=4.0)
@@ -128,12 +128,18 @@ class DraftHead:
 
 
 def draft_vocab(seqs, n, n_vocab):
-    """The `n` target tokens most frequent among the responses of `seqs`
-    (ties to the lower id), in increasing id order."""
-    counts = torch.zeros(n_vocab, dtype=torch.long)
+    """The `n` target tokens a drafter most needs, in increasing id order:
+    ranked by 8 x their count in the responses of `seqs` plus their count in
+    the whole sequences (a word of the prompt is often copied into the
+    answer), then by id (BPE ids follow merge order, roughly the tokenizer
+    corpus's frequency), so that the rows the data never shows are the
+    commonest tokens."""
+    score = torch.zeros(n_vocab, dtype=torch.long)
     for s in seqs:
-        counts += torch.bincount(s.ids[s.prompt_len:], minlength=n_vocab)
-    order = sorted(range(n_vocab), key=lambda t: (-int(counts[t]), t))[:n]
+        score += 8 * torch.bincount(s.ids[s.prompt_len:], minlength=n_vocab)
+        score += torch.bincount(s.ids, minlength=n_vocab)
+    score = score.tolist()
+    order = sorted(range(n_vocab), key=lambda t: (-score[t], t))[:n]
     return torch.tensor(sorted(order), dtype=torch.long)
 
 
