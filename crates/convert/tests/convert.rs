@@ -210,7 +210,9 @@ fn block_logits(t: &Target, file: &GgufFile) -> Vec<f32> {
     block_on(d.inject(taps.output(), 0, prompt.len())).unwrap();
     let logits = block_on(d.block_logits(9, 7)).unwrap();
     // Finite, but for ids outside a reduced vocabulary (-inf: never drafted).
-    assert!(logits.iter().all(|x| x.is_finite() || *x == f32::NEG_INFINITY));
+    assert!(logits
+        .iter()
+        .all(|x| x.is_finite() || *x == f32::NEG_INFINITY));
     logits
 }
 

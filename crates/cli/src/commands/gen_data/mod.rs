@@ -58,7 +58,7 @@ pub struct Args {
     /// Take the responses from this sequences file (JSON Lines, as
     /// `training/sequences.py` exports from gen-data output) instead of
     /// generating them: their taps are captured by forward passes over the
-    /// whole sequence, a fraction of decoding's cost. Each sequence's prompt
+    /// whole sequence (about twice generation's speed). Each sequence's prompt
     /// must be this run's rendering of its prompt, and its response this
     /// target's greedy choice; prompts the file lacks are generated.
     #[arg(long = "replay")]
