@@ -18,7 +18,7 @@ struct Shipped {
 const SHIPPED: &[Shipped] = &[Shipped {
     drafter: "smollm2-dflash.gguf",
     target: "smollm2-135m-instruct-q4_1.gguf",
-    tau_floor: 1.12, // measured 1.159
+    tau_floor: 1.28, // measured 1.332
 }];
 
 /// Chat prompts the drafters were not trained on (none is in the training
