@@ -39,6 +39,27 @@ fn gen_data_with(model: &Path, prompts: &Path, out: &Path, taps: &str, extra: &[
         .unwrap()
 }
 
+/// `check(name, a, b)` on shards 0..n of two data directories.
+fn for_each_shard_pair(
+    a: &Path,
+    b: &Path,
+    n: usize,
+    check: impl Fn(&str, &SafeTensors, &SafeTensors),
+) {
+    for k in 0..n {
+        let name = format!("shard-{k:05}.safetensors");
+        let (x, y) = (
+            std::fs::read(a.join(&name)).unwrap(),
+            std::fs::read(b.join(&name)).unwrap(),
+        );
+        check(
+            &name,
+            &SafeTensors::deserialize(&x).unwrap(),
+            &SafeTensors::deserialize(&y).unwrap(),
+        );
+    }
+}
+
 fn ints(st: &SafeTensors, name: &str, width: usize) -> Vec<i64> {
     st.tensor(name)
         .unwrap()
@@ -141,16 +162,7 @@ fn gen_data_captures_the_taps_of_the_greedy_answer_and_resumes() {
     let alone = dir.join("alone");
     let o = gen_data_with(&model, &prompts, &alone, TAPS, &["--parallel", "1"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    for k in 0..2 {
-        let name = format!("shard-{k:05}.safetensors");
-        let (a, b) = (
-            std::fs::read(out.join(&name)).unwrap(),
-            std::fs::read(alone.join(&name)).unwrap(),
-        );
-        let (a, b) = (
-            SafeTensors::deserialize(&a).unwrap(),
-            SafeTensors::deserialize(&b).unwrap(),
-        );
+    for_each_shard_pair(&out, &alone, 2, |name, a, b| {
         for t in [
             "input_ids",
             "seq_offsets",
@@ -165,7 +177,7 @@ fn gen_data_captures_the_taps_of_the_greedy_answer_and_resumes() {
                 "{name} {t}"
             );
         }
-    }
+    });
 
     // Interrupted after the first shard: the rerun makes only the missing one.
     let shard1 = out.join("shard-00001.safetensors");
@@ -287,16 +299,7 @@ fn replay_rebuilds_the_data_from_its_sequences_and_refuses_another_models() {
         log.contains("; 0 differ from this target's greedy choice"),
         "{log}"
     );
-    for k in 0..2 {
-        let name = format!("shard-{k:05}.safetensors");
-        let (a, b) = (
-            std::fs::read(generated.join(&name)).unwrap(),
-            std::fs::read(replayed.join(&name)).unwrap(),
-        );
-        let (a, b) = (
-            SafeTensors::deserialize(&a).unwrap(),
-            SafeTensors::deserialize(&b).unwrap(),
-        );
+    for_each_shard_pair(&generated, &replayed, 2, |name, a, b| {
         for t in [
             "input_ids",
             "seq_offsets",
@@ -307,7 +310,7 @@ fn replay_rebuilds_the_data_from_its_sequences_and_refuses_another_models() {
             assert_eq!(
                 a.tensor(t).unwrap().data(),
                 b.tensor(t).unwrap().data(),
-                "{t}"
+                "{name} {t}"
             );
         }
         let f = |st: &SafeTensors| -> Vec<f32> {
@@ -318,11 +321,11 @@ fn replay_rebuilds_the_data_from_its_sequences_and_refuses_another_models() {
                 .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect()
         };
-        let (ta, tb) = (f(&a), f(&b));
+        let (ta, tb) = (f(a), f(b));
         let num: f32 = ta.iter().zip(&tb).map(|(x, y)| (x - y).powi(2)).sum();
         let den: f32 = ta.iter().map(|x| x * x).sum();
-        assert!((num / den).sqrt() < 0.02, "shard {k}: taps differ");
-    }
+        assert!((num / den).sqrt() < 0.02, "{name}: taps differ");
+    });
 
     // Another prompts file: refused by the file's manifest.
     let other = dir.join("other.jsonl");

@@ -11,23 +11,21 @@ use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::GgufFile;
 use std::sync::Arc;
 
-const DIMS: SyntheticDims = SyntheticDims {
-    n_layer: 3,
-    n_embd: 48,
-    n_head: 4,
-    n_head_kv: 2,
-    head_dim: 16,
-    n_ff: 80,
-    n_vocab: 61,
-    window: 3,
-};
+/// The usual synthetic shapes, three layers deep.
+fn dims() -> SyntheticDims {
+    SyntheticDims {
+        n_layer: 3,
+        ..SyntheticDims::default()
+    }
+}
 
 fn check_arch(arch: &str) {
-    let model = synthetic_decoder(arch, DIMS, 7);
+    let d = dims();
+    let model = synthetic_decoder(arch, d, 7);
     let file = GgufFile::from_bytes(model.bytes).unwrap();
     let be = Arc::new(CpuBackend::new(2));
     let dec = Decoder::load(&file, be.clone(), &mut |_| {}).unwrap();
-    let taps_at = [1, DIMS.n_layer];
+    let taps_at = [1, d.n_layer];
     let prompts: [&[u32]; 3] = [
         &[1, 2, 3, 4, 5],
         &[9, 8, 7, 6, 5, 4, 3, 2, 1],
@@ -55,14 +53,14 @@ fn check_arch(arch: &str) {
             .unwrap();
         let logits = block_on(be.read(batch.logits()));
         let stacked_taps = block_on(be.read(taps.output()));
-        let width = taps_at.len() * DIMS.n_embd;
+        let width = taps_at.len() * d.n_embd;
         let mut row = 0;
         for (i, tokens) in step.iter().enumerate() {
             let mut own = Taps::new(&*be, &dec.config, &taps_at, tokens.len()).unwrap();
             dec.forward(&mut alone[i], tokens, LogitRows::Last, true, Some(&mut own))
                 .unwrap();
             let want = block_on(be.read(alone[i].logits()));
-            let got = &logits[i * DIMS.n_vocab..][..DIMS.n_vocab];
+            let got = &logits[i * d.n_vocab..][..d.n_vocab];
             assert_eq!(got, &want[..], "{arch}: logits of sequence {i}");
             let want_taps = block_on(be.read(own.output()));
             let got_taps = &stacked_taps[row * width..][..tokens.len() * width];
