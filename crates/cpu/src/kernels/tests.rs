@@ -347,9 +347,30 @@ fn simd_kernels_match_scalar() {
     assert!(
         std::env::var_os("BLOCKDRAFT_NO_SIMD").is_some() || super::simd_level().starts_with("neon")
     );
+    let pairs = |ty| {
+        simd_variants(ty)
+            .into_iter()
+            .map(move |(ty, best)| (ty, best, scalar_kernel(ty)))
+    };
+    matmul_pairs(2, pairs, |case, a, b| {
+        for (i, (p, q)) in a.iter().zip(b).enumerate() {
+            let tol = 1e-4 * (p.abs() + q.abs()) + 2e-3;
+            assert!((p - q).abs() <= tol, "{case} [{i}]: simd {p} scalar {q}");
+        }
+    });
+}
+
+/// For every type (with the kernel pairs `pairs` gives for it), shape of
+/// `shapes` and row count of `NS`: random weights and activations through
+/// both kernels, `check(case, first's output, second's)`.
+fn matmul_pairs<I: Iterator<Item = (GgmlType, Kernel, Kernel)>>(
+    seed: u64,
+    pairs: impl Fn(GgmlType) -> I,
+    check: impl Fn(&str, &[f32], &[f32]),
+) {
     let pool = ThreadPool::new(1);
-    let mut rng = Rng::new(2);
-    for (ty, best) in ALL_TYPES.into_iter().flat_map(simd_variants) {
+    let mut rng = Rng::new(seed);
+    for (ty, first, second) in ALL_TYPES.into_iter().flat_map(pairs) {
         for (rows, cols) in shapes(ty) {
             let data = random_weights(ty, rows, cols, &mut rng);
             let w = WeightRef {
@@ -362,15 +383,9 @@ fn simd_kernels_match_scalar() {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
                 let mut a = vec![0f32; n * rows];
                 let mut b = vec![0f32; n * rows];
-                matmul_with(&pool, &w, &x, &mut a, best, false);
-                matmul_with(&pool, &w, &x, &mut b, scalar_kernel(ty), false);
-                for (i, (p, q)) in a.iter().zip(&b).enumerate() {
-                    let tol = 1e-4 * (p.abs() + q.abs()) + 2e-3;
-                    assert!(
-                        (p - q).abs() <= tol,
-                        "{ty} {rows}x{cols} n={n} [{i}]: simd {p} scalar {q}"
-                    );
-                }
+                matmul_with(&pool, &w, &x, &mut a, first, false);
+                matmul_with(&pool, &w, &x, &mut b, second, false);
+                check(&format!("{ty} {rows}x{cols} n={n}"), &a, &b);
             }
         }
     }
@@ -386,33 +401,18 @@ fn avx512_kernels_equal_the_avx2_ones_bit_for_bit() {
         eprintln!("SKIPPED: this CPU has no AVX-512 VNNI (or BLOCKDRAFT_NO_AVX512 is set)");
         return;
     }
-    let pool = ThreadPool::new(1);
-    let mut rng = Rng::new(5);
-    for ty in ALL_TYPES {
-        let (Some(wide), Some(base)) =
-            (super::x86::avx512::kernel(ty), super::x86::avx2::kernel(ty))
-        else {
-            continue;
-        };
-        for (rows, cols) in shapes(ty) {
-            let data = random_weights(ty, rows, cols, &mut rng);
-            let w = WeightRef {
-                ty,
-                data: &data,
-                rows,
-                cols,
-            };
-            for n in NS {
-                let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
-                let mut a = vec![0f32; n * rows];
-                let mut b = vec![0f32; n * rows];
-                matmul_with(&pool, &w, &x, &mut a, wide, false);
-                matmul_with(&pool, &w, &x, &mut b, base, false);
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&a), bits(&b), "{ty} {rows}x{cols} n={n}");
-            }
-        }
-    }
+    let pairs = |ty| {
+        let builds = (super::x86::avx512::kernel(ty), super::x86::avx2::kernel(ty));
+        builds
+            .0
+            .zip(builds.1)
+            .map(|(wide, base)| (ty, wide, base))
+            .into_iter()
+    };
+    matmul_pairs(5, pairs, |case, a, b| {
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(a), bits(b), "{case}");
+    });
 }
 
 #[test]
