@@ -298,6 +298,10 @@ class WarmStart(unittest.TestCase):
         weights = train.warm_start(args, self.manifest())
         self.assertEqual((args.layers, args.block, args.mask_token, args.heads, args.kv_heads),
                          (1, 8, 16, 9, 3))
+        # Its reduced vocabulary comes along (distinct target ids, ascending).
+        d2t = args.init_d2t
+        self.assertEqual(len(d2t), 16384)
+        self.assertTrue(bool((d2t[1:] > d2t[:-1]).all()) and int(d2t[-1]) < 49152)
         cfg = DrafterConfig(hidden_size=576, intermediate_size=args.intermediate,
                             num_hidden_layers=args.layers, num_attention_heads=args.heads,
                             num_key_value_heads=args.kv_heads, head_dim=args.head_dim,
