@@ -60,6 +60,35 @@ fn for_each_shard_pair(
     }
 }
 
+/// Every tensor of a shard but the taps.
+const SEQUENCE_TENSORS: &[&str] = &[
+    "input_ids",
+    "seq_offsets",
+    "prompt_lens",
+    "prompt_index",
+    "finished",
+];
+
+fn assert_same_tensors(shard: &str, a: &SafeTensors, b: &SafeTensors, names: &[&str]) {
+    for &t in names {
+        assert_eq!(
+            a.tensor(t).unwrap().data(),
+            b.tensor(t).unwrap().data(),
+            "{shard} {t}"
+        );
+    }
+}
+
+/// A shard's f16 taps as f32.
+fn taps_f32(st: &SafeTensors) -> Vec<f32> {
+    st.tensor("taps")
+        .unwrap()
+        .data()
+        .chunks_exact(2)
+        .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+        .collect()
+}
+
 fn ints(st: &SafeTensors, name: &str, width: usize) -> Vec<i64> {
     st.tensor(name)
         .unwrap()
@@ -145,10 +174,7 @@ fn gen_data_captures_the_taps_of_the_greedy_answer_and_resumes() {
     dec.forward(&mut state, &first, LogitRows::Last, true, Some(&mut taps))
         .unwrap();
     let want = block_on(be.read(taps.output()));
-    let got: Vec<f32> = st.tensor("taps").unwrap().data()[..want.len() * 2]
-        .chunks_exact(2)
-        .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
-        .collect();
+    let got = &taps_f32(&st)[..want.len()];
     let width = layers.len() * dec.config.n_embd;
     for (pos, (g, w)) in got.chunks(width).zip(want.chunks(width)).enumerate() {
         let num: f32 = g.iter().zip(w).map(|(a, b)| (a - b).powi(2)).sum();
@@ -163,20 +189,7 @@ fn gen_data_captures_the_taps_of_the_greedy_answer_and_resumes() {
     let o = gen_data_with(&model, &prompts, &alone, TAPS, &["--parallel", "1"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     for_each_shard_pair(&out, &alone, 2, |name, a, b| {
-        for t in [
-            "input_ids",
-            "seq_offsets",
-            "prompt_lens",
-            "prompt_index",
-            "finished",
-            "taps",
-        ] {
-            assert_eq!(
-                a.tensor(t).unwrap().data(),
-                b.tensor(t).unwrap().data(),
-                "{name} {t}"
-            );
-        }
+        assert_same_tensors(name, a, b, &[SEQUENCE_TENSORS, &["taps"]].concat());
     });
 
     // Interrupted after the first shard: the rerun makes only the missing one.
@@ -300,28 +313,8 @@ fn replay_rebuilds_the_data_from_its_sequences_and_refuses_another_models() {
         "{log}"
     );
     for_each_shard_pair(&generated, &replayed, 2, |name, a, b| {
-        for t in [
-            "input_ids",
-            "seq_offsets",
-            "prompt_lens",
-            "prompt_index",
-            "finished",
-        ] {
-            assert_eq!(
-                a.tensor(t).unwrap().data(),
-                b.tensor(t).unwrap().data(),
-                "{name} {t}"
-            );
-        }
-        let f = |st: &SafeTensors| -> Vec<f32> {
-            st.tensor("taps")
-                .unwrap()
-                .data()
-                .chunks_exact(2)
-                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect()
-        };
-        let (ta, tb) = (f(a), f(b));
+        assert_same_tensors(name, a, b, SEQUENCE_TENSORS);
+        let (ta, tb) = (taps_f32(a), taps_f32(b));
         let num: f32 = ta.iter().zip(&tb).map(|(x, y)| (x - y).powi(2)).sum();
         let den: f32 = ta.iter().map(|x| x * x).sum();
         assert!((num / den).sqrt() < 0.02, "{name}: taps differ");

@@ -265,12 +265,7 @@ impl<B: Backend> Decoder<B> {
         taps: Option<&mut Taps<B>>,
         hook: Option<&mut dyn LayerHook<B>>,
     ) -> Result<(), ModelError> {
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.config.n_vocab) {
-            return Err(ModelError::TokenOutOfRange {
-                id,
-                n_vocab: self.config.n_vocab,
-            });
-        }
+        self.check_tokens(tokens)?;
         self.forward_input(state, TokenInput::Host(tokens), logits, causal, taps, hook)
     }
 
@@ -383,12 +378,7 @@ impl<B: Backend> Decoder<B> {
                     tokens.len()
                 )));
             }
-            if let Some(&id) = tokens.iter().find(|&&t| t as usize >= cfg.n_vocab) {
-                return Err(ModelError::TokenOutOfRange {
-                    id,
-                    n_vocab: cfg.n_vocab,
-                });
-            }
+            self.check_tokens(tokens)?;
             state.kv.reserve(state.kv.len() + tokens.len())?;
             starts.push(ids.len());
             ids.extend_from_slice(tokens);
@@ -426,6 +416,17 @@ impl<B: Backend> Decoder<B> {
             .collect();
         self.head(&mut batch.scratch, &last, &mut batch.logits);
         Ok(())
+    }
+
+    /// Fails on the first id beyond the vocabulary.
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), ModelError> {
+        match tokens.iter().find(|&&t| t as usize >= self.config.n_vocab) {
+            Some(&id) => Err(ModelError::TokenOutOfRange {
+                id,
+                n_vocab: self.config.n_vocab,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// The layer loop over the `n` rows of `s.x`, from the embedded tokens
