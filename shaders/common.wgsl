@@ -49,3 +49,23 @@ fn round_f16(v: f32) -> f32 {
     // `round` is half to even.
     return bitcast<f32>(sign | bitcast<u32>(round(bitcast<f32>(a) * 16777216.0) * 5.9604645e-8));
 }
+
+// The f16 bits (low 16) of `v` rounded to the nearest f16 (ties to even),
+// as `half` converts; NaN stays a (quiet) NaN.
+fn f16_bits_of(v: f32) -> u32 {
+    let r = round_f16(v);
+    let b = bitcast<u32>(r);
+    let sign = (b >> 16u) & 0x8000u;
+    let a = b & 0x7fffffffu;
+    if a > 0x7f800000u {
+        return sign | 0x7e00u;
+    }
+    if a == 0x7f800000u {
+        return sign | 0x7c00u;
+    }
+    if a >= 0x38800000u {
+        return sign | ((((a >> 23u) - 112u) << 10u) | ((a >> 13u) & 0x3ffu));
+    }
+    // Subnormal: an exact multiple of 2^-24.
+    return sign | u32(bitcast<f32>(a) * 16777216.0);
+}

@@ -15,7 +15,7 @@ and records through its HTTP API:
 Usage:
   python3 tests/reference/make_llamacpp_fixtures.py BIN_DIR MODELS_DIR \
       [--out tests/fixtures/llamacpp] [--models smollm2,qwen05,qwen15,gemma] \
-      [--only tokenize|greedy] [--n-predict 64] [--n-probs 5]
+      [--only tokenize|greedy] [--n-predict 64] [--n-probs 5] [--config precise|default]
 
 BIN_DIR is the llama.cpp build's bin dir (holding llama-server), MODELS_DIR the
 dir filled by tests/fetch_models.sh. Only the Python standard library is used.
@@ -151,18 +151,24 @@ def llama_version(server_bin):
     return None
 
 
+# The precise configuration: flash attention's f16 internals and an f16 KV
+# cache move top-1 log-probs by 0.3-0.7 on average on SmolLM2 (measured),
+# which would make llama.cpp a noisy reference. The default one is what a
+# user running `llama-server -m MODEL` gets (flash attention "auto", on for
+# the CPU, and an f16 KV cache); its traces are `greedy-<model>-default.json`.
+CONFIGS = {
+    "precise": ["-fa", "off", "-ctk", "f32", "-ctv", "f32"],
+    "default": [],
+}
+
+
 class Server:
-    def __init__(self, server_bin, model_path, threads, ctx, log_path):
+    def __init__(self, server_bin, model_path, threads, ctx, log_path, config="precise"):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         # Arguments after the model path / port are what the fixtures record.
         self.flags = ["--temp", "0", "-c", str(ctx), "-t", str(threads), "-ngl", "0",
-                      "-np", "1", "--no-warmup", "-cram", "0",
-                      # The precise configuration: flash attention's f16
-                      # internals and an f16 KV cache move top-1 log-probs by
-                      # 0.3-0.7 on average on SmolLM2 (measured), which would
-                      # make llama.cpp a noisy reference.
-                      "-fa", "off", "-ctk", "f32", "-ctv", "f32"]
+                      "-np", "1", "--no-warmup", "-cram", "0"] + CONFIGS[config]
         self.argv = [server_bin, "-m", model_path, "--host", "127.0.0.1", "--port", str(self.port)] + self.flags
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT)
@@ -341,14 +347,23 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the model files")
+    ap.add_argument("--config", choices=list(CONFIGS), default="precise",
+                    help="llama.cpp's precise configuration (f32 KV cache, no flash attention; "
+                         "greedy-<model>.json) or its defaults (greedy-<model>-default.json, "
+                         "greedy traces only)")
+    ap.add_argument("--commit", help="the llama.cpp commit built, where the build dir is not in a "
+                                      "git checkout (e.g. a `git archive` export)")
     args = ap.parse_args()
+    if args.config == "default":
+        args.only = "greedy"
+    suffix = "" if args.config == "precise" else "-" + args.config
 
     server_bin = os.path.join(args.bin_dir, "llama-server")
     if not os.access(server_bin, os.X_OK):
         sys.exit(f"no llama-server in {args.bin_dir}")
     out_dir = os.path.abspath(args.out)
     os.makedirs(out_dir, exist_ok=True)
-    commit = llama_commit(args.bin_dir)
+    commit = args.commit or llama_commit(args.bin_dir)
     version = llama_version(server_bin)
 
     for key in args.models.split(","):
@@ -360,7 +375,8 @@ def main():
         if not args.no_verify and sha256_file(path) != sha:
             sys.exit(f"sha256 mismatch for {path}")
         print(f"[{key}] starting llama-server on {fname}", file=sys.stderr)
-        srv = Server(server_bin, path, args.threads, args.ctx, f"/tmp/llama-server-{key}.log")
+        srv = Server(server_bin, path, args.threads, args.ctx, f"/tmp/llama-server-{key}.log",
+                     args.config)
         try:
             srv.wait_ready()
             props, n_vocab = model_meta(srv)
@@ -388,7 +404,7 @@ def main():
                                 "true, EOG tokens were banned by logit bias (so tokens[i] may differ from "
                                 "top-1 at those positions).")
                 doc["prompts"] = make_greedy(key, srv, meta, args.n_predict, args.n_probs)
-                write_json(os.path.join(out_dir, f"greedy-{key}.json"), doc)
+                write_json(os.path.join(out_dir, f"greedy-{key}{suffix}.json"), doc)
                 print(f"[{key}] greedy: {time.time() - t0:.1f}s", file=sys.stderr)
         finally:
             srv.stop()

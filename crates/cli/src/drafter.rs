@@ -100,7 +100,8 @@ pub fn build<B: Backend>(
     }
     let backend = target.decoder.backend.clone();
     let model = Decoder::load(&file, backend, &mut |_| {})
-        .with_context(|| format!("cannot load draft model {spec}"))?;
+        .with_context(|| format!("cannot load draft model {spec}"))?
+        .with_kv_type(target.decoder.kv_type());
     // Its first pass (paging, repacking) belongs to loading, as the
     // target's does, not to the first probe's catch-up.
     pollster::block_on(model.warm_up()).context("the draft model's warm-up pass failed")?;

@@ -1,6 +1,7 @@
 //! Opening a model file: GGUF, decoder on the chosen backend, tokenizer.
 
 use anyhow::{Context, Result};
+use blockdraft_core::backend::KvType;
 use blockdraft_core::model::Decoder;
 use blockdraft_core::tokenizer::Tokenizer;
 use blockdraft_core::Backend;
@@ -30,12 +31,40 @@ pub struct ModelArgs {
     /// under a second per GB; memory use is about the same either way.
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+    /// How the KV cache stores keys and values: `f16` (half the memory,
+    /// llama.cpp's default) or `f32` (the precise one).
+    #[arg(long = "kv-type", value_enum, default_value_t = KvTypeArg::from(KvType::DEFAULT))]
+    pub kv_type: KvTypeArg,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
     Cpu,
     Wgpu,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvTypeArg {
+    F16,
+    F32,
+}
+
+impl From<KvType> for KvTypeArg {
+    fn from(ty: KvType) -> Self {
+        match ty {
+            KvType::F16 => KvTypeArg::F16,
+            KvType::F32 => KvTypeArg::F32,
+        }
+    }
+}
+
+impl From<KvTypeArg> for KvType {
+    fn from(ty: KvTypeArg) -> Self {
+        match ty {
+            KvTypeArg::F16 => KvType::F16,
+            KvTypeArg::F32 => KvType::F32,
+        }
+    }
 }
 
 impl ModelArgs {
@@ -132,7 +161,8 @@ fn load<B: Backend>(args: &ModelArgs, backend: Arc<B>) -> Result<Loaded<B>> {
         ProgressBar::hidden()
     };
     let decoder = Decoder::load(&file, backend, &mut |done| bar.set_position(done))
-        .with_context(|| format!("cannot load model {}", args.model.display()))?;
+        .with_context(|| format!("cannot load model {}", args.model.display()))?
+        .with_kv_type(args.kv_type.into());
     bar.finish_and_clear();
     let load_seconds = started.elapsed().as_secs_f64();
     let started = std::time::Instant::now();

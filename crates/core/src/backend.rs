@@ -38,15 +38,20 @@ pub struct MemoryLimits {
     pub max_tensor: Option<u64>,
 }
 
+/// Bytes of a `rows x cols` tensor of `element_bytes` each (saturating,
+/// so that sizes beyond u64 are refused rather than wrapped).
+pub fn tensor_bytes(rows: usize, cols: usize, element_bytes: u64) -> u64 {
+    (rows as u64)
+        .saturating_mul(cols as u64)
+        .saturating_mul(element_bytes)
+}
+
 impl MemoryLimits {
-    /// Fails unless f32 tensors of `shapes` (rows, columns) fit, naming
-    /// `what` they are for.
-    pub fn check(&self, what: &str, shapes: &[(usize, usize)]) -> Result<(), crate::ModelError> {
-        let bytes = |&(rows, cols): &(usize, usize)| {
-            (rows as u64).saturating_mul(cols as u64).saturating_mul(4)
-        };
+    /// Fails unless tensors of `sizes` bytes each fit, naming `what` they
+    /// are for.
+    pub fn check(&self, what: &str, sizes: &[u64]) -> Result<(), crate::ModelError> {
         if let Some(max) = self.max_tensor {
-            if let Some(big) = shapes.iter().map(bytes).find(|&b| b > max) {
+            if let Some(&big) = sizes.iter().find(|&&b| b > max) {
                 return Err(crate::ModelError::MemoryLimit {
                     what: format!("one tensor of {what}"),
                     bytes: big,
@@ -55,7 +60,7 @@ impl MemoryLimits {
                 });
             }
         }
-        let total = shapes.iter().map(bytes).fold(0u64, u64::saturating_add);
+        let total = sizes.iter().fold(0u64, |a, &b| a.saturating_add(b));
         self.check_bytes(what, total)
     }
 
@@ -70,6 +75,46 @@ impl MemoryLimits {
                 available,
             }),
             _ => Ok(()),
+        }
+    }
+}
+
+/// How a KV cache stores its keys and values. F16 halves the cache's
+/// memory and what attention reads at depth; it is llama.cpp's default, so
+/// its users see the same tokens out of the box. F32 is the precise one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvType {
+    F32,
+    F16,
+}
+
+impl KvType {
+    /// What a decoder's states use unless told otherwise.
+    pub const DEFAULT: KvType = KvType::F32;
+
+    pub fn element_bytes(self) -> u64 {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+        }
+    }
+}
+
+impl std::str::FromStr for KvType {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(KvType::F32),
+            "f16" => Ok(KvType::F16),
+            _ => Err(format!("unknown KV cache type `{s}` (expected f16 or f32)")),
         }
     }
 }
@@ -163,6 +208,10 @@ pub trait Backend: Send + Sync + 'static {
 
     /// A zeroed `rows x cols` tensor; its capacity is `rows * cols`.
     fn tensor(&self, rows: usize, cols: usize) -> Self::Tensor;
+    /// A zeroed `rows x cols` KV-cache tensor stored as `ty`. Only
+    /// `copy_rows` (either side), `attention` (as keys or values), `read`
+    /// and `write` take one; values pass through `ty` (f16 rounds them).
+    fn kv_tensor(&self, rows: usize, cols: usize, ty: KvType) -> Self::Tensor;
     /// Current `(rows, cols)`.
     fn shape(&self, t: &Self::Tensor) -> (usize, usize);
     /// Changes the logical shape within the capacity (no allocation).
@@ -361,11 +410,11 @@ pub trait Backend: Send + Sync + 'static {
 
 #[cfg(test)]
 mod tests {
-    use super::MemoryLimits;
+    use super::{tensor_bytes, KvType, MemoryLimits};
 
     #[test]
     fn memory_limits_refuse_what_does_not_fit() {
-        let shapes = [(1000, 250), (10, 10)]; // 1 MB + 400 B
+        let shapes = [tensor_bytes(1000, 250, 4), tensor_bytes(10, 10, 4)]; // 1 MB + 400 B
         assert!(MemoryLimits::default().check("x", &shapes).is_ok());
         let roomy = MemoryLimits {
             available: Some(2_000_000),
@@ -385,7 +434,11 @@ mod tests {
         };
         assert!(narrow.check("x", &shapes).is_err());
         // Sizes beyond u64 saturate rather than wrap.
-        let huge = [(usize::MAX, usize::MAX)];
+        let huge = [tensor_bytes(usize::MAX, usize::MAX, 4)];
         assert!(roomy.check("x", &huge).is_err());
+        // An f16 cache takes half an f32 one's bytes.
+        let kv = |ty: KvType| [tensor_bytes(1000, 500, ty.element_bytes())];
+        assert!(roomy.check("x", &kv(KvType::F16)).is_ok());
+        assert!(roomy.check("x", &kv(KvType::F32)).is_err());
     }
 }

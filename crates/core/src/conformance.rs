@@ -5,8 +5,8 @@
 //! instantiates it for a backend.
 
 use crate::backend::{
-    AttentionMask, AttentionParams, Backend, ConvParams, GatedActivation, RopeParams, RopeStyle,
-    WeightSource,
+    AttentionMask, AttentionParams, Backend, ConvParams, GatedActivation, KvType, RopeParams,
+    RopeStyle, WeightSource,
 };
 use crate::sampling::{Rng, SamplingParams};
 use blockdraft_gguf::{quants, GgmlType, GgufFile, GgufWriter};
@@ -362,6 +362,95 @@ pub async fn attention<B: Backend, R: Backend>(be: &B, reference: &R) {
     }
 }
 
+/// An f16 KV cache: rows appended with `copy_rows` (and written whole)
+/// hold the values rounded to f16 exactly as `half` rounds them (ties to
+/// even, subnormals, overflow to infinity), and attention over it equals
+/// the reference's over an f32 cache of those rounded values.
+pub async fn kv_f16<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(13);
+    let (n_head, n_head_kv, head_dim, capacity) = (4, 2, 64, 40);
+    let kvc = n_head_kv * head_dim;
+    let mut k = uniform(&mut rng, capacity * kvc, 2.0);
+    let v = uniform(&mut rng, capacity * kvc, 1.0);
+    // Ties, subnormals, the largest f16, overflow, signed zeros.
+    let special = [
+        1.0 + 1.0 / 2048.0,
+        1.0 + 3.0 / 2048.0,
+        1e-6,
+        -3e-8,
+        6.0e-5,
+        65504.0,
+        65520.0,
+        -70000.0,
+        -0.0,
+        1.0 / 3.0,
+    ];
+    let rounded =
+        |x: &[f32]| -> Vec<f32> { x.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect() };
+    // Whole writes round the same way.
+    let mut t = be.kv_tensor(1, special.len(), KvType::F16);
+    be.write(&mut t, &special);
+    let got = be.read(&t).await;
+    let want = rounded(&special);
+    assert!(
+        got.iter()
+            .zip(&want)
+            .all(|(g, w)| g.to_bits() == w.to_bits()),
+        "f16 write: {got:?} != {want:?}"
+    );
+    k[5..5 + 4].copy_from_slice(&special[..4]);
+    // Appends of 7 rows, then 1, then 32, as prefill, decode and verify do.
+    let mut kc = be.kv_tensor(capacity, kvc, KvType::F16);
+    let mut vc = be.kv_tensor(capacity, kvc, KvType::F16);
+    let (ks, vs) = (tensor(be, capacity, kvc, &k), tensor(be, capacity, kvc, &v));
+    for (row, n) in [(0, 7), (7, 1), (8, 32)] {
+        be.copy_rows(&ks, row, &mut kc, row, 0, n);
+        be.copy_rows(&vs, row, &mut vc, row, 0, n);
+    }
+    let (k16, v16) = (rounded(&k), rounded(&v));
+    let got = be.read(&kc).await;
+    assert!(
+        got.iter()
+            .zip(&k16)
+            .all(|(g, w)| g.to_bits() == w.to_bits()),
+        "f16 copy_rows differs from half's rounding"
+    );
+    assert_eq!(be.read(&vc).await, v16, "f16 copy_rows of values");
+    let p = AttentionParams {
+        n_head,
+        n_head_kv,
+        head_dim,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+    };
+    let qc = n_head * head_dim;
+    for (rows, q_pos0, causal) in [(1, 39, true), (6, 30, true), (8, 32, false)] {
+        let mask = AttentionMask {
+            q_pos0,
+            kv_len: q_pos0 + rows,
+            causal,
+            window: None,
+        };
+        let q = uniform(&mut rng, rows * qc, 2.0);
+        let mut out = be.tensor(rows, qc);
+        be.attention(&tensor(be, rows, qc, &q), &kc, &vc, mask, p, &mut out);
+        let mut want = reference.tensor(rows, qc);
+        reference.attention(
+            &tensor(reference, rows, qc, &q),
+            &tensor(reference, capacity, kvc, &k16),
+            &tensor(reference, capacity, kvc, &v16),
+            mask,
+            p,
+            &mut want,
+        );
+        assert_close(
+            &format!("f16 attention {mask:?}"),
+            &be.read(&out).await,
+            &reference.read(&want).await,
+            1e-5,
+        );
+    }
+}
+
 /// DFlash2's grouped dynamic convolution, both sides.
 pub async fn grouped_conv<B: Backend, R: Backend>(be: &B, reference: &R) {
     let mut rng = Rng::new(12);
@@ -673,13 +762,13 @@ pub async fn device_ids<B: Backend, R: Backend>(be: &B, reference: &R) {
 macro_rules! backend_conformance_tests {
     (async $attr:path, $backend:expr, $reference:expr) => {
         $crate::backend_conformance_tests!(@async $attr, $backend, $reference;
-            matmul, embed, rms_norm, rope, elementwise, copy_rows, attention, grouped_conv, argmax,
-            top_k, add_slices, selector_walk, penalize, sample_to, device_ids);
+            matmul, embed, rms_norm, rope, elementwise, copy_rows, attention, kv_f16, grouped_conv,
+            argmax, top_k, add_slices, selector_walk, penalize, sample_to, device_ids);
     };
     ($backend:expr, $reference:expr) => {
         $crate::backend_conformance_tests!(@each $backend, $reference;
-            matmul, embed, rms_norm, rope, elementwise, copy_rows, attention, grouped_conv, argmax,
-            top_k, add_slices, selector_walk, penalize, sample_to, device_ids);
+            matmul, embed, rms_norm, rope, elementwise, copy_rows, attention, kv_f16, grouped_conv,
+            argmax, top_k, add_slices, selector_walk, penalize, sample_to, device_ids);
     };
     (@each $backend:expr, $reference:expr; $($op:ident),*) => {
         $(

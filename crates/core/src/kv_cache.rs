@@ -1,7 +1,7 @@
 //! Per-layer key/value cache. Slot `p` holds position `p`, so rollback is
 //! just a shorter length.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, KvType};
 use crate::error::ModelError;
 
 pub struct KvCache<B: Backend> {
@@ -9,17 +9,28 @@ pub struct KvCache<B: Backend> {
     v: Vec<B::Tensor>,
     len: usize,
     capacity: usize,
+    ty: KvType,
 }
 
 impl<B: Backend> KvCache<B> {
-    pub fn new(be: &B, n_layer: usize, kv_dim: usize, capacity: usize) -> Self {
-        let alloc = || (0..n_layer).map(|_| be.tensor(capacity, kv_dim)).collect();
+    pub fn new(be: &B, n_layer: usize, kv_dim: usize, capacity: usize, ty: KvType) -> Self {
+        let alloc = || {
+            (0..n_layer)
+                .map(|_| be.kv_tensor(capacity, kv_dim, ty))
+                .collect()
+        };
         KvCache {
             k: alloc(),
             v: alloc(),
             len: 0,
             capacity,
+            ty,
         }
+    }
+
+    /// How keys and values are stored.
+    pub fn kv_type(&self) -> KvType {
+        self.ty
     }
 
     pub fn len(&self) -> usize {

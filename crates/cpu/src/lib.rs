@@ -13,25 +13,37 @@ pub use weight_buffer::WeightBuffer;
 mod ops;
 
 use blockdraft_core::backend::{
-    AttentionMask, AttentionParams, Backend, BackendError, ConvParams, GatedActivation,
+    AttentionMask, AttentionParams, Backend, BackendError, ConvParams, GatedActivation, KvType,
     MemoryLimits, RopeParams, WeightSource,
 };
 use blockdraft_core::host_ops;
 use blockdraft_core::sampling::SamplingParams;
 use blockdraft_gguf::{GgmlType, TensorData};
+use half::{f16, slice::HalfFloatSliceExt};
 use kernels::{PackedWeight, WeightRef};
 use pool::ThreadPool;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-/// A row-major f32 matrix.
+/// A row-major f32 matrix, or an f16 one for a KV cache
+/// ([`Backend::kv_tensor`]).
 pub struct CpuTensor {
     data: Vec<f32>,
+    /// The values of an f16 tensor; `data` is then empty.
+    half: Vec<f16>,
     rows: usize,
     cols: usize,
 }
 
 impl CpuTensor {
+    fn is_f16(&self) -> bool {
+        !self.half.is_empty()
+    }
+
+    fn capacity(&self) -> usize {
+        self.data.len().max(self.half.len())
+    }
+
     pub fn as_slice(&self) -> &[f32] {
         &self.data[..self.rows * self.cols]
     }
@@ -290,8 +302,21 @@ impl Backend for CpuBackend {
     fn tensor(&self, rows: usize, cols: usize) -> CpuTensor {
         CpuTensor {
             data: vec![0.0; rows * cols],
+            half: Vec::new(),
             rows,
             cols,
+        }
+    }
+
+    fn kv_tensor(&self, rows: usize, cols: usize, ty: KvType) -> CpuTensor {
+        match ty {
+            KvType::F32 => self.tensor(rows, cols),
+            KvType::F16 => CpuTensor {
+                data: Vec::new(),
+                half: vec![f16::ZERO; rows * cols],
+                rows,
+                cols,
+            },
         }
     }
 
@@ -301,21 +326,32 @@ impl Backend for CpuBackend {
 
     fn reshape(&self, t: &mut CpuTensor, rows: usize, cols: usize) {
         assert!(
-            rows * cols <= t.data.len(),
+            rows * cols <= t.capacity(),
             "reshape to {rows}x{cols} exceeds capacity {}",
-            t.data.len()
+            t.capacity()
         );
         t.rows = rows;
         t.cols = cols;
     }
 
     fn write(&self, t: &mut CpuTensor, data: &[f32]) {
-        t.as_mut_slice().copy_from_slice(data);
+        if t.is_f16() {
+            t.half[..t.rows * t.cols].convert_from_f32_slice(data);
+        } else {
+            t.as_mut_slice().copy_from_slice(data);
+        }
     }
 
     async fn read(&self, t: &CpuTensor) -> Vec<f32> {
         self.before_readback().await;
-        t.as_slice().to_vec()
+        if t.is_f16() {
+            t.half[..t.rows * t.cols]
+                .iter()
+                .map(|h| h.to_f32())
+                .collect()
+        } else {
+            t.as_slice().to_vec()
+        }
     }
 
     fn embed(&self, table: &CpuWeight, ids: &[u32], out: &mut CpuTensor) {
@@ -439,9 +475,19 @@ impl Backend for CpuBackend {
                 && src_row + n_rows <= src.rows,
             "copy_rows out of bounds"
         );
+        let (n, at_src, at_dst) = (
+            src.cols,
+            |r: usize| (src_row + r) * src.cols,
+            |r: usize| (dst_row + r) * dst.cols + dst_col,
+        );
         for r in 0..n_rows {
-            let s = &src.data[(src_row + r) * src.cols..][..src.cols];
-            dst.data[(dst_row + r) * dst.cols + dst_col..][..src.cols].copy_from_slice(s);
+            let (s, d) = (at_src(r), at_dst(r));
+            match (src.is_f16(), dst.is_f16()) {
+                (false, false) => dst.data[d..][..n].copy_from_slice(&src.data[s..][..n]),
+                (false, true) => dst.half[d..][..n].convert_from_f32_slice(&src.data[s..][..n]),
+                (true, true) => dst.half[d..][..n].copy_from_slice(&src.half[s..][..n]),
+                (true, false) => src.half[s..][..n].convert_to_f32_slice(&mut dst.data[d..][..n]),
+            }
         }
     }
 
@@ -455,16 +501,13 @@ impl Backend for CpuBackend {
         out: &mut CpuTensor,
     ) {
         let out_cols = out.cols;
-        ops::attention(
-            &self.pool,
-            q.as_slice(),
-            &k.data,
-            &v.data,
-            mask,
-            p,
-            self.llamacpp_batches,
-            &mut out.data[..q.rows * out_cols],
-        );
+        let out = &mut out.data[..q.rows * out_cols];
+        let (pool, q, batches) = (&self.pool, q.as_slice(), self.llamacpp_batches);
+        match (k.is_f16(), v.is_f16()) {
+            (false, false) => ops::attention(pool, q, &k.data, &v.data, mask, p, batches, out),
+            (true, true) => ops::attention(pool, q, &k.half, &v.half, mask, p, batches, out),
+            _ => panic!("attention: keys and values of different types"),
+        }
     }
 
     fn grouped_conv(

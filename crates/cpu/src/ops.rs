@@ -6,6 +6,7 @@ use crate::pool::ThreadPool;
 use blockdraft_core::backend::{
     AttentionMask, AttentionParams, ConvParams, GatedActivation, RopeParams, RopeStyle,
 };
+use half::{f16, slice::HalfFloatSliceExt};
 
 /// RMS norm with ggml's exact float sequence (f32 squares summed in f64,
 /// f32 mean, scale and products). Bit-equal inputs matter: the next
@@ -188,6 +189,26 @@ impl SharedOut {
     }
 }
 
+/// An element type a KV cache may hold.
+pub trait KvElement: Copy + Send + Sync {
+    /// `src` as f32: itself where it is f32, else converted into `buf`.
+    fn as_f32<'a>(src: &'a [Self], buf: &'a mut [f32]) -> &'a [f32];
+}
+
+impl KvElement for f32 {
+    fn as_f32<'a>(src: &'a [f32], _buf: &'a mut [f32]) -> &'a [f32] {
+        src
+    }
+}
+
+impl KvElement for f16 {
+    fn as_f32<'a>(src: &'a [f16], buf: &'a mut [f32]) -> &'a [f32] {
+        let out = &mut buf[..src.len()];
+        src.convert_to_f32_slice(out);
+        out
+    }
+}
+
 /// Attention of every (query row, head) pair, one pool task each, with
 /// the float sequence of llama.cpp's CPU attention for an f32 KV cache
 /// without flash attention (`mul_mat(K, Q)`, `soft_max_ext`,
@@ -200,13 +221,14 @@ impl SharedOut {
 /// accumulates key `j` by FMA into lane `j % 32` then reduces as `dot_f32`
 /// does (one query row: ggml's `ggml_vec_dot_f32`), or into lane `j % 8`
 /// reduced like the softmax groups (several rows: llamafile's sgemm; only
-/// with `llamacpp_batch`, otherwise every row is computed like one).
+/// with `llamacpp_batch`, otherwise every row is computed like one). An f16
+/// cache is read as its values widened to f32, in the same sequence.
 #[allow(clippy::too_many_arguments)]
-pub fn attention(
+pub fn attention<T: KvElement>(
     pool: &ThreadPool,
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     mask: AttentionMask,
     p: AttentionParams,
     llamacpp_batch: bool,
@@ -256,10 +278,12 @@ pub fn attention(
                 }
                 // Keys lo0..hi0 (whole groups of 8; keys outside lo..hi weigh 0).
                 let (lo0, hi0) = (lo / 8 * 8, hi.div_ceil(8) * 8);
+                let mut row = vec![0f32; p.head_dim];
                 let mut w: Vec<f32> = (lo0..hi0)
                     .map(|j| {
                         if (lo..hi).contains(&j) {
-                            dot_f32(qh, &k[j * kv_cols + kv_off..][..p.head_dim]) * p.scale
+                            let kj = T::as_f32(&k[j * kv_cols + kv_off..][..p.head_dim], &mut row);
+                            dot_f32(qh, kj) * p.scale
                         } else {
                             f32::NEG_INFINITY
                         }
@@ -284,7 +308,8 @@ pub fn attention(
                 for (j, &e) in (lo0..hi0).zip(&w) {
                     if e != 0.0 {
                         let lane = &mut acc[(j % n_lanes) * p.head_dim..][..p.head_dim];
-                        axpy_f32(lane, e * inv, &v[j * kv_cols + kv_off..][..p.head_dim]);
+                        let vj = T::as_f32(&v[j * kv_cols + kv_off..][..p.head_dim], &mut row);
+                        axpy_f32(lane, e * inv, vj);
                     }
                 }
                 let lane = |l: usize, d: usize| acc[l * p.head_dim + d];

@@ -6,8 +6,14 @@
 //!   top-2 log-probs are within 0.05 are excluded as ties);
 //! - free greedy generation reproduces llama.cpp's first 32 tokens.
 //!
-//! The fixtures come from llama.cpp's precise configuration (no flash
-//! attention, f32 KV cache, AVX2 build). llama.cpp quantizes activations
+//! Two sets of fixtures: llama.cpp's precise configuration (no flash
+//! attention, f32 KV cache; `greedy-<model>.json`), which an f32 KV cache
+//! follows bit for bit, and its defaults (`llama-server -m MODEL`: flash
+//! attention on, f16 KV cache; `greedy-<model>-default.json`), which an f16
+//! cache meets on the forced-decoding metric (flash attention accumulates
+//! values in f16, so it is not bit-equal and free generation is only
+//! reported). The f16 cache is also held to the metric on the precise
+//! traces. The precise traces in detail: llama.cpp quantizes activations
 //! before every matmul, so a one-ulp difference in any f32 op grows into
 //! ~1e-2 in log-probs and flips near-ties; the CPU backend therefore follows
 //! llama.cpp's float sequences exactly (norms, rope, softmax, SiLU/GELU,
@@ -29,6 +35,7 @@ mod common;
 use blockdraft_core::testing::block_on;
 use common::ids;
 
+use blockdraft_core::backend::KvType;
 use blockdraft_core::generate::generate;
 use blockdraft_core::model::{Decoder, LogitRows};
 use blockdraft_core::sampling::{argmax, Sampler, SamplingParams};
@@ -57,14 +64,35 @@ fn prompt_batches(prompt: &[u32], swa: bool) -> Vec<&[u32]> {
     }
 }
 
-fn check_model(key: &str) {
-    let fx = common::fixture(&format!("llamacpp/greedy-{key}.json"));
+/// llama.cpp's configuration behind a set of traces.
+#[derive(Clone, Copy, PartialEq)]
+enum Traces {
+    /// `-fa off -ctk f32 -ctv f32`: `greedy-<model>.json`.
+    Precise,
+    /// No flags: `greedy-<model>-default.json`.
+    Default,
+}
+
+/// `key` with a `kv` cache against llama.cpp's `traces`: forced-decoding
+/// agreement >= `floor`, and free generation equal to llama.cpp's where
+/// the two are meant to be bit-equal (precise traces, f32 cache).
+fn check_model(key: &str, traces: Traces, kv: KvType, floor: f64) {
+    let suffix = if traces == Traces::Default {
+        "-default"
+    } else {
+        ""
+    };
+    let fx = common::fixture(&format!("llamacpp/greedy-{key}{suffix}.json"));
     let Some(path) = common::model(fx["model"].as_str().expect("model file name")) else {
         return;
     };
+    let bit_equal = traces == Traces::Precise && kv == KvType::F32;
+    let key = &format!("{key}{suffix} ({} KV)", kv.name());
     let file = GgufFile::open(&path).unwrap();
     let backend = Arc::new(CpuBackend::matching_llamacpp_batches(2));
-    let dec = Decoder::load(&file, backend.clone(), &mut |_| {}).unwrap();
+    let dec = Decoder::load(&file, backend.clone(), &mut |_| {})
+        .unwrap()
+        .with_kv_type(kv);
     let n_vocab = dec.config.n_vocab;
     let swa = dec.config.swa_layers.iter().any(|&s| s);
 
@@ -121,39 +149,7 @@ fn check_model(key: &str) {
             }
         }
 
-        // Free greedy generation: the first 32 tokens (up to an end-of-
-        // generation token llama.cpp was told to ignore).
-        // llama.cpp's emitted token differs from its raw top-1 only where it
-        // banned an end-of-generation token (ignore_eos).
-        let eog_stop = top
-            .iter()
-            .zip(&tokens)
-            .position(|(t, &tok)| t[0][0].as_u64().unwrap() as u32 != tok)
-            .unwrap_or(tokens.len());
-        let n_free = 32.min(eog_stop);
-        let mut state = dec.new_state(prompt.len() + n_free, 64);
-        let (&last_batch, first_batches) = batches.split_last().unwrap();
-        for batch in first_batches {
-            dec.forward(&mut state, batch, LogitRows::None, true, None)
-                .unwrap();
-        }
-        let mut sampler = Sampler::new(SamplingParams::greedy());
-        let (gen, _, _) = block_on(generate(
-            &dec,
-            &mut state,
-            last_batch,
-            n_free,
-            &mut sampler,
-            &|_| false,
-            &mut |_| true,
-        ))
-        .unwrap();
-        if gen != tokens[..n_free] {
-            let at = gen
-                .iter()
-                .zip(&tokens)
-                .position(|(a, b)| a != b)
-                .unwrap_or(n_free);
+        if let Some(at) = free_generation_mismatch(&dec, &batches, &tokens, top) {
             free_mismatches.push(format!("{name} at token {at}"));
         }
     }
@@ -166,32 +162,97 @@ fn check_model(key: &str) {
         lp_err_max
     );
     assert!(
-        rate >= 0.99,
-        "{key}: agreement {:.2} % < 99 %",
-        rate * 100.0
+        rate >= floor,
+        "{key}: agreement {:.2} % < {:.2} %",
+        rate * 100.0,
+        floor * 100.0
     );
-    assert!(
-        free_mismatches.is_empty(),
-        "{key}: free greedy generation differs from llama.cpp: {free_mismatches:?}"
-    );
+    if bit_equal {
+        assert!(
+            free_mismatches.is_empty(),
+            "{key}: free greedy generation differs from llama.cpp: {free_mismatches:?}"
+        );
+    } else if !free_mismatches.is_empty() {
+        eprintln!("{key}: free greedy generation leaves llama.cpp's at {free_mismatches:?}");
+    }
 }
+
+/// Free greedy generation on llama-server's schedule: the first token
+/// where it leaves llama.cpp's first 32 (up to an end-of-generation token
+/// llama.cpp was told to ignore; its emitted token differs from its raw
+/// top-1 only there), if any.
+fn free_generation_mismatch(
+    dec: &Decoder<CpuBackend>,
+    batches: &[&[u32]],
+    tokens: &[u32],
+    top: &[serde_json::Value],
+) -> Option<usize> {
+    let eog_stop = top
+        .iter()
+        .zip(tokens)
+        .position(|(t, &tok)| t[0][0].as_u64().unwrap() as u32 != tok)
+        .unwrap_or(tokens.len());
+    let n_free = 32.min(eog_stop);
+    let prompt_len: usize = batches.iter().map(|b| b.len()).sum();
+    let mut state = dec.new_state(prompt_len + n_free, 64);
+    let (&last_batch, first_batches) = batches.split_last().unwrap();
+    for batch in first_batches {
+        dec.forward(&mut state, batch, LogitRows::None, true, None)
+            .unwrap();
+    }
+    let mut sampler = Sampler::new(SamplingParams::greedy());
+    let (gen, _, _) = block_on(generate(
+        dec,
+        &mut state,
+        last_batch,
+        n_free,
+        &mut sampler,
+        &|_| false,
+        &mut |_| true,
+    ))
+    .unwrap();
+    (gen != tokens[..n_free]).then(|| {
+        gen.iter()
+            .zip(tokens)
+            .position(|(a, b)| a != b)
+            .unwrap_or(n_free)
+    })
+}
+
+// Floors: 99 % wherever it is met. Measured (forced top-1 agreement, f32
+// precise / f16 precise / f16 default): SmolLM2 100 / 98.42 / 97.75 %,
+// Qwen2.5-Coder-0.5B 100 / 99.68 / 99.68 %, 1.5B 100 / 99.68 / 99.37 %,
+// Gemma 3 270M 100 / 98.75 / 99.05 %. Below 99 %, the floor sits just
+// under the measured figure, so a regression still fails: rounding keys
+// and values to f16 moves SmolLM2's log-probs by 0.03 on average, and
+// llama.cpp's flash attention, which also accumulates values in f16, is
+// not followed (the f32 cache agrees less with it still: 97.1 % on
+// SmolLM2, 98.7 % on Gemma 3 and Qwen2.5-Coder-1.5B).
 
 #[test]
 fn smollm2_agrees_with_llamacpp() {
-    check_model("smollm2");
+    check_model("smollm2", Traces::Precise, KvType::F32, 0.99);
+    check_model("smollm2", Traces::Precise, KvType::F16, 0.98);
+    check_model("smollm2", Traces::Default, KvType::F16, 0.975);
 }
 
 #[test]
 fn qwen2_5_coder_0_5b_agrees_with_llamacpp() {
-    check_model("qwen05");
+    check_model("qwen05", Traces::Precise, KvType::F32, 0.99);
+    check_model("qwen05", Traces::Precise, KvType::F16, 0.99);
+    check_model("qwen05", Traces::Default, KvType::F16, 0.99);
 }
 
 #[test]
 fn qwen2_5_coder_1_5b_agrees_with_llamacpp() {
-    check_model("qwen15");
+    check_model("qwen15", Traces::Precise, KvType::F32, 0.99);
+    check_model("qwen15", Traces::Precise, KvType::F16, 0.99);
+    check_model("qwen15", Traces::Default, KvType::F16, 0.99);
 }
 
 #[test]
 fn gemma3_270m_agrees_with_llamacpp() {
-    check_model("gemma");
+    check_model("gemma", Traces::Precise, KvType::F32, 0.99);
+    check_model("gemma", Traces::Precise, KvType::F16, 0.985);
+    check_model("gemma", Traces::Default, KvType::F16, 0.99);
 }

@@ -5,6 +5,7 @@
 
 mod common;
 
+use blockdraft_core::backend::KvType;
 use blockdraft_core::model::Decoder;
 use blockdraft_core::ModelError;
 use blockdraft_cpu::CpuBackend;
@@ -37,4 +38,24 @@ fn what_does_not_fit_is_refused_before_it_is_loaded() {
     let err = dec.try_new_state(8192, 256).map(|_| ()).unwrap_err();
     let text = err.to_string();
     assert!(text.contains("a context of 8192 positions"), "{text}");
+}
+
+#[test]
+fn an_f16_cache_takes_half_the_memory_of_an_f32_one() {
+    let Some(path) = common::model("smollm2-135m-instruct-q4_1.gguf") else {
+        return;
+    };
+    let file = GgufFile::open(&path).unwrap();
+    let weights: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
+    // SmolLM2: 30 layers of 192-wide keys and values, 46 KB per position
+    // in f32: 8192 positions take 377 MB in f32, 189 MB in f16. The budget
+    // leaves 235 MB before the first matmul moves any weight.
+    let budget = weights + (150 << 20);
+    let be = Arc::new(CpuBackend::new(1).with_memory_budget(budget));
+    let dec = Decoder::load(&file, be, &mut |_| {}).unwrap();
+    let text = dec.try_new_state(8192, 16).map(|_| ()).unwrap_err().to_string();
+    assert!(text.contains("a context of 8192 positions"), "{text}");
+    let dec = dec.with_kv_type(KvType::F16);
+    let state = dec.try_new_state(8192, 16).unwrap();
+    assert_eq!(state.kv.kv_type(), KvType::F16);
 }

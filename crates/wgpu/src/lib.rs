@@ -32,10 +32,11 @@ use weights::IdsLayout;
 pub use weights::WgpuWeight;
 
 use blockdraft_core::backend::{
-    AttentionMask, AttentionParams, Backend, BackendError, ConvParams, GatedActivation, RopeParams,
-    RopeStyle, WeightSource,
+    AttentionMask, AttentionParams, Backend, BackendError, ConvParams, GatedActivation, KvType,
+    RopeParams, RopeStyle, WeightSource,
 };
 use blockdraft_core::sampling::SamplingParams;
+use half::f16;
 use recorder::{Binding, Device};
 use shaders::Kernel;
 use std::collections::HashMap;
@@ -47,6 +48,8 @@ pub struct WgpuTensor {
     rows: usize,
     cols: usize,
     capacity: usize,
+    /// Stored as f16, two to a u32 (a KV cache, [`Backend::kv_tensor`]).
+    f16: bool,
 }
 
 impl WgpuTensor {
@@ -54,9 +57,17 @@ impl WgpuTensor {
         self.rows * self.cols
     }
 
+    fn element_bytes(&self) -> u64 {
+        if self.f16 {
+            2
+        } else {
+            4
+        }
+    }
+
     /// The rows in use, not the buffer's capacity.
     fn binding(&self) -> Binding<'_> {
-        Binding::head(&self.buffer, self.len() as u64 * 4)
+        Binding::head(&self.buffer, self.len() as u64 * self.element_bytes())
     }
 }
 
@@ -274,6 +285,25 @@ impl Backend for WgpuBackend {
             rows,
             cols,
             capacity,
+            f16: false,
+        }
+    }
+
+    fn kv_tensor(&self, rows: usize, cols: usize, ty: KvType) -> WgpuTensor {
+        match ty {
+            KvType::F32 => self.tensor(rows, cols),
+            KvType::F16 => {
+                // Kernels own whole u32s: two f16 of one row.
+                assert!(cols % 2 == 0, "f16 KV rows must have an even width");
+                let capacity = rows * cols;
+                WgpuTensor {
+                    buffer: self.dev.storage("kv f16", capacity as u64 * 2),
+                    rows,
+                    cols,
+                    capacity,
+                    f16: true,
+                }
+            }
         }
     }
 
@@ -297,12 +327,31 @@ impl Backend for WgpuBackend {
             t.len(),
             "write: data length is not the tensor's"
         );
-        self.dev.upload(&t.buffer, 0, bytemuck::cast_slice(data));
+        if t.f16 {
+            // Whole u32s: an odd length gets a zero pad (within the buffer).
+            let mut half: Vec<u16> = data.iter().map(|&x| f16::from_f32(x).to_bits()).collect();
+            half.resize(data.len().next_multiple_of(2), 0);
+            self.dev.upload(&t.buffer, 0, bytemuck::cast_slice(&half));
+        } else {
+            self.dev.upload(&t.buffer, 0, bytemuck::cast_slice(data));
+        }
     }
 
     async fn read(&self, t: &WgpuTensor) -> Vec<f32> {
-        let bytes = self.dev.read_bytes(&t.buffer, 0, t.len() as u64 * 4).await;
-        bytemuck::pod_collect_to_vec(&bytes)
+        let bytes = t.len() as u64 * t.element_bytes();
+        let bytes = self
+            .dev
+            .read_bytes(&t.buffer, 0, bytes.next_multiple_of(4))
+            .await;
+        if t.f16 {
+            let half: Vec<u16> = bytemuck::pod_collect_to_vec(&bytes);
+            half[..t.len()]
+                .iter()
+                .map(|&h| f16::from_bits(h).to_f32())
+                .collect()
+        } else {
+            bytemuck::pod_collect_to_vec(&bytes)
+        }
     }
 
     fn embed(&self, table: &WgpuWeight, ids: &[u32], out: &mut WgpuTensor) {
@@ -484,11 +533,23 @@ impl Backend for WgpuBackend {
             0,
             0,
         ];
+        let copy = match (src.f16, dst.f16) {
+            (false, false) => kernel("copy.wgsl", "copy_rows"),
+            (false, true) => {
+                assert!(
+                    src.cols % 2 == 0 && dst_col % 2 == 0,
+                    "copy_rows into f16: odd width or column"
+                );
+                kernel("copy_f16.wgsl", "copy_rows_to_f16")
+            }
+            _ => panic!("copy_rows: reading an f16 KV tensor is not supported on this backend"),
+        };
+        let per_invocation = if dst.f16 { 2 } else { 1 };
         self.dev.dispatch(
-            kernel("copy.wgsl", "copy_rows"),
+            copy,
             &params,
             &[src.binding(), dst.binding()],
-            grid(n_rows * src.cols, 256),
+            grid(n_rows * src.cols / per_invocation, 256),
         );
     }
 
@@ -502,8 +563,12 @@ impl Backend for WgpuBackend {
         out: &mut WgpuTensor,
     ) {
         assert!(
-            p.head_dim <= 256 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0,
-            "attention: head_dim {} > 256 or heads {} / {}",
+            p.head_dim <= 256
+                && p.head_dim % 2 == 0
+                && p.n_head_kv > 0
+                && p.n_head % p.n_head_kv == 0
+                && k.f16 == v.f16,
+            "attention: head_dim {} (> 256 or odd), heads {} / {}, or keys and values of different types",
             p.head_dim,
             p.n_head,
             p.n_head_kv
@@ -523,7 +588,11 @@ impl Backend for WgpuBackend {
             0,
         ];
         self.dev.dispatch(
-            kernel("attention.wgsl", "attention"),
+            if k.f16 {
+                kernel("attention_f16.wgsl", "attention")
+            } else {
+                kernel("attention.wgsl", "attention")
+            },
             &params,
             &[q.binding(), k.binding(), v.binding(), out.binding()],
             grid(q.rows * p.n_head, 1),

@@ -24,8 +24,20 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
     ("copy.wgsl", include_str!("../../../shaders/copy.wgsl")),
     (
+        "copy_f16.wgsl",
+        include_str!("../../../shaders/copy_f16.wgsl"),
+    ),
+    (
+        "attention_core.wgsl",
+        include_str!("../../../shaders/attention_core.wgsl"),
+    ),
+    (
         "attention.wgsl",
         include_str!("../../../shaders/attention.wgsl"),
+    ),
+    (
+        "attention_f16.wgsl",
+        include_str!("../../../shaders/attention_f16.wgsl"),
     ),
     ("best.wgsl", include_str!("../../../shaders/best.wgsl")),
     (
@@ -71,6 +83,7 @@ pub const SOURCES: &[(&str, &str)] = &[
 /// Files that are only included by others, never compiled alone.
 const LIBRARIES: &[&str] = &[
     "common.wgsl",
+    "attention_core.wgsl",
     "best.wgsl",
     "quant_blocks.wgsl",
     "subgroup.wgsl",

@@ -14,8 +14,11 @@
 //! generation.rs), and batching alone costs llama.cpp itself agreement on
 //! it; its floor is 97.5 %, just below that, so a regression still fails.
 //! Qwen2.5-Coder-1.5B is left to the CPU test: on lavapipe it alone would
-//! take a large share of CI.
+//! take a large share of CI. The f16 KV cache is checked on
+//! Qwen2.5-Coder-0.5B against llama.cpp's default configuration (f16
+//! cache, flash attention), as the CPU test does for every model.
 
+use blockdraft_core::backend::KvType;
 use blockdraft_core::model::{Decoder, LogitRows};
 use blockdraft_core::sampling::argmax;
 use blockdraft_core::testing::{block_on, real_model};
@@ -25,10 +28,12 @@ use blockdraft_wgpu::WgpuBackend;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-fn fixture(key: &str) -> serde_json::Value {
+/// `greedy-<traces>.json`: `smollm2`, or `smollm2-default` for llama.cpp's
+/// default configuration.
+fn fixture(traces: &str) -> serde_json::Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/llamacpp")
-        .join(format!("greedy-{key}.json"));
+        .join(format!("greedy-{traces}.json"));
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
@@ -37,15 +42,19 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
     ids.map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
-/// `key`'s agreement must reach `floor`.
-fn check_model(key: &str, floor: f64) {
-    let fx = fixture(key);
+/// Agreement with `traces` (see [`fixture`]) must reach `floor` with a
+/// `kv` cache.
+fn check_model(traces: &str, kv: KvType, floor: f64) {
+    let fx = fixture(traces);
+    let key = &format!("{traces} ({} KV)", kv.name());
     let Some(path) = real_model(fx["model"].as_str().unwrap()) else {
         return;
     };
     let file = GgufFile::open(&path).unwrap();
     let be = Arc::new(WgpuBackend::new().expect("a wgpu adapter (mesa-vulkan-drivers)"));
-    let dec = Decoder::load(&file, be.clone(), &mut |_| {}).unwrap();
+    let dec = Decoder::load(&file, be.clone(), &mut |_| {})
+        .unwrap()
+        .with_kv_type(kv);
     let n_vocab = dec.config.n_vocab;
     let (mut agree, mut compared, mut excluded) = (0usize, 0usize, 0usize);
     for p in fx["prompts"].as_array().unwrap() {
@@ -100,15 +109,16 @@ fn check_model(key: &str, floor: f64) {
 
 #[test]
 fn smollm2_agrees_with_llamacpp() {
-    check_model("smollm2", 0.975);
+    check_model("smollm2", KvType::F32, 0.975);
 }
 
 #[test]
 fn qwen2_5_coder_0_5b_agrees_with_llamacpp() {
-    check_model("qwen05", 0.99);
+    check_model("qwen05", KvType::F32, 0.99);
+    check_model("qwen05-default", KvType::F16, 0.99);
 }
 
 #[test]
 fn gemma3_270m_agrees_with_llamacpp() {
-    check_model("gemma", 0.99);
+    check_model("gemma", KvType::F32, 0.99);
 }

@@ -11,7 +11,9 @@ pub use weights::{
     Borrowed, DecoderWeights, FileTensors, LayerWeights, TensorLoader, TensorSource,
 };
 
-use crate::backend::{AttentionMask, AttentionParams, Backend, MemoryLimits, RopeParams};
+use crate::backend::{
+    tensor_bytes, AttentionMask, AttentionParams, Backend, KvType, MemoryLimits, RopeParams,
+};
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
 use blockdraft_gguf::GgufFile;
@@ -127,6 +129,8 @@ pub struct Decoder<B: Backend> {
     pub config: ModelConfig,
     pub weights: DecoderWeights<B>,
     pub backend: Arc<B>,
+    /// How the states it makes store keys and values ([`Self::with_kv_type`]).
+    kv_type: KvType,
 }
 
 impl<B: Backend> Decoder<B> {
@@ -184,7 +188,18 @@ impl<B: Backend> Decoder<B> {
             config,
             weights,
             backend,
+            kv_type: KvType::DEFAULT,
         })
+    }
+
+    /// States made from now on store their keys and values as `ty`.
+    pub fn with_kv_type(mut self, ty: KvType) -> Self {
+        self.kv_type = ty;
+        self
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
     }
 
     pub fn backend_name(&self) -> String {
@@ -197,7 +212,7 @@ impl<B: Backend> Decoder<B> {
     /// [`DecoderState::logit_rows`]).
     pub fn new_state(&self, n_ctx: usize, max_batch: usize) -> DecoderState<B> {
         let rows = PassRows::new::<B>(&self.config, self.backend.memory_limits(), max_batch);
-        DecoderState::new(&*self.backend, &self.config, n_ctx, rows)
+        DecoderState::new(&*self.backend, &self.config, n_ctx, rows, self.kv_type)
     }
 
     /// One forward pass of one token, read back: the costs of a first pass
@@ -236,9 +251,15 @@ impl<B: Backend> Decoder<B> {
     ) -> Result<DecoderState<B>, ModelError> {
         let limits = self.backend.memory_limits();
         let rows = PassRows::new::<B>(&self.config, limits, max_batch);
-        let shapes = DecoderState::<B>::shapes(&self.config, n_ctx, rows);
-        limits.check(&format!("a context of {n_ctx} positions"), &shapes)?;
-        Ok(DecoderState::new(&*self.backend, &self.config, n_ctx, rows))
+        let sizes = DecoderState::<B>::sizes(&self.config, n_ctx, rows, self.kv_type);
+        limits.check(&format!("a context of {n_ctx} positions"), &sizes)?;
+        Ok(DecoderState::new(
+            &*self.backend,
+            &self.config,
+            n_ctx,
+            rows,
+            self.kv_type,
+        ))
     }
 
     /// Runs `tokens` through the decoder at the next positions of `state`,
@@ -731,19 +752,20 @@ impl PassRows {
 }
 
 impl<B: Backend> DecoderState<B> {
-    /// Shapes of the tensors [`Self::new`] allocates: the KV cache, the
+    /// Bytes of the tensors [`Self::new`] allocates: the KV cache, the
     /// scratch rows and the logits.
-    fn shapes(cfg: &ModelConfig, n_ctx: usize, rows: PassRows) -> Vec<(usize, usize)> {
-        let kv = std::iter::repeat_n((n_ctx, cfg.kv_dim()), 2 * cfg.n_layer);
-        let scratch = Scratch::<B>::cols(cfg).map(|cols| (rows.max_batch, cols));
-        kv.chain(scratch)
-            .chain([(rows.logit_rows, cfg.n_vocab_head)])
+    fn sizes(cfg: &ModelConfig, n_ctx: usize, rows: PassRows, kv_type: KvType) -> Vec<u64> {
+        let kv = tensor_bytes(n_ctx, cfg.kv_dim(), kv_type.element_bytes());
+        let scratch = Scratch::<B>::cols(cfg).map(|cols| tensor_bytes(rows.max_batch, cols, 4));
+        std::iter::repeat_n(kv, 2 * cfg.n_layer)
+            .chain(scratch)
+            .chain([tensor_bytes(rows.logit_rows, cfg.n_vocab_head, 4)])
             .collect()
     }
 
-    fn new(be: &B, cfg: &ModelConfig, n_ctx: usize, rows: PassRows) -> Self {
+    fn new(be: &B, cfg: &ModelConfig, n_ctx: usize, rows: PassRows, kv_type: KvType) -> Self {
         DecoderState {
-            kv: KvCache::new(be, cfg.n_layer, cfg.kv_dim(), n_ctx),
+            kv: KvCache::new(be, cfg.n_layer, cfg.kv_dim(), n_ctx, kv_type),
             scratch: Scratch::new(be, cfg, rows.max_batch),
             logits: be.tensor(rows.logit_rows, cfg.n_vocab_head),
             max_batch: rows.max_batch,
