@@ -10,24 +10,43 @@ use std::process::Command;
 struct Shipped {
     drafter: &'static str,
     target: &'static str,
-    /// Tokens per round over `PROMPTS`, measured when the drafter shipped,
+    /// Prompts of the drafter's kind that it was not trained on.
+    prompts: &'static [&'static str],
+    /// Tokens per round over `prompts`, measured when the drafter shipped,
     /// less a margin for other CPUs' rounding.
     tau_floor: f64,
 }
 
-const SHIPPED: &[Shipped] = &[Shipped {
-    drafter: "smollm2-dflash.gguf",
-    target: "smollm2-135m-instruct-q4_1.gguf",
-    tau_floor: 1.28, // measured 1.332
-}];
+const SHIPPED: &[Shipped] = &[
+    Shipped {
+        drafter: "smollm2-dflash.gguf",
+        target: "smollm2-135m-instruct-q4_1.gguf",
+        prompts: CHAT,
+        tau_floor: 1.28, // measured 1.332
+    },
+    Shipped {
+        drafter: "qwen05-dflash.gguf",
+        target: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        prompts: CODE,
+        tau_floor: 1.58, // measured 1.647
+    },
+];
 
 /// Chat prompts the drafters were not trained on (none is in the training
 /// prompts that training/prompts.py makes).
-const PROMPTS: &[&str] = &[
+const CHAT: &[&str] = &[
     "Write a haiku about the sea.",
     "What are the benefits of regular exercise?",
     "Explain what a hash table is in simple terms.",
     "Give me three tips for writing a good cover letter.",
+];
+
+/// Code prompts, likewise not among the training prompts.
+const CODE: &[&str] = &[
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Write a JavaScript function that debounces another function.",
+    "Implement binary search over a sorted list in Python.",
+    "Write a SQL query that returns the ten customers with the most orders.",
 ];
 
 fn run(args: &[&str]) -> serde_json::Value {
@@ -58,7 +77,7 @@ fn shipped_drafters_match_plain_decoding_and_keep_their_tau() {
         let drafter = root.join("drafters").join(s.drafter);
         let drafter = drafter.to_str().unwrap();
         let (mut rounds, mut produced) = (0u64, 0u64);
-        for p in PROMPTS {
+        for p in s.prompts {
             let v = run(&[
                 "run",
                 "-m",
@@ -87,7 +106,11 @@ fn shipped_drafters_match_plain_decoding_and_keep_their_tau() {
             produced += st["rounds"].as_u64().unwrap() + st["accepted"].as_u64().unwrap();
         }
         let tau = produced as f64 / rounds as f64;
-        eprintln!("{}: tau {tau:.3} over {} prompts", s.drafter, PROMPTS.len());
+        eprintln!(
+            "{}: tau {tau:.3} over {} prompts",
+            s.drafter,
+            s.prompts.len()
+        );
         assert!(
             tau >= s.tau_floor,
             "{}: tau {tau:.3} < floor {}",

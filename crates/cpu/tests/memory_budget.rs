@@ -53,7 +53,11 @@ fn an_f16_cache_takes_half_the_memory_of_an_f32_one() {
     let budget = weights + (150 << 20);
     let be = Arc::new(CpuBackend::new(1).with_memory_budget(budget));
     let dec = Decoder::load(&file, be, &mut |_| {}).unwrap();
-    let text = dec.try_new_state(8192, 16).map(|_| ()).unwrap_err().to_string();
+    let text = dec
+        .try_new_state(8192, 16)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
     assert!(text.contains("a context of 8192 positions"), "{text}");
     let dec = dec.with_kv_type(KvType::F16);
     let state = dec.try_new_state(8192, 16).unwrap();

@@ -82,3 +82,11 @@ fn check(drafter: &str, target: &str) {
 fn smollm2_drafter_matches_the_pytorch_reference() {
     check("smollm2-dflash.gguf", "smollm2-135m-instruct-q4_1.gguf");
 }
+
+#[test]
+fn qwen05_drafter_matches_the_pytorch_reference() {
+    check(
+        "qwen05-dflash.gguf",
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    );
+}
