@@ -104,6 +104,19 @@ fn u(x: usize) -> u32 {
 }
 
 impl WgpuBackend {
+    /// A zeroed `rows x cols` tensor of f32, or of f16 two to a u32.
+    fn zeroed(&self, rows: usize, cols: usize, f16: bool) -> WgpuTensor {
+        let capacity = rows * cols;
+        let (label, element_bytes) = if f16 { ("kv f16", 2) } else { ("tensor", 4) };
+        WgpuTensor {
+            buffer: self.dev.storage(label, capacity as u64 * element_bytes),
+            rows,
+            cols,
+            capacity,
+            f16,
+        }
+    }
+
     /// The platform's default adapter (blocking, so native only; the
     /// browser awaits [`Gpu::request`] and calls [`Self::with_gpu`]).
     #[cfg(not(target_arch = "wasm32"))]
@@ -279,32 +292,16 @@ impl Backend for WgpuBackend {
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> WgpuTensor {
-        let capacity = rows * cols;
-        WgpuTensor {
-            buffer: self.dev.storage("tensor", capacity as u64 * 4),
-            rows,
-            cols,
-            capacity,
-            f16: false,
-        }
+        self.zeroed(rows, cols, false)
     }
 
     fn kv_tensor(&self, rows: usize, cols: usize, ty: KvType) -> WgpuTensor {
-        match ty {
-            KvType::F32 => self.tensor(rows, cols),
-            KvType::F16 => {
-                // Kernels own whole u32s: two f16 of one row.
-                assert!(cols % 2 == 0, "f16 KV rows must have an even width");
-                let capacity = rows * cols;
-                WgpuTensor {
-                    buffer: self.dev.storage("kv f16", capacity as u64 * 2),
-                    rows,
-                    cols,
-                    capacity,
-                    f16: true,
-                }
-            }
-        }
+        // Kernels own whole u32s of an f16 tensor: two values of one row.
+        assert!(
+            ty == KvType::F32 || cols % 2 == 0,
+            "f16 KV rows must have an even width"
+        );
+        self.zeroed(rows, cols, ty == KvType::F16)
     }
 
     fn shape(&self, t: &WgpuTensor) -> (usize, usize) {
