@@ -107,18 +107,6 @@ impl KvType {
     }
 }
 
-impl std::str::FromStr for KvType {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "f32" => Ok(KvType::F32),
-            "f16" => Ok(KvType::F16),
-            _ => Err(format!("unknown KV cache type `{s}` (expected f16 or f32)")),
-        }
-    }
-}
-
 /// A weight tensor as the GGUF file stores it, handed to a backend to make resident.
 pub struct WeightSource<'a> {
     pub name: &'a str,

@@ -48,8 +48,8 @@ pub struct WgpuTensor {
     rows: usize,
     cols: usize,
     capacity: usize,
-    /// Stored as f16, two to a u32 (a KV cache, [`Backend::kv_tensor`]).
-    f16: bool,
+    /// f32, or f16 two to a u32 (a KV cache, [`Backend::kv_tensor`]).
+    ty: KvType,
 }
 
 impl WgpuTensor {
@@ -57,17 +57,13 @@ impl WgpuTensor {
         self.rows * self.cols
     }
 
-    fn element_bytes(&self) -> u64 {
-        if self.f16 {
-            2
-        } else {
-            4
-        }
+    fn is_f16(&self) -> bool {
+        self.ty == KvType::F16
     }
 
     /// The rows in use, not the buffer's capacity.
     fn binding(&self) -> Binding<'_> {
-        Binding::head(&self.buffer, self.len() as u64 * self.element_bytes())
+        Binding::head(&self.buffer, self.len() as u64 * self.ty.element_bytes())
     }
 }
 
@@ -105,15 +101,21 @@ fn u(x: usize) -> u32 {
 
 impl WgpuBackend {
     /// A zeroed `rows x cols` tensor of f32, or of f16 two to a u32.
-    fn zeroed(&self, rows: usize, cols: usize, f16: bool) -> WgpuTensor {
+    fn zeroed(&self, rows: usize, cols: usize, ty: KvType) -> WgpuTensor {
         let capacity = rows * cols;
-        let (label, element_bytes) = if f16 { ("kv f16", 2) } else { ("tensor", 4) };
+        let label = if ty == KvType::F16 {
+            "kv f16"
+        } else {
+            "tensor"
+        };
         WgpuTensor {
-            buffer: self.dev.storage(label, capacity as u64 * element_bytes),
+            buffer: self
+                .dev
+                .storage(label, capacity as u64 * ty.element_bytes()),
             rows,
             cols,
             capacity,
-            f16,
+            ty,
         }
     }
 
@@ -292,7 +294,7 @@ impl Backend for WgpuBackend {
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> WgpuTensor {
-        self.zeroed(rows, cols, false)
+        self.zeroed(rows, cols, KvType::F32)
     }
 
     fn kv_tensor(&self, rows: usize, cols: usize, ty: KvType) -> WgpuTensor {
@@ -301,7 +303,7 @@ impl Backend for WgpuBackend {
             ty == KvType::F32 || cols % 2 == 0,
             "f16 KV rows must have an even width"
         );
-        self.zeroed(rows, cols, ty == KvType::F16)
+        self.zeroed(rows, cols, ty)
     }
 
     fn shape(&self, t: &WgpuTensor) -> (usize, usize) {
@@ -324,7 +326,7 @@ impl Backend for WgpuBackend {
             t.len(),
             "write: data length is not the tensor's"
         );
-        if t.f16 {
+        if t.is_f16() {
             // Whole u32s: an odd length gets a zero pad (within the buffer).
             let mut half: Vec<u16> = data.iter().map(|&x| f16::from_f32(x).to_bits()).collect();
             half.resize(data.len().next_multiple_of(2), 0);
@@ -335,12 +337,12 @@ impl Backend for WgpuBackend {
     }
 
     async fn read(&self, t: &WgpuTensor) -> Vec<f32> {
-        let bytes = t.len() as u64 * t.element_bytes();
+        let bytes = t.len() as u64 * t.ty.element_bytes();
         let bytes = self
             .dev
             .read_bytes(&t.buffer, 0, bytes.next_multiple_of(4))
             .await;
-        if t.f16 {
+        if t.is_f16() {
             let half: Vec<u16> = bytemuck::pod_collect_to_vec(&bytes);
             half[..t.len()]
                 .iter()
@@ -530,7 +532,7 @@ impl Backend for WgpuBackend {
             0,
             0,
         ];
-        let copy = match (src.f16, dst.f16) {
+        let copy = match (src.is_f16(), dst.is_f16()) {
             (false, false) => kernel("copy.wgsl", "copy_rows"),
             (false, true) => {
                 assert!(
@@ -541,7 +543,7 @@ impl Backend for WgpuBackend {
             }
             _ => panic!("copy_rows: reading an f16 KV tensor is not supported on this backend"),
         };
-        let per_invocation = if dst.f16 { 2 } else { 1 };
+        let per_invocation = if dst.is_f16() { 2 } else { 1 };
         self.dev.dispatch(
             copy,
             &params,
@@ -564,7 +566,7 @@ impl Backend for WgpuBackend {
                 && p.head_dim % 2 == 0
                 && p.n_head_kv > 0
                 && p.n_head % p.n_head_kv == 0
-                && k.f16 == v.f16,
+                && k.ty == v.ty,
             "attention: head_dim {} (> 256 or odd), heads {} / {}, or keys and values of different types",
             p.head_dim,
             p.n_head,
@@ -585,7 +587,7 @@ impl Backend for WgpuBackend {
             0,
         ];
         self.dev.dispatch(
-            if k.f16 {
+            if k.is_f16() {
                 kernel("attention_f16.wgsl", "attention")
             } else {
                 kernel("attention.wgsl", "attention")
