@@ -10,20 +10,25 @@
 # Environment: PROMPTS (a dir with chat-heldout.jsonl and code-heldout.jsonl,
 #              from training/prompts.py; default data/prompts), LIMIT (prompts
 #              per run, default 6), N (tokens, default 128), RUNS (timings each
-#              way, default 3), THREADS (default "1 2"), PYTHON (default python3).
+#              way, default 3), THREADS (default "1 2"), TARGETS (default
+#              "smollm2 qwen05 qwen15"), BLOCKDRAFT (the binary, default the
+#              release build, made here), PYTHON (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PROMPTS="${PROMPTS:-data/prompts}"
 LIMIT="${LIMIT:-6}" N="${N:-128}" RUNS="${RUNS:-3}" THREADS="${THREADS:-1 2}"
-PYTHON="${PYTHON:-python3}"
+PYTHON="${PYTHON:-python3}" TARGETS="${TARGETS:-smollm2 qwen05 qwen15}"
 OUT="${1:-policy-table}"
 mkdir -p "$OUT"
 [ -f "$PROMPTS/chat-heldout.jsonl" ] || {
     echo "no $PROMPTS/chat-heldout.jsonl: run training/prompts.py --out $PROMPTS first" >&2
     exit 1
 }
-cargo build --release -q -p blockdraft-cli
+if [ -z "${BLOCKDRAFT:-}" ]; then
+    cargo build --release -q -p blockdraft-cli
+    BLOCKDRAFT=target/release/blockdraft
+fi
 smol=$(tests/fetch_models.sh smollm2)
 q05=$(tests/fetch_models.sh qwen05)
 q15=$(tests/fetch_models.sh qwen15)
@@ -34,10 +39,15 @@ measure() { # name model prompts drafter...
     for t in $THREADS; do
         "$PYTHON" training/evaluate.py --model "$model" --prompts "$PROMPTS/$prompts" \
             --limit "$LIMIT" -n "$N" -t "$t" --no-tau --compare-runs "$RUNS" \
-            --json "$OUT/$name-t$t.json" "$@" 2>/dev/null | tail -n +2 |
+            --blockdraft "$BLOCKDRAFT" --json "$OUT/$name-t$t.json" "$@" 2>/dev/null | tail -n +2 |
             sed "s/^/$name t=$t /"
     done
 }
-measure smollm2 "$smol" chat-heldout.jsonl --drafter dflash=drafters/smollm2-dflash.gguf --drafter ngram
-measure qwen05 "$q05" code-heldout.jsonl --drafter ngram
-measure qwen15 "$q15" code-heldout.jsonl --drafter draft-model="$q05" --drafter ngram
+for target in $TARGETS; do
+    case $target in
+    smollm2) measure smollm2 "$smol" chat-heldout.jsonl --drafter dflash=drafters/smollm2-dflash.gguf --drafter ngram ;;
+    qwen05) measure qwen05 "$q05" code-heldout.jsonl --drafter dflash=drafters/qwen05-dflash.gguf --drafter ngram ;;
+    qwen15) measure qwen15 "$q15" code-heldout.jsonl --drafter draft-model="$q05" --drafter ngram ;;
+    *) echo "unknown target $target (smollm2, qwen05, qwen15)" >&2; exit 1 ;;
+    esac
+done

@@ -1,11 +1,10 @@
 //! Plain (non-speculative) generation: prefill in chunks, then one token
 //! per forward pass.
 
-use crate::backend::{check_device, Backend};
+use crate::backend::Backend;
 use crate::error::ModelError;
 use crate::model::{Decoder, DecoderState, LogitRows};
 use crate::sampling::{samples_on_device, Sampler, SamplingParams};
-use web_time::Instant;
 
 /// Why generation stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,8 +88,10 @@ pub fn prefill<B: Backend>(
     Ok(())
 }
 
-/// Generates up to `max_tokens` tokens after `prompt`. `on_token` receives
-/// each token and returns `false` to stop.
+/// Generates up to `max_tokens` tokens after `prompt`: one
+/// [`Sequence`](crate::engine::Sequence) without a drafter, driven alone
+/// on the caller's state and sampler. `on_token` receives each token and
+/// returns `false` to stop.
 pub async fn generate<B: Backend>(
     decoder: &Decoder<B>,
     state: &mut DecoderState<B>,
@@ -100,40 +101,16 @@ pub async fn generate<B: Backend>(
     is_eog: &dyn Fn(u32) -> bool,
     on_token: &mut dyn FnMut(u32) -> bool,
 ) -> Result<(Vec<u32>, StopReason, GenerationStats), ModelError> {
-    let be = &*decoder.backend;
-    let mut stats = GenerationStats {
-        prompt_tokens: prompt.len(),
-        ..Default::default()
-    };
-    let mut history = prompt.to_vec();
-    let mut out = Vec::new();
-    if max_tokens == 0 {
-        return Ok((out, StopReason::Length, stats));
-    }
-    let t0 = Instant::now();
-    prefill(decoder, state, prompt)?;
-    stats.prefill_seconds = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
-    let mut picked = be.tensor(1, 1);
-    let reason = loop {
-        let token = next_token(be, state, sampler, &history, &mut picked).await;
-        check_device(be)?;
-        if is_eog(token) {
-            break StopReason::EndOfGeneration;
-        }
-        out.push(token);
-        history.push(token);
-        if !on_token(token) {
-            break StopReason::Caller;
-        }
-        if out.len() >= max_tokens {
-            break StopReason::Length;
-        }
-        decoder.forward(state, &[token], LogitRows::Last, true, None)?;
-    };
-    stats.generated_tokens = out.len();
-    stats.decode_seconds = t1.elapsed().as_secs_f64();
-    Ok((out, reason, stats))
+    use crate::engine::{Held, Sequence};
+    let mut seq = Sequence::new(
+        Held::Borrowed(state),
+        prompt,
+        max_tokens,
+        Held::Borrowed(sampler),
+        is_eog,
+    );
+    let (tokens, reason) = seq.run_alone(decoder, on_token, &mut |_| {}).await?;
+    Ok((tokens, reason, seq.plain_stats()))
 }
 
 /// The token after the last row of `state`'s logits, chosen as `sampler`

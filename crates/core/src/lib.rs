@@ -5,6 +5,7 @@
 pub mod backend;
 pub mod chat_template;
 pub mod conformance;
+pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod host_ops;

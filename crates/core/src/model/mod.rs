@@ -75,6 +75,24 @@ impl<B: Backend> Taps<B> {
         &self.out
     }
 
+    /// Most rows of one pass.
+    pub fn max_rows(&self) -> usize {
+        self.max_rows
+    }
+
+    /// Takes row `row` of `from`'s last pass as this one's only row (a
+    /// sequence's share of a batched pass).
+    pub fn copy_row(&mut self, backend: &B, from: &Taps<B>, row: usize) -> Result<(), ModelError> {
+        if from.layers != self.layers || from.n_embd != self.n_embd {
+            return Err(ModelError::Usage(
+                "taps of other layers cannot be copied".into(),
+            ));
+        }
+        self.prepare(backend, 1)?;
+        backend.copy_rows(&from.out, row, &mut self.out, 0, 0, 1);
+        Ok(())
+    }
+
     /// Shapes the output for `n` rows.
     fn prepare(&mut self, backend: &B, n: usize) -> Result<(), ModelError> {
         let width = self.layers.len().max(1) * self.n_embd;

@@ -9,13 +9,18 @@
 //! probes now and then so it can turn back on.
 //!
 //! Every cost is measured in this run, and what speculation lost so far is
-//! kept as a ledger: the time of every speculative round (catch-up
-//! included) less its tokens at the measured plain-step time. Estimates
-//! are optimistic only while speculation roughly pays for itself; a probe
-//! waits until the time it may lose, catch-up included, fits in a budget
-//! of [`BUDGET`] of the time decoded so far, and each probe that finds
-//! nothing doubles the wait, so a losing drafter's cost tends to zero over
-//! a long generation.
+//! kept as a ledger: the time of every speculative round and of every
+//! catch-up, less the tokens they committed at the measured plain-step
+//! time. Estimates are optimistic only while speculation roughly pays for
+//! itself; a probe waits until the time it may lose, catch-up included,
+//! fits in a budget of [`BUDGET`] of the time the generation takes (what
+//! was decoded so far, and the tokens still to come up to [`HORIZON`]),
+//! and each probe that finds nothing doubles the wait, so a losing
+//! drafter's cost tends to zero over a long generation. The first plain
+//! steps measure the cost to beat before anything is drafted, and a
+//! drafter that catches up in parts (a draft model's prefill) is fed only
+//! what the budget affords ([`DraftPolicy::catch_up_allowance`]), its first
+//! part small enough to measure what a token of it costs.
 //!
 //! Within budget, unmeasured quantities are taken optimistically, so that
 //! a few unlucky early rounds do not switch a good drafter off for long:
@@ -104,10 +109,13 @@ const MAX_PROBE_INTERVAL: usize = 1024;
 pub const BUDGET: f64 = 0.03;
 /// Standard deviations above the mean at which acceptance is estimated.
 const OPTIMISM: f64 = 0.5;
-/// Length of the first timed draft, once a one-token probe was accepted:
-/// long enough to show a good drafter's worth, short enough that a bad one
-/// costs little.
-const FIRST_LEN: usize = 4;
+/// Tokens ahead that count towards the budget: a generation of 128 tokens
+/// may spend [`BUDGET`] of its expected time from the start, a longer one
+/// earns the rest as it decodes.
+pub const HORIZON: usize = 256;
+/// Tokens of a catch-up whose cost is not known yet: one small pass that
+/// measures the cost of a token.
+const FIRST_CATCH_UP: usize = 2;
 
 pub struct DraftPolicy {
     pub config: PolicyConfig,
@@ -117,6 +125,12 @@ pub struct DraftPolicy {
     draft_time: Vec<Option<f64>>,
     /// Seconds of a catch-up after a gap (bounded by the drafter's window).
     catch_up_time: Option<f64>,
+    /// Seconds of a catch-up per token it fed.
+    catch_up_per_token: Option<f64>,
+    /// Tokens the generation may still produce, up to [`HORIZON`].
+    horizon: usize,
+    /// Tokens the drafter is behind ([`super::Drafter::lag`]).
+    lag: usize,
     /// Per slot: (accepted, tried), decayed.
     slots: Vec<(f64, f64)>,
     plain_since_probe: usize,
@@ -146,6 +160,9 @@ impl DraftPolicy {
             verify_time: vec![None; n + 1],
             draft_time: vec![None; n],
             catch_up_time: None,
+            catch_up_per_token: None,
+            horizon: 0,
+            lag: 0,
             slots: vec![(0.0, 0.0); n],
             plain_since_probe: 0,
             probe_interval: PROBE_INTERVAL,
@@ -171,6 +188,14 @@ impl DraftPolicy {
         if round.drafted > 0 {
             self.spec_seconds += seconds;
             self.spec_tokens += round.accepted + 1;
+        } else {
+            // A catch-up in parts ends in a plain step: the step pays for
+            // itself, the catch-up is charged.
+            self.spec_seconds += round.catch_up_seconds;
+        }
+        if round.caught_up > 0 {
+            let per_token = round.catch_up_seconds / round.caught_up as f64;
+            ema(&mut self.catch_up_per_token, per_token);
         }
         if std::mem::replace(&mut self.warm, true) {
             self.record_verify(round.drafted + 1, round.verify_seconds);
@@ -192,10 +217,48 @@ impl DraftPolicy {
         self.spec_seconds - self.spec_tokens as f64 * t1
     }
 
+    /// What the engine tells before each round: how many tokens the
+    /// generation may still produce (the budget counts up to [`HORIZON`]
+    /// of them), and how many the drafter is behind.
+    pub fn set_round_context(&mut self, remaining: usize, lag: usize) {
+        self.horizon = remaining.min(HORIZON);
+        self.lag = lag;
+    }
+
+    /// Seconds that exploration may have lost by now: [`BUDGET`] of the
+    /// time decoded so far and, for the first probe and its catch-up
+    /// (which come before much is decoded), of the tokens still to come.
+    fn budget(&self, t1: f64, ahead: bool) -> f64 {
+        let ahead = if ahead { self.horizon as f64 * t1 } else { 0.0 };
+        BUDGET * (self.elapsed + ahead)
+    }
+
     /// Whether a probe that may lose `extra` more seconds stays within the
     /// budget.
-    fn affordable(&self, extra: f64, t1: f64) -> bool {
-        self.lost_seconds(t1) + extra <= BUDGET * self.elapsed
+    fn affordable(&self, extra: f64, t1: f64, ahead: bool) -> bool {
+        self.lost_seconds(t1) + extra <= self.budget(t1, ahead)
+    }
+
+    /// How many of the `lag` tokens a drafter is behind it may catch up on
+    /// now: all of them while speculation pays or the budget covers them,
+    /// a small first part while the cost of a token is unknown, and what
+    /// the budget has left otherwise (the rest waits for later rounds).
+    /// A fixed draft length always catches up in full.
+    pub fn catch_up_allowance(&self, lag: usize) -> usize {
+        if !self.config.adaptive {
+            return lag;
+        }
+        let (Some(t1), Some(per_token)) = (self.verify_time[0], self.catch_up_per_token) else {
+            return lag.min(FIRST_CATCH_UP);
+        };
+        if self.spec_tokens > 0 && self.lost_seconds(t1) < 0.0 {
+            return lag;
+        }
+        let left = self.budget(t1, true) - self.lost_seconds(t1);
+        if left <= 0.0 || per_token <= 0.0 {
+            return if per_token <= 0.0 { lag } else { 0 };
+        }
+        ((left / per_token) as usize).min(lag)
     }
 
     /// Whether estimates may be optimistic: while speculation has lost at
@@ -205,6 +268,16 @@ impl DraftPolicy {
     fn in_credit(&self, t1: f64) -> bool {
         self.lost_seconds(t1) <= BUDGET * self.spec_seconds + t1
     }
+    /// Seconds the next catch-up is expected to take: the tokens the
+    /// drafter is behind at their measured cost, or the last one's time
+    /// where the drafter does not say (a whole catch-up of one step).
+    fn expected_catch_up(&self) -> f64 {
+        match self.catch_up_per_token {
+            Some(per_token) if self.lag > 0 => per_token * self.lag as f64,
+            _ => self.catch_up_time.unwrap_or(0.0),
+        }
+    }
+
     fn record_verify(&mut self, rows: usize, seconds: f64) {
         if let Some(slot) = self.verify_time.get_mut(rows.wrapping_sub(1)) {
             ema(slot, seconds);
@@ -299,21 +372,18 @@ impl DraftPolicy {
             return n_max;
         }
         let probe_len = self.config.n_min.max(1);
-        // Start with the shortest draft (a cold round, not timed); then one
-        // plain step to learn the cost to beat; then a timed round, longer
-        // only if the first draft was accepted and paid for itself.
+        // Plain steps until the cost to beat is measured (the first pass
+        // runs on cold caches and is not timed); then the shortest draft,
+        // when the budget affords it and its catch-up; then the estimates.
         let Some(t1) = self.verify_time[0] else {
-            let speculated = self.slots[0].1 > 0.0;
-            self.probing = !speculated;
-            return if speculated { 0 } else { probe_len };
+            return 0;
         };
         if self.verify_time[1..].iter().all(Option::is_none) {
-            self.probing = true;
-            return if self.slots[0].0 > 0.0 && self.in_credit(t1) {
-                FIRST_LEN.clamp(probe_len, n_max)
-            } else {
-                probe_len
-            };
+            // Nothing drafted was timed yet (a catch-up in parts may still
+            // be on its way): estimates would have nothing to go on.
+            let affordable = self.affordable(self.expected_catch_up(), t1, true);
+            self.probing = affordable;
+            return if affordable { probe_len } else { 0 };
         }
         // One pass over the lengths: E(k) grows by one product per k, and
         // the nearest measurements are looked up, not searched for.
@@ -325,6 +395,15 @@ impl DraftPolicy {
             Self::draft_estimate(draft_near[k - 1], k, optimistic)
                 + Self::verify_estimate(verify_near[k], k + 1, t1)
         };
+        // Lengths grow by doubling: an unmeasured length is estimated at
+        // its nearest measured one's cost, which would make one far beyond
+        // every measurement look cheap.
+        let longest = self
+            .draft_time
+            .iter()
+            .rposition(Option::is_some)
+            .map_or(1, |j| j + 1);
+        let n_max = n_max.min(2 * longest).max(self.config.n_min.min(n_max));
         let mut best = (0, 1.0 / t1);
         let (mut expected, mut p) = (1.0, 1.0);
         for k in 1..=n_max {
@@ -349,11 +428,11 @@ impl DraftPolicy {
         }
         // A probe is charged its catch-up and is assumed to win no draft.
         self.plain_since_probe += 1;
-        let probe_loss = self.catch_up_time.unwrap_or(0.0)
+        let probe_loss = self.expected_catch_up()
             + Self::draft_estimate(draft_near[probe_len - 1], probe_len, false)
             + Self::verify_estimate(verify_near[probe_len], probe_len + 1, t1)
             - t1;
-        if self.plain_since_probe >= self.probe_interval && self.affordable(probe_loss, t1) {
+        if self.plain_since_probe >= self.probe_interval && self.affordable(probe_loss, t1, false) {
             self.plain_since_probe = 0;
             self.probe_interval = (self.probe_interval * 2).min(MAX_PROBE_INTERVAL);
             self.probing = true;
@@ -393,22 +472,47 @@ mod tests {
     }
 
     /// Drives the policy the way the engine does for `tokens` tokens after
-    /// a prompt of `CATCH_UP_WINDOW` tokens, and returns tokens per
-    /// plain-step time.
+    /// a prompt of `CATCH_UP_WINDOW` tokens (which a drafter with a
+    /// catch-up cost must catch up on first, in the parts the policy
+    /// allows), and returns tokens per plain-step time.
     fn simulate(sim: &Sim, config: PolicyConfig, tokens: usize, seed: u64) -> f64 {
         let mut p = DraftPolicy::new(config);
         let mut rng = Rng::new(seed);
         let (mut produced, mut time, mut missed) = (0, 0.0, CATCH_UP_WINDOW);
         while produced < tokens {
-            let k = p.next_len(15);
+            let lag = if sim.catch_up > 0.0 {
+                missed.min(CATCH_UP_WINDOW)
+            } else {
+                0
+            };
+            p.set_round_context(tokens - produced, lag);
+            let mut k = p.next_len(15).min(tokens - produced - 1);
+            let mut caught_up = 0;
+            if k > 0 {
+                caught_up = if lag > 0 {
+                    p.catch_up_allowance(lag)
+                } else {
+                    missed.min(CATCH_UP_WINDOW)
+                };
+                if caught_up < lag {
+                    k = 0;
+                }
+                // A gap's tokens beyond the window are skipped.
+                missed = if caught_up >= lag {
+                    0
+                } else {
+                    missed - caught_up
+                };
+            }
             let round = if k == 0 {
                 missed += 1;
                 RoundStats {
+                    caught_up,
+                    catch_up_seconds: sim.catch_up * caught_up as f64,
                     verify_seconds: verify(1),
                     ..Default::default()
                 }
             } else {
-                let caught_up = std::mem::take(&mut missed).min(CATCH_UP_WINDOW);
                 RoundStats {
                     drafted: k,
                     accepted: (0..k).take_while(|_| rng.next_f64() < sim.accept).count(),
@@ -520,8 +624,19 @@ mod tests {
             draft: |k| 1.2 * k as f64,
             catch_up: 0.2,
         };
-        for sim in [qwen, slower] {
-            for (tokens, floor) in [(128, 0.95), (4096, 0.99)] {
+        // Measured in crates/cpu/tests/policy_ratio.rs: Qwen2.5-Coder-1.5B
+        // drafting for 0.5B, whose prompt catch-up costs 1.3 plain steps
+        // a token (before catch-ups were budgeted, its first probe alone
+        // cost 13 % of 128 tokens).
+        let dear_prefill = Sim {
+            accept: 0.9,
+            draft: |k| 2.5 * k as f64,
+            catch_up: 1.3,
+        };
+        // A probe of the last one costs about 20 plain steps of catch-up, so
+        // even at the longest probe interval its share stays near 2 %.
+        for (sim, long_floor) in [(qwen, 0.99), (slower, 0.99), (dear_prefill, 0.965)] {
+            for (tokens, floor) in [(128, 0.95), (4096, long_floor)] {
                 let (worst, _) = speeds(&sim, adaptive(8), tokens);
                 assert!(worst > floor, "{tokens} tokens: {worst}");
             }
@@ -531,10 +646,10 @@ mod tests {
     #[test]
     fn rare_probes_while_off_and_backing_off() {
         let mut p = DraftPolicy::new(adaptive(8));
-        assert_eq!(p.next_len(15), 1, "a short first draft");
+        assert_eq!(p.next_len(15), 0, "plain steps measure T(1) first");
+        p.record_verify(1, 0.012);
+        assert_eq!(p.next_len(15), 1, "then a short first draft");
         assert!(p.probing());
-        p.record_acceptance(1, 1);
-        assert_eq!(p.next_len(15), 0, "one plain step to measure T(1)");
         for rows in 1..=9 {
             p.record_verify(rows, 0.010 + 0.002 * rows as f64);
         }

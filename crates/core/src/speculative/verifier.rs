@@ -5,7 +5,8 @@
 //! accepted prefix plus one token taken from the target, so each round
 //! yields at least one token and the output follows the target exactly.
 
-use crate::sampling::{Distribution, Rng};
+use super::Draft;
+use crate::sampling::{argmax, Distribution, Rng, Sampler};
 
 /// Outcome of one round.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,6 +49,42 @@ pub fn verify_by_matching(target: &[Distribution], draft: &[u32], rng: &mut Rng)
         }
     }
     unreachable!("the row after the last draft never matches a draft")
+}
+
+/// The verdict on `draft` from the target's verify rows read back to the
+/// host (`rows`: one row of `n_vocab` logits per draft token, and one
+/// more), chosen as `sampler` says after `history`: each row penalized with
+/// the drafts before it as context, then greedy matching, rejection
+/// sampling (a draft with its probabilities) or target-sample matching.
+pub fn verdict_from_rows(
+    rows: &[f32],
+    n_vocab: usize,
+    history: &[u32],
+    draft: &Draft,
+    sampler: &mut Sampler,
+) -> Verdict {
+    let mut ctx = history.to_vec();
+    let mut choices = Vec::new();
+    let mut dists: Vec<Distribution> = Vec::new();
+    for (i, row) in rows.chunks_exact(n_vocab).enumerate() {
+        let mut row = row.to_vec();
+        sampler.penalize(&mut row, &ctx);
+        if sampler.params.is_greedy() {
+            choices.push(argmax(&row));
+        } else {
+            dists.push(sampler.distribution(&row));
+        }
+        if let Some(&d) = draft.tokens.get(i) {
+            ctx.push(d);
+        }
+    }
+    if sampler.params.is_greedy() {
+        return verify_greedy(&choices, &draft.tokens);
+    }
+    match &draft.probs {
+        Some(q) => verify_rejection(&dists, &draft.tokens, q, &mut sampler.rng),
+        None => verify_by_matching(&dists, &draft.tokens, &mut sampler.rng),
+    }
 }
 
 /// Speculative (rejection) sampling: accept draft `x ~ q` with probability

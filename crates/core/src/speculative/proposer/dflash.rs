@@ -774,7 +774,7 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
 
     /// Injects the context rows observed since the last draft: after a
     /// gap, its whole catch-up in one batch.
-    fn catch_up(&mut self, _history: &[u32]) -> Result<usize, ModelError> {
+    fn catch_up(&mut self, _history: &[u32], _most: usize) -> Result<usize, ModelError> {
         self.inject_pending()
     }
 

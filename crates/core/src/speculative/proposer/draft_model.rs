@@ -20,6 +20,10 @@ pub struct DraftModelDrafter<B: Backend> {
     /// token at history index p + skipped (the model sees the window right
     /// after what it saw before the gap).
     skipped: usize,
+    /// Whether the first catch-up (of the prompt) is complete: until then
+    /// it goes on over one batch of the prompt, in the parts the policy
+    /// affords, rather than skipping to a gap's window.
+    primed: bool,
 }
 
 impl<B: Backend> DraftModelDrafter<B> {
@@ -40,6 +44,7 @@ impl<B: Backend> DraftModelDrafter<B> {
             model,
             state,
             skipped: 0,
+            primed: false,
         })
     }
 
@@ -51,25 +56,47 @@ impl<B: Backend> DraftModelDrafter<B> {
         seen
     }
 
-    /// Feeds the committed tokens before `upto` that this model has not
-    /// seen, at most the last `window` of them; returns how many it fed.
-    fn feed_upto(
-        &mut self,
-        history: &[u32],
-        upto: usize,
-        window: usize,
-    ) -> Result<usize, ModelError> {
+    /// The committed tokens before `upto` that this model has not seen, at
+    /// most the last `window` of them, as a range of `history` (after
+    /// forgetting drafts).
+    fn unseen(&mut self, history: &[u32], upto: usize, window: usize) -> std::ops::Range<usize> {
         let seen = self.seen(history);
         if upto <= seen {
-            return Ok(0);
+            return seen..seen;
         }
-        let from = seen.max(upto - window.min(upto));
-        self.skipped += from - seen;
-        for chunk in history[from..upto].chunks(self.state.max_batch()) {
+        seen.max(upto - window.min(upto))..upto
+    }
+
+    /// Feeds `range` of `history` (from [`Self::unseen`]), at most `most`
+    /// tokens of it, oldest first; returns how many it fed.
+    fn feed(
+        &mut self,
+        history: &[u32],
+        range: std::ops::Range<usize>,
+        most: usize,
+    ) -> Result<usize, ModelError> {
+        let seen = self.state.len() + self.skipped;
+        self.skipped += range.start - seen.min(range.start);
+        let to = range.end.min(range.start.saturating_add(most));
+        for chunk in history[range.start..to].chunks(self.state.max_batch()) {
             self.model
                 .forward(&mut self.state, chunk, LogitRows::Last, true, None)?;
         }
-        Ok(upto - from)
+        Ok(to - range.start)
+    }
+
+    /// Where a catch-up feeds up to, and over how wide a window.
+    fn catch_up_span(&self, history: &[u32]) -> (usize, usize) {
+        let upto = history
+            .len()
+            .saturating_sub(2)
+            .min(self.state.kv.capacity());
+        let window = if self.primed {
+            CATCH_UP_WINDOW
+        } else {
+            self.state.max_batch()
+        };
+        (upto, window)
     }
 
     /// Feeds every committed token this model has not seen, leaving the
@@ -78,7 +105,9 @@ impl<B: Backend> DraftModelDrafter<B> {
         let n_ctx = self.state.kv.capacity();
         let n_max = n_max.min(n_ctx.saturating_sub(history.len()));
         if n_max > 0 {
-            self.feed_upto(history, history.len(), usize::MAX)?;
+            let range = self.unseen(history, history.len(), usize::MAX);
+            self.feed(history, range, usize::MAX)?;
+            self.primed = true;
         }
         Ok(n_max)
     }
@@ -95,18 +124,22 @@ impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
     /// leaves the model two behind, and its draft takes both in one batch,
     /// so a steady round's cost stays in the draft. The first catch-up
     /// reads up to one batch of the prompt, whose context a draft model's
-    /// acceptance rests on; that is one pass, paid once.
-    fn catch_up(&mut self, history: &[u32]) -> Result<usize, ModelError> {
-        let upto = history
-            .len()
-            .saturating_sub(2)
-            .min(self.state.kv.capacity());
-        let window = if self.state.is_empty() && self.skipped == 0 {
-            self.state.max_batch()
-        } else {
-            CATCH_UP_WINDOW
-        };
-        self.feed_upto(history, upto, window)
+    /// acceptance rests on, in as many parts as the policy needs to afford
+    /// it.
+    fn catch_up(&mut self, history: &[u32], most: usize) -> Result<usize, ModelError> {
+        let (upto, window) = self.catch_up_span(history);
+        let range = self.unseen(history, upto, window);
+        let fed = self.feed(history, range.clone(), most)?;
+        if fed == range.len() {
+            self.primed = true;
+        }
+        Ok(fed)
+    }
+
+    fn lag(&self, history: &[u32]) -> usize {
+        let (upto, window) = self.catch_up_span(history);
+        let seen = (self.state.len() + self.skipped).min(history.len().saturating_sub(1));
+        upto.saturating_sub(seen.max(upto - window.min(upto)))
     }
 
     async fn propose(

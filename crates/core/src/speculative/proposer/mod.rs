@@ -65,14 +65,25 @@ pub trait Drafter<B: Backend>: Send {
     }
 
     /// Brings the drafter's own cache up to date with `history` before a
-    /// draft, short of the last few tokens that a draft processes anyway;
+    /// draft, short of the last few tokens that a draft processes anyway,
+    /// feeding at most `most` of the tokens it is behind (oldest first);
     /// returns how many tokens it processed. The engine times this apart
     /// from drafting: a drafter that was idle while speculation was off
     /// pays once for every token it missed, which says nothing about what
     /// its drafts cost.
-    fn catch_up(&mut self, history: &[u32]) -> Result<usize, ModelError> {
-        let _ = history;
+    fn catch_up(&mut self, history: &[u32], most: usize) -> Result<usize, ModelError> {
+        let _ = (history, most);
         Ok(0)
+    }
+
+    /// Tokens a full [`Self::catch_up`] would process now, where the drafter
+    /// can catch up in parts (a draft model's prefill): the engine then
+    /// drafts only once it is 0, and feeds the catch-up in parts the
+    /// policy can afford ([`super::DraftPolicy::catch_up_allowance`]). 0
+    /// for a drafter whose catch-up is one cheap step.
+    fn lag(&self, history: &[u32]) -> usize {
+        let _ = history;
+        0
     }
 
     /// Drafts up to `n_max` tokens following `history` (every committed

@@ -89,8 +89,12 @@ impl<B: Backend> Drafter<B> for ForcedDrafter<B> {
         self.inner.observe(tokens, pos0, taps).await
     }
 
-    fn catch_up(&mut self, history: &[u32]) -> Result<usize, ModelError> {
-        self.inner.catch_up(history)
+    fn catch_up(&mut self, history: &[u32], most: usize) -> Result<usize, ModelError> {
+        self.inner.catch_up(history, most)
+    }
+
+    fn lag(&self, history: &[u32]) -> usize {
+        self.inner.lag(history)
     }
 
     async fn propose(
