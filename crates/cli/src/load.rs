@@ -102,7 +102,8 @@ fn cores() -> usize {
 
 pub struct Loaded<B: Backend> {
     pub file: GgufFile,
-    pub decoder: Decoder<B>,
+    /// Shared by every sequence (and a draft model's drafter).
+    pub decoder: std::sync::Arc<Decoder<B>>,
     pub tokenizer: Tokenizer,
     /// Seconds to read the file and make the weights resident.
     pub load_seconds: f64,
@@ -169,7 +170,7 @@ fn load<B: Backend>(args: &ModelArgs, backend: Arc<B>) -> Result<Loaded<B>> {
     pollster::block_on(decoder.warm_up()).context("the warm-up pass failed")?;
     Ok(Loaded {
         file,
-        decoder,
+        decoder: std::sync::Arc::new(decoder),
         tokenizer,
         load_seconds,
         warmup_seconds: started.elapsed().as_secs_f64(),

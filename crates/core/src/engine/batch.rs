@@ -32,7 +32,6 @@ impl<B: Backend> Engine<B> {
         events: &mut Vec<(usize, Event)>,
     ) -> Result<(), ModelError> {
         let target = self.target.clone();
-        let be = &*target.backend;
         let layers: Option<Vec<usize>> = chosen
             .iter()
             .find_map(|&i| seqs[i].tap_layers().map(<[usize]>::to_vec));
@@ -44,24 +43,47 @@ impl<B: Backend> Engine<B> {
         for i in alone {
             super::step_alone(&target, &mut seqs[i], i, events).await;
         }
-        if together.len() < 2 {
-            for &i in &together {
-                super::step_alone(&target, &mut seqs[i], i, events).await;
-            }
-            return Ok(());
-        }
         let n = together.len();
         if self.batch.as_ref().is_none_or(|b| b.max_seqs() < n) {
             self.batch = Some(target.new_batch(n, n));
         }
-        let batch = self.batch.as_mut().expect("made above");
-        let taps = match &layers {
+        // A backend whose largest tensor holds fewer rows takes them in
+        // parts.
+        let room = self
+            .batch
+            .as_ref()
+            .map_or(1, |b| b.max_seqs().min(b.max_rows()));
+        for part in together.chunks(room.max(1)) {
+            if let [i] = part[..] {
+                super::step_alone(&target, &mut seqs[i], i, events).await;
+            } else {
+                self.batch_part(seqs, part, layers.as_deref(), events)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One batched plain step of the sequences at `together` (two or
+    /// more, within the batch's capacity), whose drafters read `layers`.
+    async fn batch_part(
+        &mut self,
+        seqs: &mut [Sequence<'_, B>],
+        together: &[usize],
+        layers: Option<&[usize]>,
+        events: &mut Vec<(usize, Event)>,
+    ) -> Result<(), ModelError> {
+        let target = self.target.clone();
+        let be = &*target.backend;
+        let n = together.len();
+        let batch = self.batch.as_mut().expect("made by plain_batch");
+        let taps = match layers {
             None => None,
             Some(l) => {
                 if self
                     .batch_taps
                     .as_ref()
-                    .is_none_or(|t| t.layers() != &l[..] || t.max_rows() < n)
+                    .is_none_or(|t| t.layers() != l || t.max_rows() < n)
                 {
                     self.batch_taps = Some(Taps::new(be, &target.config, l, n)?);
                 }
@@ -88,6 +110,8 @@ impl<B: Backend> Engine<B> {
                 .collect();
             target.forward_batch(batch, &mut parts, taps)?;
         }
+        self.batched_passes += 1;
+        self.batched_steps += n;
         let greedy = members
             .iter()
             .all(|s| s.sampler.params.is_greedy() && s.sampler.params.repeat_penalty == 1.0);

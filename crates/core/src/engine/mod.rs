@@ -52,6 +52,9 @@ pub struct Engine<B: Backend> {
     batch: Option<BatchState<B>>,
     /// Taps of batched plain steps, for the drafters that read them.
     batch_taps: Option<Taps<B>>,
+    /// Batched target passes so far, and the sequence steps they carried.
+    batched_passes: usize,
+    batched_steps: usize,
 }
 
 impl<B: Backend> Engine<B> {
@@ -60,7 +63,15 @@ impl<B: Backend> Engine<B> {
             target,
             batch: None,
             batch_taps: None,
+            batched_passes: 0,
+            batched_steps: 0,
         }
+    }
+
+    /// Batched target passes so far, and the plain steps of sequences they
+    /// carried (the rest stepped alone).
+    pub fn batched(&self) -> (usize, usize) {
+        (self.batched_passes, self.batched_steps)
     }
 
     pub fn target(&self) -> &Arc<Decoder<B>> {

@@ -19,6 +19,7 @@ use blockdraft_core::Backend;
 use memory::{read_bandwidth, weight_bytes_per_token, PeakRss};
 use serde_json::json;
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Rows of one forward pass (prefill chunks, verify batches).
@@ -341,36 +342,43 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
 }
 
 /// Seconds for `n` sequences, each after a short prompt of its own, to
-/// decode `n_gen` tokens each, one batched pass per token for all of them.
-fn time_parallel<B: Backend>(dec: &Decoder<B>, n: usize, n_gen: usize) -> Result<f64> {
+/// decode `n_gen` tokens each, driven together by the engine's step
+/// machine (one batched pass per token for all of them).
+fn time_parallel<B: Backend>(dec: &Arc<Decoder<B>>, n: usize, n_gen: usize) -> Result<f64> {
+    use blockdraft_core::engine::{Engine, Event, Held, Sequence};
+    use blockdraft_core::sampling::{Sampler, SamplingParams};
     const PROMPT: usize = 16;
     let n_ctx = dec
         .config
-        .context_size(PROMPT + n_gen, None)
+        .context_size(PROMPT + n_gen + 1, None)
         .context("-n with --parallel's 16-token prompts")?;
-    let mut states = (0..n)
-        .map(|_| dec.try_new_state(n_ctx, PROMPT))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut batch = dec.new_batch(n, n);
-    anyhow::ensure!(
-        batch.max_seqs() >= n && batch.max_rows() >= n,
-        "this backend's tensors hold {} sequences of a batched pass, not {n}",
-        batch.max_seqs().min(batch.max_rows())
-    );
-    let mut next = Vec::with_capacity(n);
-    for (i, state) in states.iter_mut().enumerate() {
+    let mut seqs = Vec::with_capacity(n);
+    for i in 0..n {
+        let state = dec.try_new_state(n_ctx, PROMPT)?;
         let prompt = random_tokens(PROMPT, dec.config.n_vocab, i as u64);
-        dec.forward(state, &prompt, LogitRows::Last, true, None)?;
-        next.push([pollster::block_on(dec.backend.argmax(state.logits()))[0]]);
+        let sampler = Sampler::new(SamplingParams::greedy());
+        // The first token comes from the prefill, then n_gen timed ones.
+        seqs.push(Sequence::new(
+            Held::owned(state),
+            &prompt,
+            n_gen + 1,
+            Held::owned(sampler),
+            |_| false,
+        ));
     }
-    let t = Instant::now();
-    for _ in 0..n_gen {
-        let mut parts: Vec<_> = states.iter_mut().zip(next.iter().map(|t| &t[..])).collect();
-        dec.forward_batch(&mut batch, &mut parts, None)?;
-        let greedy = pollster::block_on(dec.backend.argmax(batch.logits()));
-        for (t, g) in next.iter_mut().zip(greedy) {
-            *t = [g];
+    let mut engine = Engine::new(dec.clone());
+    let mut step = |seqs: &mut [Sequence<'_, B>]| -> Result<()> {
+        for (i, event) in pollster::block_on(engine.step(seqs))? {
+            if let Event::Failed(e) = event {
+                return Err(anyhow::Error::new(e).context(format!("sequence {i}")));
+            }
         }
+        Ok(())
+    };
+    step(&mut seqs)?;
+    let t = Instant::now();
+    while seqs.iter().any(|s| !s.is_finished()) {
+        step(&mut seqs)?;
     }
     Ok(t.elapsed().as_secs_f64())
 }

@@ -1,0 +1,174 @@
+//! The step machine on the CPU backend: sequences stepped together (plain
+//! steps batched into one target pass, speculative rounds alone, sequences
+//! joining late) give exactly the tokens each gives alone, for plain
+//! greedy and sampled decoding and for every drafter kind.
+
+use blockdraft_core::engine::{Engine, Event, Held, Sequence};
+use blockdraft_core::model::Decoder;
+use blockdraft_core::sampling::{Sampler, SamplingParams};
+use blockdraft_core::speculative::{
+    DFlashDrafter, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter, PolicyConfig,
+};
+use blockdraft_core::testing::{
+    block_on, synthetic_decoder, synthetic_dflash, SyntheticDFlash, SyntheticDims,
+};
+use blockdraft_cpu::CpuBackend;
+use blockdraft_gguf::{GgmlType, GgufFile};
+use std::sync::Arc;
+
+const N: usize = 24;
+
+/// How a test sequence decodes.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Greedy,
+    Sampled(u64),
+    Ngram,
+    DraftModel,
+    DFlash,
+}
+
+struct Models {
+    target: Arc<Decoder<CpuBackend>>,
+    draft: Arc<Decoder<CpuBackend>>,
+    dflash: GgufFile,
+}
+
+fn models() -> Models {
+    let dims = SyntheticDims {
+        n_layer: 3,
+        ..SyntheticDims::default()
+    };
+    let be = Arc::new(CpuBackend::new(2));
+    let load = |seed| {
+        let file = GgufFile::from_bytes(synthetic_decoder("llama", dims, seed).bytes).unwrap();
+        Arc::new(Decoder::load(&file, be.clone(), &mut |_| {}).unwrap())
+    };
+    let target = load(41);
+    let spec = SyntheticDFlash {
+        dims: SyntheticDims {
+            n_layer: 1,
+            n_embd: target.config.n_embd,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 16,
+            n_ff: 64,
+            n_vocab: 0,
+            window: 0,
+        },
+        target_layers: vec![1, 3],
+        block_size: 4,
+        mask_token: 0,
+        matrix_type: GgmlType::Q8_0,
+    };
+    let dflash = GgufFile::from_bytes(synthetic_dflash(&spec, 9).bytes).unwrap();
+    Models {
+        target,
+        draft: load(41),
+        dflash,
+    }
+}
+
+fn prompt(i: usize, n_vocab: usize) -> Vec<u32> {
+    // Repeating patterns give the n-gram drafter something to find.
+    (0..12 + i)
+        .map(|j| ((j % (3 + i)) * 37 + i * 11) as u32 % n_vocab as u32)
+        .collect()
+}
+
+fn sequence<'a>(m: &Models, kind: Kind, prompt: &[u32]) -> Sequence<'a, CpuBackend> {
+    let n_ctx = prompt.len() + N + 16;
+    let params = match kind {
+        Kind::Sampled(seed) => SamplingParams {
+            temperature: 0.9,
+            seed,
+            ..SamplingParams::greedy()
+        },
+        _ => SamplingParams::greedy(),
+    };
+    let seq = Sequence::new(
+        Held::owned(m.target.new_state(n_ctx, 16)),
+        prompt,
+        N,
+        Held::owned(Sampler::new(params.clone())),
+        |_| false,
+    );
+    let drafter: Box<dyn Drafter<CpuBackend>> = match kind {
+        Kind::Greedy | Kind::Sampled(_) => return seq,
+        Kind::Ngram => Box::new(NgramDrafter::default()),
+        Kind::DraftModel => Box::new(
+            DraftModelDrafter::new(m.draft.clone(), m.target.config.n_vocab, n_ctx).unwrap(),
+        ),
+        Kind::DFlash => Box::new(DFlashDrafter::load(&m.dflash, &m.target, n_ctx, 16).unwrap()),
+    };
+    seq.with_drafter(
+        Held::Owned(drafter),
+        Held::owned(DraftPolicy::new(PolicyConfig::default())),
+        Held::owned(Sampler::new(params)),
+    )
+}
+
+/// Tokens of `seq` driven alone to the end.
+fn alone(m: &Models, mut seq: Sequence<'_, CpuBackend>) -> Vec<u32> {
+    block_on(seq.run_alone(&m.target, &mut |_| true, &mut |_| {}))
+        .unwrap()
+        .0
+}
+
+#[test]
+fn sequences_stepped_together_give_the_tokens_of_each_alone() {
+    let m = models();
+    let n_vocab = m.target.config.n_vocab;
+    let kinds = [
+        Kind::Greedy,
+        Kind::Sampled(3),
+        Kind::Ngram,
+        Kind::DraftModel,
+        Kind::DFlash,
+        Kind::DFlash,
+        Kind::Greedy,
+    ];
+    let want: Vec<Vec<u32>> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| alone(&m, sequence(&m, k, &prompt(i, n_vocab))))
+        .collect();
+
+    let mut engine = Engine::new(m.target.clone());
+    // The last one joins after a few steps, as a server's request would.
+    let mut seqs: Vec<Sequence<'_, CpuBackend>> = kinds[..kinds.len() - 1]
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| sequence(&m, k, &prompt(i, n_vocab)))
+        .collect();
+    let mut got: Vec<Vec<u32>> = vec![Vec::new(); kinds.len()];
+    let mut finished = vec![false; kinds.len()];
+    for step in 0.. {
+        if step == 3 {
+            let last = kinds.len() - 1;
+            seqs.push(sequence(&m, kinds[last], &prompt(last, n_vocab)));
+        }
+        if step > 3 && seqs.iter().all(Sequence::is_finished) {
+            break;
+        }
+        assert!(step < 10 * N, "the sequences never finished");
+        for (i, event) in block_on(engine.step(&mut seqs)).unwrap() {
+            match event {
+                Event::Token(t) => got[i].push(t),
+                Event::Finished(_) => finished[i] = true,
+                Event::Failed(e) => panic!("sequence {i} ({:?}): {e}", kinds[i]),
+                Event::Round(_) => {}
+            }
+        }
+    }
+    for (i, kind) in kinds.iter().enumerate() {
+        assert_eq!(got[i], want[i], "sequence {i} ({kind:?})");
+        assert!(finished[i], "sequence {i} ({kind:?}) finished");
+        assert_eq!(seqs[i].tokens(), &want[i][..]);
+    }
+    let (passes, steps) = engine.batched();
+    assert!(
+        passes > N / 2 && steps > 3 * passes,
+        "plain steps are batched: {passes} passes carried {steps} steps"
+    );
+}
