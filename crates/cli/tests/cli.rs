@@ -393,15 +393,16 @@ fn a_closed_stdout_is_an_error_in_every_command() {
     let to_full = |args: &[&str]| blockdraft().args(args).stdout(full()).output().unwrap();
     let target = fixture("dflash/target-qwen3.gguf");
     expect_clean(to_full(&["inspect", &target]), "inspect > /dev/full");
-    // A pipe whose reader is gone (`| head` after its lines).
-    let mut child = blockdraft()
+    // A pipe whose reader is gone (`| head` after its lines), closed before
+    // the command starts, so that no write can win a race with it.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = blockdraft()
         .args(["inspect", &target])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
+        .stdout(writer)
+        .output()
         .unwrap();
-    drop(child.stdout.take());
-    expect_clean(child.wait_with_output().unwrap(), "inspect | head");
+    expect_clean(out, "inspect | head");
     let Some(model) = smollm2() else {
         return;
     };

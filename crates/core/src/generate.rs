@@ -215,6 +215,47 @@ impl StopStrings {
     }
 }
 
+/// The text of a token stream as it is generated: tokens detokenized
+/// (a character split across tokens is held until complete) and stop
+/// strings held back and cut. The CLI's `run`, the browser session and the
+/// server show text through it, so they show the same text.
+pub struct TextStream<'t> {
+    detok: crate::tokenizer::StreamDecoder<'t>,
+    stops: StopStrings,
+    stopped: bool,
+}
+
+impl<'t> TextStream<'t> {
+    pub fn new(tokenizer: &'t crate::tokenizer::Tokenizer, stops: Vec<String>) -> Self {
+        TextStream {
+            detok: crate::tokenizer::StreamDecoder::new(tokenizer),
+            stops: StopStrings::new(stops),
+            stopped: false,
+        }
+    }
+
+    /// The text safe to show after `token`, and whether a stop string
+    /// ended the text there (nothing more is shown after it).
+    pub fn push(&mut self, token: u32) -> Result<(String, bool), crate::tokenizer::TokenizerError> {
+        if self.stopped {
+            return Ok((String::new(), true));
+        }
+        let piece = self.detok.push(token)?;
+        let (emit, stopped) = self.stops.push(&piece);
+        self.stopped = stopped;
+        Ok((emit, stopped))
+    }
+
+    /// The text held back at the end (none after a stop string).
+    pub fn finish(&mut self) -> String {
+        if self.stopped {
+            return String::new();
+        }
+        let tail = self.stops.push(&self.detok.finish()).0;
+        tail + &self.stops.finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

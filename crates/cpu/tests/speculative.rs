@@ -163,6 +163,31 @@ fn a_losing_draft_model_catches_up_on_bounded_windows_and_stays_identical() {
     );
 }
 
+#[test]
+fn a_draft_model_caught_up_in_parts_drafts_as_one_caught_up_at_once() {
+    let Some(path) = common::model(SMOLLM2) else {
+        return;
+    };
+    let t = load(&path);
+    let history: Vec<u32> = prompts(t.dec.config.n_vocab).concat();
+    let n_vocab = t.dec.config.n_vocab;
+    let mut whole = DraftModelDrafter::new(t.dec.clone(), n_vocab, 128).unwrap();
+    let mut parts = DraftModelDrafter::new(t.dec.clone(), n_vocab, 128).unwrap();
+    let lag = Drafter::<CpuBackend>::lag(&whole, &history);
+    assert_eq!(lag, history.len() - 2, "the first catch-up reads the prompt");
+    assert_eq!(whole.catch_up(&history, usize::MAX).unwrap(), lag);
+    let mut fed = 0;
+    while Drafter::<CpuBackend>::lag(&parts, &history) > 0 {
+        let n = parts.catch_up(&history, 3).unwrap();
+        assert!((1..=3).contains(&n), "a part of at most 3, got {n}");
+        fed += n;
+    }
+    assert_eq!(fed, lag);
+    assert_eq!(Drafter::<CpuBackend>::lag(&whole, &history), 0);
+    let draft = |d: &mut DraftModelDrafter<CpuBackend>| block_on(d.propose(&history, 5, None)).unwrap();
+    assert_eq!(draft(&mut parts), draft(&mut whole));
+}
+
 fn dflash_spec(target: &Decoder<CpuBackend>, layers: Vec<i32>, block_size: u32) -> SyntheticDFlash {
     SyntheticDFlash {
         dims: SyntheticDims {

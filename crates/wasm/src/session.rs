@@ -5,14 +5,14 @@
 use crate::error::{ApiError, Code};
 use crate::request::{Prompt, Request, DEFAULT_MAX_TOKENS};
 use blockdraft_core::chat_template::{ChatTemplate, TemplateError};
-use blockdraft_core::generate::{ends_in_a_loop, generate, StopReason, StopStrings};
+use blockdraft_core::generate::{ends_in_a_loop, generate, StopReason, TextStream};
 use blockdraft_core::model::{Decoder, ModelConfig, StreamedModel};
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{
     generate_speculative, DFlashDrafter, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter,
     PolicyConfig,
 };
-use blockdraft_core::tokenizer::{StreamDecoder, Tokenizer};
+use blockdraft_core::tokenizer::Tokenizer;
 use blockdraft_core::Backend;
 use blockdraft_gguf::GgufFile;
 use serde::Serialize;
@@ -229,13 +229,12 @@ impl<B: Backend> Session<B> {
                 ))
             })?;
 
-        let mut detok = StreamDecoder::new(&self.tokenizer);
-        let mut stops = StopStrings::new(req.stop.clone());
+        let mut text = TextStream::new(&self.tokenizer, req.stop.clone());
         let mut stopped = false;
         let mut aborted = false;
         let mut failure = None;
         let mut on_token = |t: u32| {
-            let piece = match detok.push(t) {
+            let (emit, hit) = match text.push(t) {
                 Ok(p) => p,
                 Err(e) => {
                     failure = Some(ApiError::new(
@@ -245,7 +244,6 @@ impl<B: Backend> Session<B> {
                     return false;
                 }
             };
-            let (emit, hit) = stops.push(&piece);
             stopped = hit;
             if !emit.is_empty() && !on_text(&emit) {
                 aborted = true;
@@ -345,7 +343,7 @@ impl<B: Backend> Session<B> {
             return Err(e);
         }
         if !stopped && !aborted {
-            let tail = stops.push(&detok.finish()).0 + &stops.finish();
+            let tail = text.finish();
             if !tail.is_empty() {
                 on_text(&tail);
             }

@@ -6,11 +6,10 @@ use crate::drafter::DraftArgs;
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use anyhow::{bail, Result};
 use blockdraft_core::chat_template::ContentTokens;
-use blockdraft_core::generate::{ends_in_a_loop, generate, StopStrings};
+use blockdraft_core::generate::{ends_in_a_loop, generate, TextStream};
 use blockdraft_core::sampling::limits;
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{generate_speculative, DraftPolicy};
-use blockdraft_core::tokenizer::StreamDecoder;
 use blockdraft_core::Backend;
 use blockdraft_core::ModelError;
 use serde_json::json;
@@ -285,19 +284,17 @@ fn decode<B: Backend>(
     let max_batch = 256;
     let mut state = loaded.decoder.try_new_state(n_ctx, max_batch)?;
     let mut sampler = Sampler::new(params.clone());
-    let mut detok = StreamDecoder::new(tok);
-    let mut stops = StopStrings::new(args.stop.clone());
+    let mut stream_text = TextStream::new(tok, args.stop.clone());
     let mut text = String::new();
     let mut failure: Option<anyhow::Error> = None;
     let mut on_token = |t: u32| {
-        let piece = match detok.push(t) {
+        let (emit, stopped) = match stream_text.push(t) {
             Ok(p) => p,
             Err(e) => {
                 failure = Some(e.into());
                 return false;
             }
         };
-        let (emit, stopped) = stops.push(&piece);
         text.push_str(&emit);
         if stream {
             if let Err(e) = crate::out::print(&emit) {
@@ -405,7 +402,7 @@ fn decode<B: Backend>(
     if let Some(e) = failure {
         return Err(e);
     }
-    let tail = stops.push(&detok.finish()).0 + &stops.finish();
+    let tail = stream_text.finish();
     text.push_str(&tail);
     if stream {
         crate::out::print(&tail)?;
