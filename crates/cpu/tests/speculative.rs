@@ -174,7 +174,11 @@ fn a_draft_model_caught_up_in_parts_drafts_as_one_caught_up_at_once() {
     let mut whole = DraftModelDrafter::new(t.dec.clone(), n_vocab, 128).unwrap();
     let mut parts = DraftModelDrafter::new(t.dec.clone(), n_vocab, 128).unwrap();
     let lag = Drafter::<CpuBackend>::lag(&whole, &history);
-    assert_eq!(lag, history.len() - 2, "the first catch-up reads the prompt");
+    assert_eq!(
+        lag,
+        history.len() - 2,
+        "the first catch-up reads the prompt"
+    );
     assert_eq!(whole.catch_up(&history, usize::MAX).unwrap(), lag);
     let mut fed = 0;
     while Drafter::<CpuBackend>::lag(&parts, &history) > 0 {
@@ -184,7 +188,8 @@ fn a_draft_model_caught_up_in_parts_drafts_as_one_caught_up_at_once() {
     }
     assert_eq!(fed, lag);
     assert_eq!(Drafter::<CpuBackend>::lag(&whole, &history), 0);
-    let draft = |d: &mut DraftModelDrafter<CpuBackend>| block_on(d.propose(&history, 5, None)).unwrap();
+    let draft =
+        |d: &mut DraftModelDrafter<CpuBackend>| block_on(d.propose(&history, 5, None)).unwrap();
     assert_eq!(draft(&mut parts), draft(&mut whole));
 }
 
