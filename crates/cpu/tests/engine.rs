@@ -46,20 +46,8 @@ fn models() -> Models {
     };
     let target = load(41);
     let spec = SyntheticDFlash {
-        dims: SyntheticDims {
-            n_layer: 1,
-            n_embd: target.config.n_embd,
-            n_head: 4,
-            n_head_kv: 2,
-            head_dim: 16,
-            n_ff: 64,
-            n_vocab: 0,
-            window: 0,
-        },
-        target_layers: vec![1, 3],
         block_size: 4,
-        mask_token: 0,
-        matrix_type: GgmlType::Q8_0,
+        ..SyntheticDFlash::small(target.config.n_embd, vec![1, 3], GgmlType::Q8_0)
     };
     let dflash = GgufFile::from_bytes(synthetic_dflash(&spec, 9).bytes).unwrap();
     Models {

@@ -200,8 +200,6 @@ async fn observe_plain_step<B: Backend>(
         verify_seconds: seconds,
         ..Default::default()
     };
-    spec.policy.record(planned, &round);
-    seq.stats.record_round(&round);
-    events.push(Event::Round(round));
+    seq.record_round(planned, round, events);
     Ok(())
 }

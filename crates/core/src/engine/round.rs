@@ -158,9 +158,7 @@ impl<B: Backend> Sequence<'_, B> {
             verify_seconds,
             probe: !draft.tokens.is_empty() && spec.policy.probing(),
         };
-        spec.policy.record(want, &round);
-        self.stats.record_round(&round);
-        events.push(Event::Round(round));
+        self.record_round(want, round, events);
         self.emit(&verdict.tokens, events);
         Ok(())
     }

@@ -181,6 +181,22 @@ impl<'a, B: Backend> Sequence<'a, B> {
         }
     }
 
+    /// Records a round that asked the drafter for `requested` tokens (0: a
+    /// plain step): the policy learns from it, the statistics count it,
+    /// and the caller sees it.
+    pub(super) fn record_round(
+        &mut self,
+        requested: usize,
+        round: crate::speculative::RoundStats,
+        events: &mut Vec<Event>,
+    ) {
+        if let Some(spec) = self.spec.as_mut() {
+            spec.policy.record(requested, &round);
+        }
+        self.stats.record_round(&round);
+        events.push(Event::Round(round));
+    }
+
     /// Ends it after an error of its own (the caller gets the error).
     pub(super) fn fail(&mut self) {
         self.close(StopReason::Caller);

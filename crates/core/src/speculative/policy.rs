@@ -13,14 +13,15 @@
 //! catch-up, less the tokens they committed at the measured plain-step
 //! time. Estimates are optimistic only while speculation roughly pays for
 //! itself; a probe waits until the time it may lose, catch-up included,
-//! fits in a budget of [`BUDGET`] of the time the generation takes (what
-//! was decoded so far, and the tokens still to come up to [`HORIZON`]),
-//! and each probe that finds nothing doubles the wait, so a losing
-//! drafter's cost tends to zero over a long generation. The first plain
-//! steps measure the cost to beat before anything is drafted, and a
-//! drafter that catches up in parts (a draft model's prefill) is fed only
-//! what the budget affords ([`DraftPolicy::catch_up_allowance`]), its first
-//! part small enough to measure what a token of it costs.
+//! fits in a budget of [`BUDGET`] of the time decoded so far, and each
+//! probe that finds nothing doubles the wait, so a losing drafter's cost
+//! tends to zero over a long generation. The first plain steps measure the
+//! cost to beat before anything is drafted; the first probe, and a
+//! catch-up in parts (a draft model's prefill of the prompt,
+//! [`DraftPolicy::catch_up_allowance`]), come before much is decoded, so
+//! their budget also counts the tokens still to come, up to [`HORIZON`].
+//! The first part of such a catch-up is small enough to measure what a
+//! token of it costs.
 //!
 //! Within budget, unmeasured quantities are taken optimistically, so that
 //! a few unlucky early rounds do not switch a good drafter off for long:
@@ -254,11 +255,11 @@ impl DraftPolicy {
         if self.spec_tokens > 0 && self.lost_seconds(t1) < 0.0 {
             return lag;
         }
-        let left = self.budget(t1, true) - self.lost_seconds(t1);
-        if left <= 0.0 || per_token <= 0.0 {
-            return if per_token <= 0.0 { lag } else { 0 };
+        if per_token <= 0.0 {
+            return lag;
         }
-        ((left / per_token) as usize).min(lag)
+        let left = self.budget(t1, true) - self.lost_seconds(t1);
+        ((left.max(0.0) / per_token) as usize).min(lag)
     }
 
     /// Whether estimates may be optimistic: while speculation has lost at

@@ -48,27 +48,31 @@ impl<B: Backend> DraftModelDrafter<B> {
         })
     }
 
-    /// Forgets positions at or beyond `history.len() − 1` that were
-    /// drafts, and returns how many tokens of `history` the cache holds.
-    fn seen(&mut self, history: &[u32]) -> usize {
-        let seen = (self.state.len() + self.skipped).min(history.len().saturating_sub(1));
+    /// How many tokens of `history` the cache holds, not counting drafts
+    /// at or beyond `history.len() − 1`.
+    fn seen_len(&self, history: &[u32]) -> usize {
+        (self.state.len() + self.skipped).min(history.len().saturating_sub(1))
+    }
+
+    /// Forgets the cached drafts beyond [`Self::seen_len`].
+    fn forget_drafts(&mut self, history: &[u32]) {
+        let seen = self.seen_len(history);
         self.state.truncate(seen.saturating_sub(self.skipped));
-        seen
     }
 
     /// The committed tokens before `upto` that this model has not seen, at
-    /// most the last `window` of them, as a range of `history` (after
-    /// forgetting drafts).
-    fn unseen(&mut self, history: &[u32], upto: usize, window: usize) -> std::ops::Range<usize> {
-        let seen = self.seen(history);
+    /// most the last `window` of them, as a range of `history`.
+    fn unseen(&self, history: &[u32], upto: usize, window: usize) -> std::ops::Range<usize> {
+        let seen = self.seen_len(history);
         if upto <= seen {
             return seen..seen;
         }
         seen.max(upto - window.min(upto))..upto
     }
 
-    /// Feeds `range` of `history` (from [`Self::unseen`]), at most `most`
-    /// tokens of it, oldest first; returns how many it fed.
+    /// Feeds `range` of `history` (from [`Self::unseen`], drafts
+    /// forgotten), at most `most` tokens of it, oldest first; returns how
+    /// many it fed.
     fn feed(
         &mut self,
         history: &[u32],
@@ -105,6 +109,7 @@ impl<B: Backend> DraftModelDrafter<B> {
         let n_ctx = self.state.kv.capacity();
         let n_max = n_max.min(n_ctx.saturating_sub(history.len()));
         if n_max > 0 {
+            self.forget_drafts(history);
             let range = self.unseen(history, history.len(), usize::MAX);
             self.feed(history, range, usize::MAX)?;
             self.primed = true;
@@ -128,6 +133,7 @@ impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
     /// it.
     fn catch_up(&mut self, history: &[u32], most: usize) -> Result<usize, ModelError> {
         let (upto, window) = self.catch_up_span(history);
+        self.forget_drafts(history);
         let range = self.unseen(history, upto, window);
         let fed = self.feed(history, range.clone(), most)?;
         if fed == range.len() {
@@ -138,8 +144,7 @@ impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
 
     fn lag(&self, history: &[u32]) -> usize {
         let (upto, window) = self.catch_up_span(history);
-        let seen = (self.state.len() + self.skipped).min(history.len().saturating_sub(1));
-        upto.saturating_sub(seen.max(upto - window.min(upto)))
+        self.unseen(history, upto, window).len()
     }
 
     async fn propose(
