@@ -31,9 +31,11 @@ pub struct ModelArgs {
     /// under a second per GB; memory use is about the same either way.
     #[arg(long = "no-repack")]
     pub no_repack: bool,
-    /// How the KV cache stores keys and values: `f16` (half the memory,
-    /// llama.cpp's default) or `f32` (the precise one).
-    #[arg(long = "kv-type", value_enum, default_value_t = KvTypeArg::from(KvType::DEFAULT))]
+    /// How the KV cache stores keys and values: `f16` (half the memory;
+    /// on the CPU the same tokens as llama.cpp's default configuration,
+    /// f16 cache with flash attention) or `f32` (llama.cpp's precise one,
+    /// `-fa off -ctk f32 -ctv f32`).
+    #[arg(long = "kv-type", value_enum, default_value_t = KvTypeArg::from(KvType::CLI_DEFAULT))]
     pub kv_type: KvTypeArg,
 }
 

@@ -4,6 +4,7 @@
 //! an interrupted run resumes without touching finished shards, and a
 //! mismatched or damaged directory is refused with its reason.
 
+use blockdraft_core::backend::KvType;
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
 use blockdraft_core::testing::block_on;
 use blockdraft_core::Backend;
@@ -167,7 +168,10 @@ fn gen_data_captures_the_taps_of_the_greedy_answer_and_resumes() {
     // Every tap row equals one forward pass over the whole sequence.
     let be = Arc::new(CpuBackend::new(2));
     let file = GgufFile::open(&model).unwrap();
-    let dec = Decoder::load(&file, be.clone(), &mut |_| {}).unwrap();
+    // gen-data's KV cache: the command line's default.
+    let dec = Decoder::load(&file, be.clone(), &mut |_| {})
+        .unwrap()
+        .with_kv_type(KvType::CLI_DEFAULT);
     let layers: Vec<usize> = TAPS.split(',').map(|s| s.parse().unwrap()).collect();
     let mut taps = Taps::new(&*be, &dec.config, &layers, first.len()).unwrap();
     let mut state = dec.new_state(first.len(), first.len());
@@ -287,7 +291,7 @@ fn replay_rebuilds_the_data_from_its_sequences_and_refuses_another_models() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let seqs = dir.join("seqs.jsonl");
     std::fs::write(&seqs, sequences_file(&generated, false)).unwrap();
-    let replay = |out: &Path, seqs: &Path, prompts: &Path| {
+    let replay_with = |out: &Path, seqs: &Path, prompts: &Path, extra: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_blockdraft"))
             .args(["gen-data", "-m"])
             .arg(&model)
@@ -298,9 +302,11 @@ fn replay_rebuilds_the_data_from_its_sequences_and_refuses_another_models() {
             .arg("--replay")
             .arg(seqs)
             .args(["--taps", TAPS, "-n", "12", "--shard-size", "2", "-t", "2"])
+            .args(extra)
             .output()
             .unwrap()
     };
+    let replay = |out: &Path, seqs: &Path, prompts: &Path| replay_with(out, seqs, prompts, &[]);
 
     // The replayed directory holds the same sequences, and the taps decoding
     // captured (batched passes give every row the same values here).
@@ -326,6 +332,29 @@ fn replay_rebuilds_the_data_from_its_sequences_and_refuses_another_models() {
     let o = replay(&dir.join("r2"), &seqs, &other);
     let log = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && log.contains("prompts_hash"), "{log}");
+    // Answers depend on the KV cache type: another one is refused, and a
+    // file from before the manifest recorded it counts as f32.
+    let o = replay_with(&dir.join("r5"), &seqs, &prompts, &["--kv-type", "f32"]);
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && log.contains("kv_type = \"f16\""),
+        "{log}"
+    );
+    let legacy = dir.join("legacy.jsonl");
+    let text = sequences_file(&generated, false);
+    let (head, rest) = text.split_once('\n').unwrap();
+    let mut header: serde_json::Value = serde_json::from_str(head).unwrap();
+    header["manifest"]
+        .as_object_mut()
+        .unwrap()
+        .remove("kv_type");
+    std::fs::write(&legacy, format!("{header}\n{rest}")).unwrap();
+    let o = replay(&dir.join("r6"), &legacy, &prompts);
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && log.contains("kv_type = \"f32\""),
+        "{log}"
+    );
     // Responses this target would not give: refused before a shard is written.
     std::fs::write(&seqs, sequences_file(&generated, true)).unwrap();
     let o = replay(&dir.join("r3"), &seqs, &prompts);

@@ -80,8 +80,10 @@ impl MemoryLimits {
 }
 
 /// How a KV cache stores its keys and values. F16 halves the cache's
-/// memory and what attention reads at depth; it is llama.cpp's default, so
-/// its users see the same tokens out of the box. F32 is the precise one.
+/// memory and what attention reads at depth; with it the CPU backend
+/// follows llama.cpp's default configuration (f16 cache, flash attention)
+/// bit for bit, so the CLI uses it unless told otherwise. F32 is the
+/// precise one (llama.cpp's `-fa off -ctk f32 -ctv f32`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvType {
     F32,
@@ -89,8 +91,12 @@ pub enum KvType {
 }
 
 impl KvType {
-    /// What a decoder's states use unless told otherwise.
+    /// What a decoder's states use unless told otherwise: the precise
+    /// cache, the library's reference.
     pub const DEFAULT: KvType = KvType::F32;
+    /// What the command line uses unless told otherwise: llama.cpp's
+    /// default, so its users see the same tokens out of the box.
+    pub const CLI_DEFAULT: KvType = KvType::F16;
 
     pub fn element_bytes(self) -> u64 {
         match self {

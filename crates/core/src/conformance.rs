@@ -422,6 +422,10 @@ pub async fn kv_f16<B: Backend, R: Backend>(be: &B, reference: &R) {
         scale: 1.0 / (head_dim as f32).sqrt(),
     };
     let qc = n_head * head_dim;
+    let mut ref_kc = reference.kv_tensor(capacity, kvc, KvType::F16);
+    let mut ref_vc = reference.kv_tensor(capacity, kvc, KvType::F16);
+    reference.write(&mut ref_kc, &k);
+    reference.write(&mut ref_vc, &v);
     for (rows, q_pos0, causal) in [(1, 39, true), (6, 30, true), (8, 32, false)] {
         let mask = AttentionMask {
             q_pos0,
@@ -435,17 +439,20 @@ pub async fn kv_f16<B: Backend, R: Backend>(be: &B, reference: &R) {
         let mut want = reference.tensor(rows, qc);
         reference.attention(
             &tensor(reference, rows, qc, &q),
-            &tensor(reference, capacity, kvc, &k16),
-            &tensor(reference, capacity, kvc, &v16),
+            &ref_kc,
+            &ref_vc,
             mask,
             p,
             &mut want,
         );
+        // The reference follows llama.cpp's flash attention, which rounds
+        // the query and its value accumulator to f16: a backend summing in
+        // f32 is within f16's rounding of it.
         assert_close(
             &format!("f16 attention {mask:?}"),
             &be.read(&out).await,
             &reference.read(&want).await,
-            1e-5,
+            4e-3,
         );
     }
 }

@@ -10,6 +10,7 @@ mod weight_buffer;
 
 pub use weight_buffer::WeightBuffer;
 
+mod attention;
 mod ops;
 
 use blockdraft_core::backend::{
@@ -504,8 +505,10 @@ impl Backend for CpuBackend {
         let out = &mut out.data[..q.rows * out_cols];
         let (pool, q, batches) = (&self.pool, q.as_slice(), self.llamacpp_batches);
         match (k.is_f16(), v.is_f16()) {
-            (false, false) => ops::attention(pool, q, &k.data, &v.data, mask, p, batches, out),
-            (true, true) => ops::attention(pool, q, &k.half, &v.half, mask, p, batches, out),
+            (false, false) => {
+                attention::attention_f32(pool, q, &k.data, &v.data, mask, p, batches, out)
+            }
+            (true, true) => attention::flash_attention_f16(pool, q, &k.half, &v.half, mask, p, out),
             _ => panic!("attention: keys and values of different types"),
         }
     }

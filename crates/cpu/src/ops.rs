@@ -1,12 +1,8 @@
 //! The CPU backend's non-matmul ops. Written for clarity: they are the
 //! reference for every other backend and cost little next to the matmuls.
 
-use crate::kernels::{axpy_f32, dot_f32, reduce32, with_fma};
-use crate::pool::ThreadPool;
-use blockdraft_core::backend::{
-    AttentionMask, AttentionParams, ConvParams, GatedActivation, RopeParams, RopeStyle,
-};
-use half::{f16, slice::HalfFloatSliceExt};
+use crate::kernels::with_fma;
+use blockdraft_core::backend::{ConvParams, GatedActivation, RopeParams, RopeStyle};
 
 /// RMS norm with ggml's exact float sequence (f32 squares summed in f64,
 /// f32 mean, scale and products). Bit-equal inputs matter: the next
@@ -176,157 +172,6 @@ pub fn grouped_conv(
     }
 }
 
-/// Raw pointer to the output, shared across pool tasks that each write a
-/// disjoint `(row, head)` slice.
-struct SharedOut(*mut f32);
-// SAFETY: tasks write disjoint ranges; the pool joins before `out` is used again.
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    /// A method, so closures capture the whole `Sync` wrapper rather than the raw field.
-    fn at(&self, offset: usize) -> *mut f32 {
-        self.0.wrapping_add(offset)
-    }
-}
-
-/// An element type a KV cache may hold.
-pub trait KvElement: Copy + Send + Sync {
-    /// `src` as f32: itself where it is f32, else converted into `buf`.
-    fn as_f32<'a>(src: &'a [Self], buf: &'a mut [f32]) -> &'a [f32];
-}
-
-impl KvElement for f32 {
-    fn as_f32<'a>(src: &'a [f32], _buf: &'a mut [f32]) -> &'a [f32] {
-        src
-    }
-}
-
-impl KvElement for f16 {
-    fn as_f32<'a>(src: &'a [f16], buf: &'a mut [f32]) -> &'a [f32] {
-        let out = &mut buf[..src.len()];
-        src.convert_to_f32_slice(out);
-        out
-    }
-}
-
-/// Attention of every (query row, head) pair, one pool task each, with
-/// the float sequence of llama.cpp's CPU attention for an f32 KV cache
-/// without flash attention (`mul_mat(K, Q)`, `soft_max_ext`,
-/// `mul_mat(V^T, KQ)` over `n_kv` = the cache length padded to 256, masked
-/// keys giving exact zeros): bit-equal outputs matter because the next
-/// matmul quantizes them. Scores are `dot_f32(q, k) * scale`; the softmax
-/// exponentials are `expf_ggml(s - max)`, summed in f64 per group of 8 keys
-/// (each group first summed in f32 as ggml's AVX2 loop does), normalised by
-/// multiplying with `(1 / sum) as f32`; the weighted sum of values
-/// accumulates key `j` by FMA into lane `j % 32` then reduces as `dot_f32`
-/// does (one query row: ggml's `ggml_vec_dot_f32`), or into lane `j % 8`
-/// reduced like the softmax groups (several rows: llamafile's sgemm; only
-/// with `llamacpp_batch`, otherwise every row is computed like one). An f16
-/// cache is read as its values widened to f32, in the same sequence.
-#[allow(clippy::too_many_arguments)]
-pub fn attention<T: KvElement>(
-    pool: &ThreadPool,
-    q: &[f32],
-    k: &[T],
-    v: &[T],
-    mask: AttentionMask,
-    p: AttentionParams,
-    llamacpp_batch: bool,
-    out: &mut [f32],
-) {
-    let q_cols = p.n_head * p.head_dim;
-    let kv_cols = p.n_head_kv * p.head_dim;
-    let n_rows = q.len() / q_cols;
-    let group = p.n_head / p.n_head_kv;
-    assert!(
-        out.len() >= n_rows * q_cols
-            && k.len() >= mask.kv_len * kv_cols
-            && v.len() >= mask.kv_len * kv_cols
-    );
-    // ggml multiplies V by the probabilities with its `ggml_vec_dot_f32`
-    // for one query row (32 lanes) and with llamafile's sgemm for several
-    // (one 8-wide accumulator per output, summed like the softmax groups).
-    let n_lanes = if llamacpp_batch && n_rows > 1 { 8 } else { 32 };
-    let shared = SharedOut(out.as_mut_ptr());
-    let task = |t: usize| {
-        with_fma(
-            #[inline(always)]
-            || {
-                let (r, h) = (t / p.n_head, t % p.n_head);
-                let pos = mask.q_pos0 + r;
-                let hi = if mask.causal {
-                    (pos + 1).min(mask.kv_len)
-                } else {
-                    mask.kv_len
-                };
-                let lo = mask
-                    .window
-                    .map_or(0, |w| (pos + 1).saturating_sub(w))
-                    .min(hi);
-                let qh = &q[r * q_cols + h * p.head_dim..][..p.head_dim];
-                let kv_off = (h / group) * p.head_dim;
-                // SAFETY: this task alone writes out[r, h*head_dim .. (h+1)*head_dim].
-                let oh = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        shared.at(r * q_cols + h * p.head_dim),
-                        p.head_dim,
-                    )
-                };
-                oh.fill(0.0);
-                if lo == hi {
-                    return;
-                }
-                // Keys lo0..hi0 (whole groups of 8; keys outside lo..hi weigh 0).
-                let (lo0, hi0) = (lo / 8 * 8, hi.div_ceil(8) * 8);
-                let mut row = vec![0f32; p.head_dim];
-                let mut w: Vec<f32> = (lo0..hi0)
-                    .map(|j| {
-                        if (lo..hi).contains(&j) {
-                            let kj = T::as_f32(&k[j * kv_cols + kv_off..][..p.head_dim], &mut row);
-                            dot_f32(qh, kj) * p.scale
-                        } else {
-                            f32::NEG_INFINITY
-                        }
-                    })
-                    .collect();
-                let max = w.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0f64;
-                for g in w.chunks_exact_mut(8) {
-                    for s in g.iter_mut() {
-                        *s = if *s == f32::NEG_INFINITY {
-                            0.0
-                        } else {
-                            expf_ggml(*s - max)
-                        };
-                    }
-                    let t: [f32; 4] = std::array::from_fn(|i| g[i] + g[4 + i]);
-                    sum += ((t[0] + t[2]) + (t[1] + t[3])) as f64;
-                }
-                let inv = (1.0 / sum) as f32;
-                // Lane sums of head_dim each: key j goes to lane j % n_lanes.
-                let mut acc = vec![0f32; n_lanes * p.head_dim];
-                for (j, &e) in (lo0..hi0).zip(&w) {
-                    if e != 0.0 {
-                        let lane = &mut acc[(j % n_lanes) * p.head_dim..][..p.head_dim];
-                        let vj = T::as_f32(&v[j * kv_cols + kv_off..][..p.head_dim], &mut row);
-                        axpy_f32(lane, e * inv, vj);
-                    }
-                }
-                let lane = |l: usize, d: usize| acc[l * p.head_dim + d];
-                for (d, o) in oh.iter_mut().enumerate() {
-                    *o = if n_lanes == 32 {
-                        reduce32(&std::array::from_fn(|l| lane(l, d)))
-                    } else {
-                        let t: [f32; 4] = std::array::from_fn(|i| lane(i, d) + lane(4 + i, d));
-                        (t[0] + t[2]) + (t[1] + t[3])
-                    };
-                }
-            },
-        )
-    };
-    pool.run(n_rows * p.n_head, &task);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,44 +212,5 @@ mod tests {
         );
         let after: f32 = y.iter().map(|v| v * v).sum();
         assert!((before - after).abs() < 1e-5);
-    }
-
-    #[test]
-    fn attention_respects_causal_and_window_masks() {
-        let pool = ThreadPool::new(2);
-        let p = AttentionParams {
-            n_head: 2,
-            n_head_kv: 1,
-            head_dim: 2,
-            scale: 1.0,
-        };
-        // 3 cached keys with distinct values; zero queries -> uniform weights.
-        let k = [0.0; 6];
-        let v = [1.0, 10.0, 2.0, 20.0, 3.0, 30.0];
-        let q = [0.0; 4 * 3];
-        let mut out = [0.0; 12];
-        let mask = AttentionMask {
-            q_pos0: 0,
-            kv_len: 3,
-            causal: true,
-            window: None,
-        };
-        attention(&pool, &q, &k, &v, mask, p, false, &mut out);
-        assert_eq!(&out[0..2], &[1.0, 10.0]); // row 0 sees key 0 only
-        assert!((out[4] - 1.5).abs() < 1e-6); // row 1 sees keys 0,1
-        assert!((out[8] - 2.0).abs() < 1e-6); // row 2 sees keys 0..=2
-        let mask = AttentionMask {
-            window: Some(2),
-            ..mask
-        };
-        attention(&pool, &q, &k, &v, mask, p, false, &mut out);
-        assert!((out[8] - 2.5).abs() < 1e-6); // row 2 sees keys 1,2
-        let mask = AttentionMask {
-            causal: false,
-            window: None,
-            ..mask
-        };
-        attention(&pool, &q, &k, &v, mask, p, false, &mut out);
-        assert!((out[0] - 2.0).abs() < 1e-6); // non-causal: row 0 sees all
     }
 }

@@ -10,10 +10,11 @@
 //! attention, f32 KV cache; `greedy-<model>.json`), which an f32 KV cache
 //! follows bit for bit, and its defaults (`llama-server -m MODEL`: flash
 //! attention on, f16 KV cache; `greedy-<model>-default.json`), which an f16
-//! cache meets on the forced-decoding metric (flash attention accumulates
-//! values in f16, so it is not bit-equal and free generation is only
-//! reported). The f16 cache is also held to the metric on the precise
-//! traces. The precise traces in detail: llama.cpp quantizes activations
+//! cache follows bit for bit (the CPU backend's f16 attention is llama.cpp's
+//! flash attention, `crates/cpu/src/attention.rs`). Across the two (the
+//! f16 cache on the precise traces) only the forced-decoding metric is
+//! held, at floors under what llama.cpp's own two configurations allow.
+//! The precise traces in detail: llama.cpp quantizes activations
 //! before every matmul, so a one-ulp difference in any f32 op grows into
 //! ~1e-2 in log-probs and flips near-ties; the CPU backend therefore follows
 //! llama.cpp's float sequences exactly (norms, rope, softmax, SiLU/GELU,
@@ -86,7 +87,10 @@ fn check_model(key: &str, traces: Traces, kv: KvType, floor: f64) {
     let Some(path) = common::model(fx["model"].as_str().expect("model file name")) else {
         return;
     };
-    let bit_equal = traces == Traces::Precise && kv == KvType::F32;
+    let bit_equal = matches!(
+        (traces, kv),
+        (Traces::Precise, KvType::F32) | (Traces::Default, KvType::F16)
+    );
     let key = &format!("{key}{suffix} ({} KV)", kv.name());
     let file = GgufFile::open(&path).unwrap();
     let backend = Arc::new(CpuBackend::matching_llamacpp_batches(2));
@@ -219,21 +223,19 @@ fn free_generation_mismatch(
     })
 }
 
-// Floors: 99 % wherever it is met. Measured (forced top-1 agreement, f32
-// precise / f16 precise / f16 default): SmolLM2 100 / 98.42 / 97.75 %,
-// Qwen2.5-Coder-0.5B 100 / 99.68 / 99.68 %, 1.5B 100 / 99.68 / 99.37 %,
-// Gemma 3 270M 100 / 98.75 / 99.05 %. Below 99 %, the floor sits just
-// under the measured figure, so a regression still fails: rounding keys
-// and values to f16 moves SmolLM2's log-probs by 0.03 on average, and
-// llama.cpp's flash attention, which also accumulates values in f16, is
-// not followed (the f32 cache agrees less with it still: 97.1 % on
-// SmolLM2, 98.7 % on Gemma 3 and Qwen2.5-Coder-1.5B).
+// Floors: 99 % for a cache against the traces of its own configuration
+// (measured: 100 % for every model, both ways, with log-probs within the
+// fixtures' rounding). An f16 cache against the precise traces differs as
+// llama.cpp's two configurations differ from each other (measured:
+// SmolLM2 96.84 %, Qwen2.5-Coder-0.5B 99.68 %, 1.5B 99.05 %, Gemma 3 270M
+// 98.75 %); those floors sit just under the figure, so a regression still
+// fails.
 
 #[test]
 fn smollm2_agrees_with_llamacpp() {
     check_model("smollm2", Traces::Precise, KvType::F32, 0.99);
-    check_model("smollm2", Traces::Precise, KvType::F16, 0.98);
-    check_model("smollm2", Traces::Default, KvType::F16, 0.975);
+    check_model("smollm2", Traces::Precise, KvType::F16, 0.965);
+    check_model("smollm2", Traces::Default, KvType::F16, 0.99);
 }
 
 #[test]

@@ -66,8 +66,13 @@ pub struct ModelConfig {
     pub activation: GatedActivation,
     /// Multiplier applied to the token embeddings (gemma: sqrt(n_embd)).
     pub embedding_scale: Option<f32>,
-    /// Multiplier applied to queries before `q·k` (the kernel scale is then 1).
+    /// Multiplier of the attention scores `q·k`.
     pub attention_scale: f32,
+    /// Whether the queries are multiplied by `attention_scale` before
+    /// attention (whose own scale is then 1), as llama.cpp's gemma3 graph
+    /// does, rather than the scores: the same values in f32, but not once
+    /// flash attention rounds the queries to f16 (small ones go subnormal).
+    pub scale_queries_first: bool,
 }
 
 impl ModelConfig {
@@ -172,6 +177,7 @@ impl ModelConfig {
             activation: GatedActivation::SwiGlu,
             embedding_scale: None,
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
+            scale_queries_first: false,
         };
         match arch {
             Architecture::Llama => cfg.rope_style = RopeStyle::Normal,
@@ -179,6 +185,7 @@ impl ModelConfig {
             Architecture::Gemma3 => {
                 cfg.activation = GatedActivation::GeGlu;
                 cfg.embedding_scale = Some((n_embd as f32).sqrt());
+                cfg.scale_queries_first = true;
                 // Gemma 3 fixes the local layers' rope base at 10k and uses a
                 // 5 local : 1 global layer pattern.
                 cfg.rope_base_swa = 10_000.0;

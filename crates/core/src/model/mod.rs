@@ -582,6 +582,9 @@ impl<B: Backend> Decoder<B> {
         };
         be.rope(q, pos0, rope(cfg.n_head));
         be.rope(k, pos0, rope(cfg.n_head_kv));
+        if cfg.scale_queries_first {
+            be.scale(q, cfg.attention_scale);
+        }
         let (kc, vc) = kv.layer_mut(il);
         be.copy_rows(k, 0, kc, pos0, 0, n);
         be.copy_rows(v, 0, vc, pos0, 0, n);
@@ -595,7 +598,11 @@ impl<B: Backend> Decoder<B> {
             n_head: cfg.n_head,
             n_head_kv: cfg.n_head_kv,
             head_dim: cfg.head_dim,
-            scale: cfg.attention_scale,
+            scale: if cfg.scale_queries_first {
+                1.0
+            } else {
+                cfg.attention_scale
+            },
         };
         let (kc, vc) = kv.layer(il);
         be.attention(q, kc, vc, mask, params, attn);

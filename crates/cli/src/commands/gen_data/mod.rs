@@ -146,6 +146,7 @@ fn generate_data<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
         shard_size: args.shard_size,
         max_new_tokens: args.n_predict,
         max_prompt_tokens: args.max_prompt_tokens,
+        kv_type: loaded.decoder.kv_type().name().into(),
     };
     let manifest_path = args.out.join("manifest.json");
     std::fs::create_dir_all(&args.out)

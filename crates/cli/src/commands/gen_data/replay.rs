@@ -24,12 +24,13 @@ pub struct Replayed {
 /// The first line of a `--replay` file: the manifest of the data it came from.
 #[derive(serde::Deserialize)]
 struct ReplayHeader {
-    manifest: serde_json::Value,
+    manifest: Manifest,
 }
 
 /// The sequences of a `--replay` file, by prompt index, after checking that
-/// they were made from this model, chat template, system message and prompts
-/// file (the taps and limits may differ: that is what a replay is for).
+/// they were made from this model, chat template, system message, prompts
+/// file and KV cache type (the taps and limits may differ: that is what a
+/// replay is for).
 pub fn read_replay(path: &Path, manifest: &Manifest) -> Result<HashMap<usize, Replayed>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read {} as UTF-8 text", path.display()))?;
@@ -46,7 +47,10 @@ pub fn read_replay(path: &Path, manifest: &Manifest) -> Result<HashMap<usize, Re
                 path.display()
             )
         })?;
-    let ours = serde_json::to_value(manifest)?;
+    let (theirs, ours) = (
+        serde_json::to_value(&header.manifest)?,
+        serde_json::to_value(manifest)?,
+    );
     for key in [
         "model_name",
         "architecture",
@@ -54,15 +58,13 @@ pub fn read_replay(path: &Path, manifest: &Manifest) -> Result<HashMap<usize, Re
         "template_hash",
         "system",
         "prompts_hash",
+        "kv_type",
     ] {
-        if header.manifest.get(key) != ours.get(key) {
+        if theirs.get(key) != ours.get(key) {
             bail!(
                 "{} was made with {key} = {}, this run has {key} = {}",
                 path.display(),
-                header
-                    .manifest
-                    .get(key)
-                    .map_or("nothing".into(), |v| v.to_string()),
+                theirs[key],
                 ours[key]
             );
         }

@@ -48,6 +48,15 @@ pub struct Manifest {
     pub shard_size: usize,
     pub max_new_tokens: usize,
     pub max_prompt_tokens: usize,
+    /// The KV cache type the answers were generated with (`--kv-type`):
+    /// greedy answers depend on it. Directories made before it was
+    /// recorded used f32.
+    #[serde(default = "kv_type_before_it_was_recorded")]
+    pub kv_type: String,
+}
+
+fn kv_type_before_it_was_recorded() -> String {
+    "f32".into()
 }
 
 impl Manifest {
@@ -308,6 +317,7 @@ mod tests {
             shard_size: 2,
             max_new_tokens: 8,
             max_prompt_tokens: 64,
+            kv_type: "f16".into(),
         }
     }
 
