@@ -185,6 +185,52 @@ fn bench_parallel_reports_aggregate_decode_per_number_of_sequences() {
 }
 
 #[test]
+fn bench_depth_reports_decode_and_verify_after_each_context() {
+    let Some(model) = smollm2() else {
+        return;
+    };
+    let v = json_of(&[
+        "bench",
+        "-m",
+        &model,
+        "-t",
+        "2",
+        "-p",
+        "0",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "--verify-max",
+        "2",
+        "--depth",
+        "0,300",
+        "--json",
+    ]);
+    let runs = v["depth"].as_array().unwrap();
+    let depths: Vec<u64> = runs.iter().map(|r| r["depth"].as_u64().unwrap()).collect();
+    assert_eq!(depths, [0, 300], "{v}");
+    for r in runs {
+        assert!(r["decode_tokens_per_second"].as_f64().unwrap() > 0.0, "{v}");
+        let ks: Vec<u64> = r["verify"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["k"].as_u64().unwrap())
+            .collect();
+        assert_eq!(ks, [1, 2], "{v}");
+    }
+    // Beyond the trained context (SmolLM2: 8192): refused before any work.
+    let err = fails_with(1, &["bench", "-m", &model, "--depth", "9000"]);
+    assert!(err.contains("--depth"), "{err}");
+    let err = fails_with(
+        2,
+        &["bench", "-m", &model, "--depth", "64", "--draft", "ngram"],
+    );
+    assert!(err.contains("--depth") && err.contains("--draft"), "{err}");
+}
+
+#[test]
 fn speculative_bench_at_forced_tau_matches_plain_decoding() {
     let Some(model) = smollm2() else {
         return;

@@ -52,6 +52,11 @@ pub struct Args {
     #[arg(long = "parallel", value_delimiter = ',', conflicts_with = "draft",
           value_parser = usize_in(Bounds { lo: 1, hi: 256 }))]
     pub parallel: Vec<usize>,
+    /// Decode speed and the verify curve again after this many tokens of
+    /// context each (as `llama-bench -d`), e.g. `512,4096`.
+    #[arg(long = "depth", value_delimiter = ',', conflicts_with = "draft",
+          value_parser = at_least(0))]
+    pub depth: Vec<usize>,
     #[arg(long = "json")]
     pub json: bool,
     /// Benchmark speculative against plain decoding with this drafter
@@ -137,10 +142,13 @@ impl Job for Args {
 fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
     let dec = &loaded.decoder;
     let cfg = &dec.config;
-    let needed = (args.n_prompt.max(args.n_gen + 1)).max(args.verify_ctx + args.verify_max);
+    let deepest = args.depth.iter().copied().max().unwrap_or(0);
+    let needed = (args.n_prompt.max(args.n_gen + 1))
+        .max(args.verify_ctx + args.verify_max)
+        .max(deepest + (args.n_gen + 1).max(args.verify_max));
     let n_ctx = cfg
         .context_size(needed, None)
-        .context("the benchmark's -p, -n or --verify-ctx + --verify-max")?;
+        .context("the benchmark's -p, -n, --verify-ctx + --verify-max or --depth")?;
     let mut state = dec.try_new_state(n_ctx, MAX_BATCH)?;
     let tokens = random_tokens(n_ctx, cfg.n_vocab, 42);
 
@@ -177,17 +185,7 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
         }
         if args.n_gen > 0 {
             state.truncate(0);
-            let t = Instant::now();
-            let mut next = tokens[0];
-            let mut done = 0;
-            while done < args.n_gen && !interrupt::requested() {
-                dec.forward(&mut state, &[next], LogitRows::Last, true, None)?;
-                next = pollster::block_on(dec.backend.argmax(state.logits()))[0];
-                done += 1;
-            }
-            // A repetition cut short is not one.
-            if done == args.n_gen {
-                let tps = args.n_gen as f64 / t.elapsed().as_secs_f64();
+            if let Some(tps) = decode_rate(dec, &mut state, tokens[0], args.n_gen)? {
                 decode.push(tps);
                 let _ = write!(line, " decode {tps:.2} tok/s");
             }
@@ -208,23 +206,35 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
         ));
         state.truncate(0);
         time_forward(dec, &mut state, &tokens[..args.verify_ctx], LogitRows::None)?;
-        let base = state.len();
-        for k in 1..=args.verify_max.min(state.logit_rows()) {
-            let mut times = Vec::new();
-            for _ in 0..args.reps.max(3) {
-                times.push(time_forward(
-                    dec,
-                    &mut state,
-                    &tokens[base..base + k],
-                    LogitRows::All,
-                )?);
-                state.truncate(base);
-            }
-            if interrupt::requested() {
-                break;
-            }
-            verify.push((k, median(&times)));
+        verify = verify_curve(dec, &mut state, &tokens, args.verify_max, args.reps)?;
+    }
+    // (depth, median decode tok/s, verify curve) for each --depth.
+    let mut at_depth = Vec::new();
+    for &depth in &args.depth {
+        if interrupt::requested() {
+            break;
         }
+        progress(format!("filling {depth} tokens of context"));
+        state.truncate(0);
+        if depth > 0 {
+            time_forward(dec, &mut state, &tokens[..depth], LogitRows::None)?;
+        }
+        let mut rates = Vec::new();
+        for _ in 0..if args.n_gen > 0 { args.reps } else { 0 } {
+            state.truncate(depth);
+            match decode_rate(dec, &mut state, tokens[depth], args.n_gen)? {
+                Some(tps) => rates.push(tps),
+                None => break,
+            }
+        }
+        let rate = (rates.len() == args.reps).then(|| median(&rates));
+        state.truncate(depth);
+        let curve = verify_curve(dec, &mut state, &tokens, args.verify_max, args.reps)?;
+        progress(format!(
+            "depth {depth}: decode {}",
+            rate.map_or("-".into(), |r| format!("{r:.2} tok/s"))
+        ));
+        at_depth.push((depth, rate, curve));
     }
     let mut parallel = Vec::new();
     for &n in &args.parallel {
@@ -251,10 +261,6 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
     let rss = peak_rss.get();
 
     if args.json {
-        let curve: Vec<_> = verify
-            .iter()
-            .map(|&(k, t)| json!({"k": k, "seconds": t, "ratio": t / t1.unwrap_or(t)}))
-            .collect();
         crate::out::println(json!({
             "model": args.model.model.display().to_string(),
             "backend": dec.backend.name(),
@@ -271,10 +277,18 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
             "decode_gb_per_second": gbps,
             "memory_read_gb_per_second": read_gbps,
             "decode_bandwidth_fraction": bandwidth_fraction,
-            "verify": curve,
+            "verify": curve_json(&verify),
             "parallel": parallel
                 .iter()
                 .map(|&(n, tps)| json!({"sequences": n, "decode_tokens_per_second": tps}))
+                .collect::<Vec<_>>(),
+            "depth": at_depth
+                .iter()
+                .map(|(depth, tps, curve)| json!({
+                    "depth": depth,
+                    "decode_tokens_per_second": tps,
+                    "verify": curve_json(curve),
+                }))
                 .collect::<Vec<_>>(),
             "peak_rss_bytes": rss,
         }))?;
@@ -334,11 +348,89 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
             );
         }
     }
+    if !at_depth.is_empty() {
+        let _ = writeln!(
+            out,
+            "depth    decode tg{} and T(k)/T(1) after that many tokens of context:",
+            args.n_gen
+        );
+        for (depth, tps, curve) in &at_depth {
+            let _ = write!(
+                out,
+                "  {depth:<6} {:>9} tok/s",
+                tps.map_or("-".into(), |t| format!("{t:.2}"))
+            );
+            let t1 = curve.first().map_or(1.0, |c| c.1);
+            for (k, t) in curve.iter().filter(|(k, _)| k.is_power_of_two() && *k > 1) {
+                let _ = write!(out, "  T({k})/T(1) {:.2}", t / t1);
+            }
+            let _ = writeln!(out);
+        }
+    }
     if let Some(r) = rss {
         let _ = writeln!(out, "peak RSS {:.1} MB", r as f64 / 1e6);
     }
     crate::out::print(&out)?;
     Ok(interrupted)
+}
+
+/// Tokens per second of `n_gen` greedy decode steps from `first` on, or
+/// `None` when Ctrl-C cut the repetition short (it is then not one).
+fn decode_rate<B: Backend>(
+    dec: &Decoder<B>,
+    state: &mut DecoderState<B>,
+    first: u32,
+    n_gen: usize,
+) -> Result<Option<f64>> {
+    let t = Instant::now();
+    let mut next = first;
+    for _ in 0..n_gen {
+        if interrupt::requested() {
+            return Ok(None);
+        }
+        dec.forward(state, &[next], LogitRows::Last, true, None)?;
+        next = pollster::block_on(dec.backend.argmax(state.logits()))[0];
+    }
+    Ok(Some(n_gen as f64 / t.elapsed().as_secs_f64()))
+}
+
+/// `(k, median seconds)` of verify passes of k = 1..=`verify_max` rows
+/// (fewer where the state's passes are smaller) after the state's current
+/// context, which each pass leaves as it was.
+fn verify_curve<B: Backend>(
+    dec: &Decoder<B>,
+    state: &mut DecoderState<B>,
+    tokens: &[u32],
+    verify_max: usize,
+    reps: usize,
+) -> Result<Vec<(usize, f64)>> {
+    let base = state.len();
+    let mut curve = Vec::new();
+    for k in 1..=verify_max.min(state.logit_rows()) {
+        let mut times = Vec::new();
+        for _ in 0..reps.max(3) {
+            times.push(time_forward(
+                dec,
+                state,
+                &tokens[base..base + k],
+                LogitRows::All,
+            )?);
+            state.truncate(base);
+        }
+        if interrupt::requested() {
+            break;
+        }
+        curve.push((k, median(&times)));
+    }
+    Ok(curve)
+}
+
+fn curve_json(curve: &[(usize, f64)]) -> Vec<serde_json::Value> {
+    let t1 = curve.first().map_or(1.0, |c| c.1);
+    curve
+        .iter()
+        .map(|&(k, t)| json!({"k": k, "seconds": t, "ratio": t / t1}))
+        .collect()
 }
 
 /// Seconds for `n` sequences, each after a short prompt of its own, to
