@@ -141,35 +141,29 @@ fn bench_json_reports_speed_curve_bandwidth_and_memory() {
     assert!((50e6..250e6).contains(&rss), "peak RSS {rss}");
 }
 
+/// `bench --json` of 4 decoded tokens, no prefill, one repetition, plus
+/// `extra`.
+fn short_bench(model: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "bench", "-m", model, "-t", "2", "-p", "0", "-n", "4", "-r", "1", "--json",
+    ];
+    args.extend_from_slice(extra);
+    json_of(&args)
+}
+
+/// Field `key` of each object in `runs`.
+fn u64s(runs: &[serde_json::Value], key: &str) -> Vec<u64> {
+    runs.iter().map(|r| r[key].as_u64().unwrap()).collect()
+}
+
 #[test]
 fn bench_parallel_reports_aggregate_decode_per_number_of_sequences() {
     let Some(model) = smollm2() else {
         return;
     };
-    let v = json_of(&[
-        "bench",
-        "-m",
-        &model,
-        "-t",
-        "2",
-        "-p",
-        "0",
-        "-n",
-        "4",
-        "-r",
-        "1",
-        "--verify-max",
-        "0",
-        "--parallel",
-        "1,3",
-        "--json",
-    ]);
+    let v = short_bench(&model, &["--verify-max", "0", "--parallel", "1,3"]);
     let runs = v["parallel"].as_array().unwrap();
-    let seqs: Vec<u64> = runs
-        .iter()
-        .map(|r| r["sequences"].as_u64().unwrap())
-        .collect();
-    assert_eq!(seqs, [1, 3], "{v}");
+    assert_eq!(u64s(runs, "sequences"), [1, 3], "{v}");
     for r in runs {
         assert!(r["decode_tokens_per_second"].as_f64().unwrap() > 0.0, "{v}");
     }
@@ -189,35 +183,12 @@ fn bench_depth_reports_decode_and_verify_after_each_context() {
     let Some(model) = smollm2() else {
         return;
     };
-    let v = json_of(&[
-        "bench",
-        "-m",
-        &model,
-        "-t",
-        "2",
-        "-p",
-        "0",
-        "-n",
-        "4",
-        "-r",
-        "1",
-        "--verify-max",
-        "2",
-        "--depth",
-        "0,300",
-        "--json",
-    ]);
+    let v = short_bench(&model, &["--verify-max", "2", "--depth", "0,300"]);
     let runs = v["depth"].as_array().unwrap();
-    let depths: Vec<u64> = runs.iter().map(|r| r["depth"].as_u64().unwrap()).collect();
-    assert_eq!(depths, [0, 300], "{v}");
+    assert_eq!(u64s(runs, "depth"), [0, 300], "{v}");
     for r in runs {
         assert!(r["decode_tokens_per_second"].as_f64().unwrap() > 0.0, "{v}");
-        let ks: Vec<u64> = r["verify"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| p["k"].as_u64().unwrap())
-            .collect();
+        let ks = u64s(r["verify"].as_array().unwrap(), "k");
         assert_eq!(ks, [1, 2], "{v}");
     }
     // Beyond the trained context (SmolLM2: 8192): refused before any work.

@@ -246,6 +246,84 @@ fn flash_head(
     flash_head_portable(q16, k, v, keys, scale, acc)
 }
 
+/// The per-key steps of one head, which each kernel provides in its own
+/// instructions; [`online_softmax`] orders them.
+trait HeadSteps {
+    /// `ggml_vec_dot_f16(k, q)` of the key at cache offset `at`.
+    fn score(&mut self, at: usize) -> f64;
+    /// `acc = f16(acc * ms)`.
+    fn rescale(&mut self, ms: f32);
+    /// `acc = f16(fma(v, vs, acc))` with the value at cache offset `at`.
+    fn add_value(&mut self, at: usize, vs: f32);
+}
+
+/// llama.cpp's online softmax over `keys`: a new maximum rescales the
+/// accumulator, otherwise a key weighs `expf(s - M)`; returns `S`.
+#[inline(always)]
+fn online_softmax(steps: &mut impl HeadSteps, keys: KeyRange, scale: f32) -> f32 {
+    let (mut m, mut s_sum) = (f32::NEG_INFINITY, 0f32);
+    for j in keys.lo..keys.hi {
+        let at = j * keys.stride + keys.offset;
+        let s = steps.score(at) as f32 * scale;
+        let (ms, vs) = if s > m {
+            let ms = (m - s).exp();
+            steps.rescale(ms);
+            m = s;
+            (ms, 1.0)
+        } else {
+            (1.0, (s - m).exp())
+        };
+        steps.add_value(at, vs);
+        s_sum = s_sum.mul_add(ms, vs);
+    }
+    s_sum
+}
+
+/// [`HeadSteps`] on slices, with the half crate's conversions.
+struct Portable<'a> {
+    q16: &'a [f32],
+    k: &'a [f16],
+    v: &'a [f16],
+    acc: &'a mut [f32],
+    /// A widened key or value row.
+    row: Vec<f32>,
+    /// The accumulator rounded to f16.
+    half: Vec<f16>,
+}
+
+impl Portable<'_> {
+    fn round_acc(&mut self) {
+        self.half.convert_from_f32_slice(self.acc);
+        self.half.convert_to_f32_slice(self.acc);
+    }
+}
+
+impl HeadSteps for Portable<'_> {
+    fn score(&mut self, at: usize) -> f64 {
+        let d = self.q16.len();
+        let simd_len = d - d % 32;
+        self.k[at..][..d].convert_to_f32_slice(&mut self.row);
+        let (q, k) = (self.q16, &self.row);
+        let mut dot = dot_f32(&q[..simd_len], &k[..simd_len]) as f64;
+        for (a, b) in q[simd_len..].iter().zip(&k[simd_len..]) {
+            dot += (a * b) as f64;
+        }
+        dot
+    }
+
+    fn rescale(&mut self, ms: f32) {
+        self.acc.iter_mut().for_each(|a| *a *= ms);
+        self.round_acc();
+    }
+
+    fn add_value(&mut self, at: usize, vs: f32) {
+        let d = self.q16.len();
+        self.v[at..][..d].convert_to_f32_slice(&mut self.row);
+        axpy_f32(self.acc, vs, &self.row);
+        self.round_acc();
+    }
+}
+
 fn flash_head_portable(
     q16: &[f32],
     k: &[f16],
@@ -255,37 +333,15 @@ fn flash_head_portable(
     acc: &mut [f32],
 ) -> f32 {
     let d = q16.len();
-    let simd_len = d - d % 32;
-    let mut half = vec![f16::ZERO; d];
-    let round_acc = |acc: &mut [f32], half: &mut [f16]| {
-        half.convert_from_f32_slice(acc);
-        half.convert_to_f32_slice(acc);
+    let mut steps = Portable {
+        q16,
+        k,
+        v,
+        acc,
+        row: vec![0f32; d],
+        half: vec![f16::ZERO; d],
     };
-    let mut row = vec![0f32; d];
-    let (mut m, mut s_sum) = (f32::NEG_INFINITY, 0f32);
-    for j in keys.lo..keys.hi {
-        let at = j * keys.stride + keys.offset;
-        k[at..][..d].convert_to_f32_slice(&mut row);
-        let mut dot = dot_f32(&q16[..simd_len], &row[..simd_len]) as f64;
-        for (a, b) in q16[simd_len..].iter().zip(&row[simd_len..]) {
-            dot += (a * b) as f64;
-        }
-        let s = dot as f32 * scale;
-        let (ms, vs) = if s > m {
-            let ms = (m - s).exp();
-            acc.iter_mut().for_each(|a| *a *= ms);
-            round_acc(acc, &mut half);
-            m = s;
-            (ms, 1.0)
-        } else {
-            (1.0, (s - m).exp())
-        };
-        v[at..][..d].convert_to_f32_slice(&mut row);
-        axpy_f32(acc, vs, &row);
-        round_acc(acc, &mut half);
-        s_sum = s_sum.mul_add(ms, vs);
-    }
-    s_sum
+    online_softmax(&mut steps, keys, scale)
 }
 
 /// [`flash_head`] with AVX2/F16C, ggml's own instructions: keys and values
@@ -293,7 +349,7 @@ fn flash_head_portable(
 /// accumulators, the value accumulator rounded back with `vcvtps2ph`.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::KeyRange;
+    use super::{online_softmax, HeadSteps, KeyRange};
     use half::f16;
     use std::arch::x86_64::*;
 
@@ -309,6 +365,72 @@ mod x86 {
         _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
     }
 
+    /// [`HeadSteps`] on raw pointers; only ever inlined into
+    /// [`flash_head`], whose target features its intrinsics need.
+    struct Avx2 {
+        q: *const f32,
+        k: *const f16,
+        v: *const f16,
+        acc: *mut f32,
+        d: usize,
+    }
+
+    impl HeadSteps for Avx2 {
+        #[inline(always)]
+        fn score(&mut self, at: usize) -> f64 {
+            let simd_len = self.d - self.d % 32;
+            // SAFETY: see `flash_head`; `at + d` lies within the keys.
+            unsafe {
+                let kp = self.k.add(at);
+                let mut sums = [_mm256_setzero_ps(); 4];
+                let mut i = 0;
+                while i < simd_len {
+                    for (c, s) in sums.iter_mut().enumerate() {
+                        let x = load8(kp.add(i + 8 * c));
+                        *s = _mm256_fmadd_ps(x, _mm256_loadu_ps(self.q.add(i + 8 * c)), *s);
+                    }
+                    i += 32;
+                }
+                let s4 = _mm256_add_ps(
+                    _mm256_add_ps(sums[0], sums[2]),
+                    _mm256_add_ps(sums[1], sums[3]),
+                );
+                let t = _mm_add_ps(_mm256_castps256_ps128(s4), _mm256_extractf128_ps(s4, 1));
+                let t = _mm_hadd_ps(t, t);
+                let mut dot = _mm_cvtss_f32(_mm_hadd_ps(t, t)) as f64;
+                for i in simd_len..self.d {
+                    dot += ((*kp.add(i)).to_f32() * *self.q.add(i)) as f64;
+                }
+                dot
+            }
+        }
+
+        #[inline(always)]
+        fn rescale(&mut self, ms: f32) {
+            // SAFETY: see `flash_head`; acc holds d elements, d % 8 == 0.
+            unsafe {
+                let msv = _mm256_set1_ps(ms);
+                for i in (0..self.d).step_by(8) {
+                    let a = _mm256_mul_ps(_mm256_loadu_ps(self.acc.add(i)), msv);
+                    _mm256_storeu_ps(self.acc.add(i), round8(a));
+                }
+            }
+        }
+
+        #[inline(always)]
+        fn add_value(&mut self, at: usize, vs: f32) {
+            // SAFETY: see `flash_head`; `at + d` lies within the values.
+            unsafe {
+                let (vp, vsv) = (self.v.add(at), _mm256_set1_ps(vs));
+                for i in (0..self.d).step_by(8) {
+                    let a =
+                        _mm256_fmadd_ps(load8(vp.add(i)), vsv, _mm256_loadu_ps(self.acc.add(i)));
+                    _mm256_storeu_ps(self.acc.add(i), round8(a));
+                }
+            }
+        }
+    }
+
     /// # Safety
     /// AVX2, FMA and F16C; `q16.len() == acc.len()`, a multiple of 8; rows
     /// `keys.lo..keys.hi` of `k` and `v` hold `keys.offset + q16.len()`
@@ -322,53 +444,14 @@ mod x86 {
         scale: f32,
         acc: &mut [f32],
     ) -> f32 {
-        let d = q16.len();
-        let simd_len = d - d % 32;
-        let (qp, ap) = (q16.as_ptr(), acc.as_mut_ptr());
-        let (mut m, mut s_sum) = (f32::NEG_INFINITY, 0f32);
-        for j in keys.lo..keys.hi {
-            let at = j * keys.stride + keys.offset;
-            let (kp, vp) = (k.as_ptr().add(at), v.as_ptr().add(at));
-            let mut sums = [_mm256_setzero_ps(); 4];
-            let mut i = 0;
-            while i < simd_len {
-                for (c, s) in sums.iter_mut().enumerate() {
-                    let x = load8(kp.add(i + 8 * c));
-                    *s = _mm256_fmadd_ps(x, _mm256_loadu_ps(qp.add(i + 8 * c)), *s);
-                }
-                i += 32;
-            }
-            let s4 = _mm256_add_ps(
-                _mm256_add_ps(sums[0], sums[2]),
-                _mm256_add_ps(sums[1], sums[3]),
-            );
-            let t = _mm_add_ps(_mm256_castps256_ps128(s4), _mm256_extractf128_ps(s4, 1));
-            let t = _mm_hadd_ps(t, t);
-            let mut dot = _mm_cvtss_f32(_mm_hadd_ps(t, t)) as f64;
-            for (i, q) in q16.iter().enumerate().skip(simd_len) {
-                dot += ((*kp.add(i)).to_f32() * q) as f64;
-            }
-            let s = dot as f32 * scale;
-            let (ms, vs) = if s > m {
-                let ms = (m - s).exp();
-                let msv = _mm256_set1_ps(ms);
-                for i in (0..d).step_by(8) {
-                    let a = _mm256_mul_ps(_mm256_loadu_ps(ap.add(i)), msv);
-                    _mm256_storeu_ps(ap.add(i), round8(a));
-                }
-                m = s;
-                (ms, 1.0)
-            } else {
-                (1.0, (s - m).exp())
-            };
-            let vsv = _mm256_set1_ps(vs);
-            for i in (0..d).step_by(8) {
-                let a = _mm256_fmadd_ps(load8(vp.add(i)), vsv, _mm256_loadu_ps(ap.add(i)));
-                _mm256_storeu_ps(ap.add(i), round8(a));
-            }
-            s_sum = s_sum.mul_add(ms, vs);
-        }
-        s_sum
+        let mut steps = Avx2 {
+            q: q16.as_ptr(),
+            k: k.as_ptr(),
+            v: v.as_ptr(),
+            acc: acc.as_mut_ptr(),
+            d: q16.len(),
+        };
+        online_softmax(&mut steps, keys, scale)
     }
 }
 

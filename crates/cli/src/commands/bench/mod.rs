@@ -220,14 +220,16 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
             time_forward(dec, &mut state, &tokens[..depth], LogitRows::None)?;
         }
         let mut rates = Vec::new();
-        for _ in 0..if args.n_gen > 0 { args.reps } else { 0 } {
+        // -n 0 measures no decode here either (nor at depth 0 above).
+        let reps = if args.n_gen > 0 { args.reps } else { 0 };
+        for _ in 0..reps {
             state.truncate(depth);
             match decode_rate(dec, &mut state, tokens[depth], args.n_gen)? {
                 Some(tps) => rates.push(tps),
                 None => break,
             }
         }
-        let rate = (rates.len() == args.reps).then(|| median(&rates));
+        let rate = (reps > 0 && rates.len() == reps).then(|| median(&rates));
         state.truncate(depth);
         let curve = verify_curve(dec, &mut state, &tokens, args.verify_max, args.reps)?;
         progress(format!(
