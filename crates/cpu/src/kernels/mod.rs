@@ -19,7 +19,9 @@
 //!
 //! SIMD: AVX2+FMA+F16C kernels for every type, chosen at runtime, and the
 //! same kernels built for AVX-512 VNNI where the CPU has it (`vpdpbusd`
-//! dots and 32 vector registers, bit-identical results;
+//! dots and 32 vector registers, bit-identical results; for Q6_K, and
+//! packed Q4_K, 512-bit kernels that hold two weight rows per vector
+//! (`x86_avx512`) or sixteen (`x86_packed`), bit-identical too;
 //! `BLOCKDRAFT_NO_AVX512=1` keeps the AVX2 build; `BLOCKDRAFT_NO_SIMD=1`
 //! forces the portable scalar kernels); aarch64
 //! NEON kernels for every type too, using `sdot` where the CPU has it
@@ -39,6 +41,8 @@ mod tests;
 mod wasm;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx512;
 #[cfg(target_arch = "x86_64")]
 mod x86_packed;
 
@@ -393,7 +397,10 @@ pub fn pack(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
             rows: w.rows,
             cols: w.cols,
             row_bytes: group_bytes / GROUP_ROWS,
-            kernel: layout.kernel,
+            kernel: match layout.kernel_avx512 {
+                Some(wide) if x86::has_avx512_vnni() => wide,
+                _ => layout.kernel,
+            },
             llamacpp_gemm_order: layout.llamacpp_gemm_order,
         });
     }

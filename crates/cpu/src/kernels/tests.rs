@@ -402,7 +402,7 @@ fn avx512_kernels_equal_the_avx2_ones_bit_for_bit() {
         return;
     }
     let pairs = |ty| {
-        let builds = (super::x86::avx512::kernel(ty), super::x86::avx2::kernel(ty));
+        let builds = (super::x86::avx512_kernel(ty), super::x86::avx2::kernel(ty));
         builds
             .0
             .zip(builds.1)
@@ -726,6 +726,20 @@ fn packed_weights_match_the_ggml_layout_bit_for_bit() {
                         e.to_bits(),
                         "{rows}x{cols} n={n} [{i}]: {g} vs {e}"
                     );
+                }
+                // The AVX2 kernel on the same packed data, where the one
+                // above was the AVX-512 one.
+                #[cfg(target_arch = "x86_64")]
+                {
+                    let avx2 = super::x86_packed::layout(Q4_K).unwrap().kernel;
+                    let mut base = vec![f32::NAN; n * rows];
+                    let pw = WeightRef {
+                        data: packed.data.as_slice(),
+                        ..w
+                    };
+                    run(pool, &pw, packed.row_bytes, &x, &mut base, avx2, false);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&base), bits(&got), "{rows}x{cols} n={n}: AVX2 packed");
                 }
             }
         }

@@ -33,7 +33,7 @@ pub(crate) fn has_avx512_vnni() -> bool {
 /// The matmul kernel for `ty` of the widest build this CPU runs.
 pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
     if has_avx512_vnni() {
-        return avx512::kernel(ty);
+        return avx512_kernel(ty);
     }
     if has_avx2() {
         return avx2::kernel(ty);
@@ -41,9 +41,15 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
     None
 }
 
+/// The AVX-512 VNNI kernel for `ty`: two weight rows per vector where
+/// there is such a kernel (`x86_avx512`), else the 256-bit VNNI build.
+pub(crate) fn avx512_kernel(ty: GgmlType) -> Option<Kernel> {
+    super::x86_avx512::kernel(ty).or_else(|| avx512::kernel(ty))
+}
+
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(crate) unsafe fn hsum(v: __m256) -> f32 {
     let lo = _mm256_castps256_ps128(v);
     let hi = _mm256_extractf128_ps(v, 1);
     let s = _mm_add_ps(lo, hi);
@@ -799,7 +805,12 @@ macro_rules! matmul_kernels {
         }
 
         #[target_feature(enable = $feat)]
-        unsafe fn q6_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+        pub(crate) unsafe fn q6_k<const NR: usize>(
+            w: *const u8,
+            nb: usize,
+            x: &[Act],
+            out: &mut [f32],
+        ) {
             let mut acc = [_mm256_setzero_ps(); NR];
             let x: &[Act; NR] = x.try_into().unwrap_unchecked();
             let low4 = _mm256_set1_epi8(0x0F);

@@ -12,6 +12,12 @@
 //! instructions per (weight row, activation row, super-block) instead of
 //! 17, which is what makes a verify batch of 8 rows cheap.
 //!
+//! On AVX-512 VNNI, Q4_K takes two groups side by side (16 rows, one per
+//! i32 lane of a 512-bit vector) and `vpdpbusd` sums each 32-value block
+//! in one instruction per four values, scaled once per block by `vpmulld`:
+//! 11 instructions per (block, activation row, 16 weight rows) instead of
+//! 2 x 17.
+//!
 //! Float sequences: Q4_K's per-super-block integer sums are the row
 //! kernel's exact values and its float steps per output the same (`fma(sum,
 //! d * dx, acc)`, `fma(sum_min, dmin * dx, acc_min)`, `acc - acc_min`), so
@@ -36,6 +42,8 @@ pub(crate) struct Layout {
     /// Packs `GROUP_ROWS` rows of `nb` blocks (`src`) into `out`.
     pub pack_group: fn(src: &[u8], nb: usize, out: &mut [u8]),
     pub kernel: Kernel,
+    /// The same float sequence on AVX-512 VNNI, where there is one.
+    pub kernel_avx512: Option<Kernel>,
     /// The kernel's float sequence is also llama.cpp's for batches of 4 or
     /// more rows (its gemm), not only for single rows (its gemv).
     pub llamacpp_gemm_order: bool,
@@ -49,6 +57,7 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         group_block_bytes: Q4_K_GROUP_BLOCK,
         pack_group: pack_q4_k_group,
         kernel: q4_k_x8,
+        kernel_avx512: Some(q4_k_x16),
         llamacpp_gemm_order: false,
     };
     static Q4_0: Layout = Layout {
@@ -57,6 +66,7 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         group_block_bytes: Q4_0_GROUP_BLOCK,
         pack_group: pack_q4_0_group,
         kernel: q4_0_x8,
+        kernel_avx512: None,
         llamacpp_gemm_order: true,
     };
     match ty {
@@ -289,4 +299,129 @@ unsafe fn q4_k_group<const NR: usize>(w: *const u8, nb: usize, x: &[Act; NR]) ->
         }
     }
     std::array::from_fn(|i| _mm256_sub_ps(acc[i], acc_min[i]))
+}
+
+/// Q4_K on AVX-512 VNNI: pairs of groups through [`q4_k_group16`], a last
+/// odd group through the AVX2 [`q4_k_group`] (same float sequence).
+unsafe fn q4_k_x16(
+    w: *const u8,
+    row_bytes: usize,
+    nw: usize,
+    nb: usize,
+    x: &[Act],
+    out: *mut f32,
+    ldo: usize,
+) {
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn pairs<const NR: usize>(
+        w: *const u8,
+        row_bytes: usize,
+        nw: usize,
+        nb: usize,
+        x: &[Act],
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+        let group = |g: usize| w.add(g * GROUP_ROWS * row_bytes);
+        let n_groups = nw / GROUP_ROWS;
+        let mut g = 0;
+        while g + 2 <= n_groups {
+            let r = q4_k_group16::<NR>(group(g), group(g + 1), nb, x);
+            for (i, v) in r.iter().enumerate() {
+                _mm512_storeu_ps(out.add(i * ldo + g * GROUP_ROWS), *v);
+            }
+            g += 2;
+        }
+        if g < n_groups {
+            let r = q4_k_group::<NR>(group(g), nb, x);
+            for (i, v) in r.iter().enumerate() {
+                _mm256_storeu_ps(out.add(i * ldo + g * GROUP_ROWS), *v);
+            }
+        }
+    }
+    debug_assert_eq!(nw % GROUP_ROWS, 0);
+    with_nr!(x.len(), pairs::<NR>(w, row_bytes, nw, nb, x, out, ldo))
+}
+
+/// [`q4_k_group`] for two groups at once (`a`: lanes 0..8, `b`: 8..16).
+/// Lane r's integer sums are the same exact values (`vpdpbusd` per block
+/// times the block's scale, where `q4_k_group` has maddubs + madd) and its
+/// float steps the same, so the results are bit-identical.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn q4_k_group16<const NR: usize>(
+    a: *const u8,
+    b: *const u8,
+    nb: usize,
+    x: &[Act; NR],
+) -> [__m512; NR] {
+    let mut acc = [_mm512_setzero_ps(); NR];
+    let mut acc_min = [_mm512_setzero_ps(); NR];
+    let low4 = _mm512_set1_epi8(0x0F);
+    for blk in 0..nb {
+        let (pa, pb) = (a.add(blk * Q4_K_GROUP_BLOCK), b.add(blk * Q4_K_GROUP_BLOCK));
+        // 32 bytes of each group at `off`: a's in the low half.
+        let both32 = |off: usize| {
+            let lo = _mm256_loadu_si256(pa.add(off) as *const __m256i);
+            let hi = _mm256_loadu_si256(pb.add(off) as *const __m256i);
+            _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+        };
+        // Eight u8 of each group at `off`, one per i32 lane.
+        let both8 = |off: usize| {
+            let lo = _mm_loadl_epi64(pa.add(off) as *const __m128i);
+            let hi = _mm_loadl_epi64(pb.add(off) as *const __m128i);
+            _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi))
+        };
+        let both_f16 = |off: usize| {
+            let lo = _mm_loadu_si128(pa.add(off) as *const __m128i);
+            let hi = _mm_loadu_si128(pb.add(off) as *const __m128i);
+            _mm512_cvtph_ps(_mm256_set_m128i(hi, lo))
+        };
+        let d = both_f16(0);
+        let dmin = both_f16(16);
+        let mut sum = [_mm512_setzero_si512(); NR];
+        for j in 0..8 {
+            let scale = both8(32 + 8 * j);
+            let mut q = [_mm512_setzero_si512(); 8];
+            for c in 0..4 {
+                let v = both32(QS + 128 * j + 32 * c);
+                q[c] = _mm512_and_si512(v, low4);
+                q[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            }
+            for i in 0..NR {
+                let xp = x[i].qs.add(256 * blk + 32 * j);
+                let mut s = _mm512_setzero_si512();
+                for (k, &qk) in q.iter().enumerate() {
+                    let off = if k < 4 { 4 * k } else { 16 + 4 * (k - 4) };
+                    let x4 = _mm512_set1_epi32((xp.add(off) as *const i32).read_unaligned());
+                    s = _mm512_dpbusd_epi32(s, qk, x4);
+                }
+                sum[i] = _mm512_add_epi32(sum[i], _mm512_mullo_epi32(s, scale));
+            }
+        }
+        // Mins: rows' (m_2k, m_2k+1) as i16 pairs times the activation's
+        // broadcast pair of 32-sums, as in `q4_k_group`.
+        let mins: [__m512i; 4] = std::array::from_fn(|k| {
+            let lo = both8(96 + 16 * k);
+            let hi = both8(104 + 16 * k);
+            _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16))
+        });
+        for i in 0..NR {
+            let pairs = x[i].b32.add(8 * blk) as *const i32;
+            let mut msum = _mm512_setzero_si512();
+            for (k, &m) in mins.iter().enumerate() {
+                let bs = _mm512_set1_epi32(pairs.add(k).read_unaligned());
+                msum = _mm512_add_epi32(msum, _mm512_madd_epi16(m, bs));
+            }
+            let dx = _mm512_set1_ps(*x[i].d.add(blk));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i]), _mm512_mul_ps(d, dx), acc[i]);
+            acc_min[i] = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(msum),
+                _mm512_mul_ps(dmin, dx),
+                acc_min[i],
+            );
+        }
+    }
+    std::array::from_fn(|i| _mm512_sub_ps(acc[i], acc_min[i]))
 }
