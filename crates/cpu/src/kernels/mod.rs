@@ -19,9 +19,10 @@
 //!
 //! SIMD: AVX2+FMA+F16C kernels for every type, chosen at runtime, and the
 //! same kernels built for AVX-512 VNNI where the CPU has it (`vpdpbusd`
-//! dots and 32 vector registers, bit-identical results; for Q6_K, and
-//! packed Q4_K, 512-bit kernels that hold two weight rows per vector
-//! (`x86_avx512`) or sixteen (`x86_packed`), bit-identical too;
+//! dots and 32 vector registers, bit-identical results; for Q6_K and the
+//! 32-block types, and packed Q4_K, 512-bit kernels that hold two weight
+//! rows per vector (`x86_avx512`) or sixteen (`x86_packed`), bit-identical
+//! too;
 //! `BLOCKDRAFT_NO_AVX512=1` keeps the AVX2 build; `BLOCKDRAFT_NO_SIMD=1`
 //! forces the portable scalar kernels); aarch64
 //! NEON kernels for every type too, using `sdot` where the CPU has it

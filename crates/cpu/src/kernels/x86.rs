@@ -308,7 +308,12 @@ macro_rules! rows {
 macro_rules! kernel_32 {
     ($feat:literal, $name:ident, $bytes:expr, $unpack:ident, $offset:expr, $has_min:expr) => {
         #[target_feature(enable = $feat)]
-        unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+        pub(crate) unsafe fn $name<const NR: usize>(
+            w: *const u8,
+            nb: usize,
+            x: &[Act],
+            out: &mut [f32],
+        ) {
             let mut acc = [_mm256_setzero_ps(); NR];
             let mut summs = [0f32; NR];
             let x: &[Act; NR] = x.try_into().unwrap_unchecked();
@@ -576,7 +581,7 @@ macro_rules! matmul_kernels {
         /// The f16 at `p` as f32 in all 8 lanes.
         #[target_feature(enable = $feat)]
         #[inline]
-        unsafe fn h2f8(p: *const u8) -> __m256 {
+        pub(crate) unsafe fn h2f8(p: *const u8) -> __m256 {
             _mm256_cvtph_ps(_mm_set1_epi16((p as *const i16).read_unaligned()))
         }
 
@@ -640,26 +645,26 @@ macro_rules! matmul_kernels {
 
         #[target_feature(enable = $feat)]
         #[inline]
-        unsafe fn unpack_q8_0(blk: *const u8) -> __m256i {
+        pub(crate) unsafe fn unpack_q8_0(blk: *const u8) -> __m256i {
             load(blk.add(2))
         }
 
         #[target_feature(enable = $feat)]
         #[inline]
-        unsafe fn unpack_q8_1(blk: *const u8) -> __m256i {
+        pub(crate) unsafe fn unpack_q8_1(blk: *const u8) -> __m256i {
             load(blk.add(4))
         }
 
         #[target_feature(enable = $feat)]
         #[inline]
-        unsafe fn unpack_q4_0(blk: *const u8) -> __m256i {
+        pub(crate) unsafe fn unpack_q4_0(blk: *const u8) -> __m256i {
             // Unsigned 0..15; the -8 offset is applied through the activation sums.
             nibbles32(blk.add(2))
         }
 
         #[target_feature(enable = $feat)]
         #[inline]
-        unsafe fn unpack_q5_0(blk: *const u8) -> __m256i {
+        pub(crate) unsafe fn unpack_q5_0(blk: *const u8) -> __m256i {
             // Unsigned 0..31; the -16 offset is applied through the activation sums.
             let hb = bits_to_bytes((blk.add(2) as *const u32).read_unaligned());
             _mm256_or_si256(
@@ -670,13 +675,13 @@ macro_rules! matmul_kernels {
 
         #[target_feature(enable = $feat)]
         #[inline]
-        unsafe fn unpack_q4_1(blk: *const u8) -> __m256i {
+        pub(crate) unsafe fn unpack_q4_1(blk: *const u8) -> __m256i {
             nibbles32(blk.add(4))
         }
 
         #[target_feature(enable = $feat)]
         #[inline]
-        unsafe fn unpack_q5_1(blk: *const u8) -> __m256i {
+        pub(crate) unsafe fn unpack_q5_1(blk: *const u8) -> __m256i {
             let hb = bits_to_bytes((blk.add(4) as *const u32).read_unaligned());
             _mm256_or_si256(
                 nibbles32(blk.add(8)),
