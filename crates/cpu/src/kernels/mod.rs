@@ -184,6 +184,29 @@ macro_rules! with_nr {
 #[allow(unused_imports)]
 pub(crate) use with_nr;
 
+/// The [`Kernel`] that runs `$each::<NR>` (a function with a [`Kernel`]'s
+/// arguments, generic over the activation row count) with NR = `x.len()`.
+/// The x86 modules use it.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_macros))]
+macro_rules! tile_kernel {
+    ($each:ident) => {{
+        unsafe fn tile_kernel(
+            w: *const u8,
+            row_bytes: usize,
+            nw: usize,
+            nb: usize,
+            x: &[$crate::kernels::Act],
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            $crate::kernels::with_nr!(x.len(), $each::<NR>(w, row_bytes, nw, nb, x, out, ldo))
+        }
+        tile_kernel as $crate::kernels::Kernel
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use tile_kernel;
+
 /// The [`Kernel`] running the row kernel `$f::<NR>` (or `$f::<$g, NR>`;
 /// NR = `x.len()`, up to `MAX_NR`) on each weight row: the dispatch every
 /// SIMD module shares.

@@ -1,6 +1,6 @@
 //! x86-64 AVX2 + FMA (+ F16C) kernels, selected at runtime.
 
-use super::{by_nr, per_row, with_nr, Act, Kernel};
+use super::{by_nr, per_row, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -279,18 +279,7 @@ macro_rules! rows {
                 }
             }
         }
-        unsafe fn rows_kernel(
-            w: *const u8,
-            rb: usize,
-            nw: usize,
-            nb: usize,
-            x: &[Act],
-            out: *mut f32,
-            ldo: usize,
-        ) {
-            with_nr!(x.len(), each::<NR>(w, rb, nw, nb, x, out, ldo))
-        }
-        rows_kernel as Kernel
+        $crate::kernels::tile_kernel!(each)
     }};
 }
 
@@ -573,7 +562,7 @@ macro_rules! matmul_kernels {
 
         #[target_feature(enable = $feat)]
         #[inline]
-        unsafe fn h2f(p: *const u8) -> f32 {
+        pub(crate) unsafe fn h2f(p: *const u8) -> f32 {
             let bits = (p as *const u16).read_unaligned();
             _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
         }
@@ -587,7 +576,7 @@ macro_rules! matmul_kernels {
 
         #[target_feature(enable = $feat)]
         #[inline]
-        unsafe fn load(p: *const u8) -> __m256i {
+        pub(crate) unsafe fn load(p: *const u8) -> __m256i {
             _mm256_loadu_si256(p as *const __m256i)
         }
 

@@ -7,8 +7,9 @@
 //! verify batch cheap where the 256-bit kernels run out of issue slots.
 //! Q6_K and the 32-block types (Q4_0 .. Q8_1) have one.
 
-use super::x86::{avx512, hsum};
-use super::{with_nr, Act, Kernel};
+use super::x86::avx512::{self, load};
+use super::x86::hsum;
+use super::{tile_kernel, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use std::arch::x86_64::*;
 
@@ -59,18 +60,7 @@ macro_rules! pairs_kernel {
                 }
             }
         }
-        unsafe fn pairs(
-            w: *const u8,
-            row_bytes: usize,
-            nw: usize,
-            nb: usize,
-            x: &[Act],
-            out: *mut f32,
-            ldo: usize,
-        ) {
-            with_nr!(x.len(), each::<NR>(w, row_bytes, nw, nb, x, out, ldo))
-        }
-        pairs as Kernel
+        tile_kernel!(each)
     }};
 }
 use pairs_kernel;
@@ -102,12 +92,6 @@ unsafe fn hsum_halves(v: __m512) -> (f32, f32) {
     (hsum(lo), hsum(hi))
 }
 
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn load(p: *const u8) -> __m256i {
-    _mm256_loadu_si256(p as *const __m256i)
-}
-
 /// `x86`'s `q6_k` for weight rows `w0` (low half) and `w1` (high half):
 /// per super-block the same i32 lanes per half (maddubs, madd with the
 /// scale pairs, minus `32 * sum_g sc_g bsum_g`), `fma(lanes, d * dx, acc)`,
@@ -123,14 +107,10 @@ unsafe fn q6_k_pair<const NR: usize>(
     let mut acc = [_mm512_setzero_ps(); NR];
     let low4 = _mm512_set1_epi8(0x0F);
     let low2 = _mm512_set1_epi8(0x03);
-    let h2f = |p: *const u8| {
-        let bits = (p as *const u16).read_unaligned();
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-    };
     for b in 0..nb {
         let (b0, b1) = (w0.add(b * 210), w1.add(b * 210));
         let both = |off: usize| halves(load(b0.add(off)), load(b1.add(off)));
-        let (d0, d1) = (h2f(b0.add(208)), h2f(b1.add(208)));
+        let (d0, d1) = (avx512::h2f(b0.add(208)), avx512::h2f(b1.add(208)));
         let scales = |p: *const u8| _mm256_cvtepi8_epi16(_mm_loadu_si128(p as *const __m128i));
         let sc16 = halves(scales(b0.add(192)), scales(b1.add(192)));
         let dup_lo = _mm512_unpacklo_epi16(sc16, sc16);
@@ -211,7 +191,6 @@ macro_rules! pair_32 {
             let mut acc = [_mm512_setzero_ps(); NR];
             let mut summs = [(0f32, 0f32); NR];
             let zero = _mm512_setzero_si512();
-            let h2f = |p: *const u8| _mm256_cvtss_f32(avx512::h2f8(p));
             for b in 0..nb {
                 let (b0, b1) = (w0.add(b * $bytes), w1.add(b * $bytes));
                 let dw = halves_ps(avx512::h2f8(b0), avx512::h2f8(b1));
@@ -223,7 +202,7 @@ macro_rules! pair_32 {
                 };
                 let (qa, negative) = (_mm512_abs_epi8(q), _mm512_movepi8_mask(q));
                 let (m0, m1) = if $has_min {
-                    (h2f(b0.add(2)), h2f(b1.add(2)))
+                    (avx512::h2f(b0.add(2)), avx512::h2f(b1.add(2)))
                 } else {
                     (0.0, 0.0)
                 };

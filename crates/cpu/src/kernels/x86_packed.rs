@@ -27,7 +27,7 @@
 //! 32-block with the block's exact integer sum, in every batch shape.
 
 use super::x86::k4_scales;
-use super::{with_nr, Act, Kernel};
+use super::{tile_kernel, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use std::arch::x86_64::*;
 
@@ -49,6 +49,32 @@ pub(crate) struct Layout {
     pub llamacpp_gemm_order: bool,
 }
 
+/// The [`Kernel`] running `$group` (the eight outputs of one group of
+/// rows, for NR activation rows) over packed groups: `w` points at a group,
+/// `row_bytes` is the packed bytes per row and `nw` a multiple of 8.
+macro_rules! x8_kernel {
+    ($group:ident) => {{
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn groups<const NR: usize>(
+            w: *const u8,
+            row_bytes: usize,
+            nw: usize,
+            nb: usize,
+            x: &[Act],
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            debug_assert_eq!(nw % GROUP_ROWS, 0);
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            for g in 0..nw / GROUP_ROWS {
+                let r = $group::<NR>(w.add(g * GROUP_ROWS * row_bytes), nb, x);
+                store_group(&r, out, ldo, g * GROUP_ROWS);
+            }
+        }
+        tile_kernel!(groups)
+    }};
+}
+
 /// The packed layout of `ty`, if it has one.
 pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
     static Q4_K: Layout = Layout {
@@ -56,8 +82,8 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         src_block_bytes: 144,
         group_block_bytes: Q4_K_GROUP_BLOCK,
         pack_group: pack_q4_k_group,
-        kernel: q4_k_x8,
-        kernel_avx512: Some(q4_k_x16),
+        kernel: x8_kernel!(q4_k_group),
+        kernel_avx512: Some(tile_kernel!(q4_k_group_pairs)),
         llamacpp_gemm_order: false,
     };
     static Q4_0: Layout = Layout {
@@ -65,7 +91,7 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         src_block_bytes: 18,
         group_block_bytes: Q4_0_GROUP_BLOCK,
         pack_group: pack_q4_0_group,
-        kernel: q4_0_x8,
+        kernel: x8_kernel!(q4_0_group),
         kernel_avx512: None,
         llamacpp_gemm_order: true,
     };
@@ -151,46 +177,15 @@ fn pack_q4_0_group(src: &[u8], nb: usize, out: &mut [u8]) {
     });
 }
 
-/// The [`Kernel`] running `$group` (the eight outputs of one group of
-/// rows, for NR activation rows) over packed groups: `w` points at a group,
-/// `row_bytes` is the packed bytes per row and `nw` a multiple of 8.
-macro_rules! x8_kernel {
-    ($name:ident, $group:ident) => {
-        unsafe fn $name(
-            w: *const u8,
-            row_bytes: usize,
-            nw: usize,
-            nb: usize,
-            x: &[Act],
-            out: *mut f32,
-            ldo: usize,
-        ) {
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn groups<const NR: usize>(
-                w: *const u8,
-                row_bytes: usize,
-                nw: usize,
-                nb: usize,
-                x: &[Act],
-                out: *mut f32,
-                ldo: usize,
-            ) {
-                let x: &[Act; NR] = x.try_into().unwrap_unchecked();
-                for g in 0..nw / GROUP_ROWS {
-                    let r = $group::<NR>(w.add(g * GROUP_ROWS * row_bytes), nb, x);
-                    for (i, v) in r.iter().enumerate() {
-                        _mm256_storeu_ps(out.add(i * ldo + g * GROUP_ROWS), *v);
-                    }
-                }
-            }
-            debug_assert_eq!(nw % GROUP_ROWS, 0);
-            with_nr!(x.len(), groups::<NR>(w, row_bytes, nw, nb, x, out, ldo))
-        }
-    };
+/// A group's eight outputs for each activation row: row i's go to
+/// `out + i * ldo + col`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn store_group<const NR: usize>(r: &[__m256; NR], out: *mut f32, ldo: usize, col: usize) {
+    for (i, v) in r.iter().enumerate() {
+        _mm256_storeu_ps(out.add(i * ldo + col), *v);
+    }
 }
-
-x8_kernel!(q4_k_x8, q4_k_group);
-x8_kernel!(q4_0_x8, q4_0_group);
 
 /// Four activation values broadcast to every row's lane.
 #[target_feature(enable = "avx2")]
@@ -301,9 +296,11 @@ unsafe fn q4_k_group<const NR: usize>(w: *const u8, nb: usize, x: &[Act; NR]) ->
     std::array::from_fn(|i| _mm256_sub_ps(acc[i], acc_min[i]))
 }
 
-/// Q4_K on AVX-512 VNNI: pairs of groups through [`q4_k_group16`], a last
-/// odd group through the AVX2 [`q4_k_group`] (same float sequence).
-unsafe fn q4_k_x16(
+/// Q4_K on AVX-512 VNNI, a [`Kernel`] over packed groups as `x8_kernel!`'s:
+/// pairs of groups through [`q4_k_group16`], a last odd group through the
+/// AVX2 [`q4_k_group`] (same float sequence).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q4_k_group_pairs<const NR: usize>(
     w: *const u8,
     row_bytes: usize,
     nw: usize,
@@ -312,36 +309,22 @@ unsafe fn q4_k_x16(
     out: *mut f32,
     ldo: usize,
 ) {
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn pairs<const NR: usize>(
-        w: *const u8,
-        row_bytes: usize,
-        nw: usize,
-        nb: usize,
-        x: &[Act],
-        out: *mut f32,
-        ldo: usize,
-    ) {
-        let x: &[Act; NR] = x.try_into().unwrap_unchecked();
-        let group = |g: usize| w.add(g * GROUP_ROWS * row_bytes);
-        let n_groups = nw / GROUP_ROWS;
-        let mut g = 0;
-        while g + 2 <= n_groups {
-            let r = q4_k_group16::<NR>(group(g), group(g + 1), nb, x);
-            for (i, v) in r.iter().enumerate() {
-                _mm512_storeu_ps(out.add(i * ldo + g * GROUP_ROWS), *v);
-            }
-            g += 2;
-        }
-        if g < n_groups {
-            let r = q4_k_group::<NR>(group(g), nb, x);
-            for (i, v) in r.iter().enumerate() {
-                _mm256_storeu_ps(out.add(i * ldo + g * GROUP_ROWS), *v);
-            }
-        }
-    }
     debug_assert_eq!(nw % GROUP_ROWS, 0);
-    with_nr!(x.len(), pairs::<NR>(w, row_bytes, nw, nb, x, out, ldo))
+    let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+    let group = |g: usize| w.add(g * GROUP_ROWS * row_bytes);
+    let n_groups = nw / GROUP_ROWS;
+    let mut g = 0;
+    while g + 2 <= n_groups {
+        let r = q4_k_group16::<NR>(group(g), group(g + 1), nb, x);
+        for (i, v) in r.iter().enumerate() {
+            _mm512_storeu_ps(out.add(i * ldo + g * GROUP_ROWS), *v);
+        }
+        g += 2;
+    }
+    if g < n_groups {
+        let r = q4_k_group::<NR>(group(g), nb, x);
+        store_group(&r, out, ldo, g * GROUP_ROWS);
+    }
 }
 
 /// [`q4_k_group`] for two groups at once (`a`: lanes 0..8, `b`: 8..16).
