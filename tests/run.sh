@@ -17,10 +17,11 @@ else
 fi
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --no-fail-fast
-# The wasm32 simd128 and aarch64 NEON kernels against the scalar ones,
+# The wasm32 simd128 and aarch64 NEON kernels against the scalar ones (and
+# glibc's expf, sinf and cosf bit for bit),
 # under Node's WASI and qemu-user.
 simd_tests=(kernels::tests::simd kernels::tests::results_independent kernels::tests::float
-    kernels::wasm kernels::neon)
+    kernels::wasm kernels::neon libm::tests)
 CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $PWD/tests/wasi/run.mjs" \
     cargo test -p blockdraft-cpu --lib --target wasm32-wasip1 -- "${simd_tests[@]}"
 # qemu's `max` CPU has sdot, so the NEON kernels take their dotprod build

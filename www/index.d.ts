@@ -32,6 +32,12 @@ export interface EngineOptions {
   drafter?: ModelSource | 'ngram';
   /** `auto` (default): WebGPU, else the CPU. `webgpu` fails with code `no_webgpu` when there is no adapter. */
   backend?: 'auto' | 'webgpu' | 'cpu';
+  /**
+   * The KV cache's element type: `f16` (default: half the memory, and
+   * llama.cpp's default, as the CLI's) or `f32` (the precise one). Other
+   * values fail with code `invalid_argument`.
+   */
+  kvType?: 'f16' | 'f32';
   onProgress?: (p: LoadProgress) => void;
   /** Run in a dedicated Web Worker (default true); false runs on the calling thread. */
   worker?: boolean;
@@ -55,6 +61,7 @@ export interface EngineInfo {
   /** Backend and adapter description. */
   device: string;
   drafter: 'none' | 'ngram' | 'dflash' | 'draft-model';
+  kv_type: 'f16' | 'f32';
   has_chat_template: boolean;
   n_ctx_train: number;
   /** Seconds from choosing the backend to the engine being ready (download and uploads included). */

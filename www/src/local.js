@@ -57,9 +57,9 @@ export class LocalEngine {
     this.#engine = engine;
   }
 
-  // options: { model, drafter?, backend?, wasmUrl?, signal? }
+  // options: { model, drafter?, backend?, kvType?, wasmUrl?, signal? }
   static async load(options, onProgress = () => {}) {
-    const { model, drafter, backend = 'auto', wasmUrl, signal } = options;
+    const { model, drafter, backend = 'auto', kvType = 'f16', wasmUrl, signal } = options;
     if (model === undefined || model === null) {
       throw new BlockdraftError('invalid_argument', 'createEngine needs a model (URL, Blob/File or ArrayBuffer)');
     }
@@ -87,7 +87,7 @@ export class LocalEngine {
       // build() consumes the builder, also when it fails.
       const b = builder;
       builder = null;
-      engine = new LocalEngine(b.build(ngram));
+      engine = new LocalEngine(b.build(ngram, String(kvType)));
     } catch (e) {
       builder?.free();
       // Downloads become cache entries only when the load succeeds.

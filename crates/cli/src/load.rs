@@ -35,7 +35,7 @@ pub struct ModelArgs {
     /// on the CPU the same tokens as llama.cpp's default configuration,
     /// f16 cache with flash attention) or `f32` (llama.cpp's precise one,
     /// `-fa off -ctk f32 -ctv f32`).
-    #[arg(long = "kv-type", value_enum, default_value_t = KvTypeArg::from(KvType::CLI_DEFAULT))]
+    #[arg(long = "kv-type", value_enum, default_value_t = KvTypeArg::from(KvType::FRONT_END_DEFAULT))]
     pub kv_type: KvTypeArg,
 }
 

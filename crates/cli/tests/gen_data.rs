@@ -171,7 +171,7 @@ fn gen_data_captures_the_taps_of_the_greedy_answer_and_resumes() {
     // gen-data's KV cache: the command line's default.
     let dec = Decoder::load(&file, be.clone(), &mut |_| {})
         .unwrap()
-        .with_kv_type(KvType::CLI_DEFAULT);
+        .with_kv_type(KvType::FRONT_END_DEFAULT);
     let layers: Vec<usize> = TAPS.split(',').map(|s| s.parse().unwrap()).collect();
     let mut taps = Taps::new(&*be, &dec.config, &layers, first.len()).unwrap();
     let mut state = dec.new_state(first.len(), first.len());

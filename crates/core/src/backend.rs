@@ -82,7 +82,7 @@ impl MemoryLimits {
 /// How a KV cache stores its keys and values. F16 halves the cache's
 /// memory and what attention reads at depth; with it the CPU backend
 /// follows llama.cpp's default configuration (f16 cache, flash attention)
-/// bit for bit, so the CLI uses it unless told otherwise. F32 is the
+/// bit for bit, so the CLI and the browser package use it unless told otherwise. F32 is the
 /// precise one (llama.cpp's `-fa off -ctk f32 -ctv f32`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvType {
@@ -94,9 +94,10 @@ impl KvType {
     /// What a decoder's states use unless told otherwise: the precise
     /// cache, the library's reference.
     pub const DEFAULT: KvType = KvType::F32;
-    /// What the command line uses unless told otherwise: llama.cpp's
-    /// default, so its users see the same tokens out of the box.
-    pub const CLI_DEFAULT: KvType = KvType::F16;
+    /// What the front ends (CLI, browser package) use unless told
+    /// otherwise: llama.cpp's default, so their users see the same tokens
+    /// out of the box (and half the cache memory).
+    pub const FRONT_END_DEFAULT: KvType = KvType::F16;
 
     pub fn element_bytes(self) -> u64 {
         match self {
@@ -110,6 +111,13 @@ impl KvType {
             KvType::F32 => "f32",
             KvType::F16 => "f16",
         }
+    }
+
+    /// The type [`KvType::name`] calls `name`.
+    pub fn from_name(name: &str) -> Option<KvType> {
+        [KvType::F32, KvType::F16]
+            .into_iter()
+            .find(|t| t.name() == name)
     }
 }
 

@@ -8,6 +8,7 @@
 //!   [`flash_attention_f16`].
 
 use crate::kernels::{axpy_f32, dot_f32, reduce32, with_fma};
+use crate::libm::expf;
 use crate::pool::ThreadPool;
 use blockdraft_core::backend::{AttentionMask, AttentionParams};
 use half::{f16, slice::HalfFloatSliceExt};
@@ -266,12 +267,12 @@ fn online_softmax(steps: &mut impl HeadSteps, keys: KeyRange, scale: f32) -> f32
         let at = j * keys.stride + keys.offset;
         let s = steps.score(at) as f32 * scale;
         let (ms, vs) = if s > m {
-            let ms = (m - s).exp();
+            let ms = expf(m - s);
             steps.rescale(ms);
             m = s;
             (ms, 1.0)
         } else {
-            (1.0, (s - m).exp())
+            (1.0, expf(s - m))
         };
         steps.add_value(at, vs);
         s_sum = s_sum.mul_add(ms, vs);

@@ -11,6 +11,7 @@ mod weight_buffer;
 pub use weight_buffer::WeightBuffer;
 
 mod attention;
+mod libm;
 mod ops;
 
 use blockdraft_core::backend::{

@@ -2,6 +2,7 @@
 //! reference for every other backend and cost little next to the matmuls.
 
 use crate::kernels::with_fma;
+use crate::libm;
 use blockdraft_core::backend::{ConvParams, GatedActivation, RopeParams, RopeStyle};
 
 /// RMS norm with ggml's exact float sequence (f32 squares summed in f64,
@@ -30,7 +31,8 @@ pub fn rope(x: &mut [f32], cols: usize, pos0: usize, p: RopeParams) {
     for (r, row) in x.chunks_exact_mut(cols).enumerate() {
         let mut theta = (pos0 + r) as f32;
         for cs in cos_sin.iter_mut() {
-            *cs = (theta.cos(), theta.sin());
+            let (sin, cos) = libm::sincosf(theta);
+            *cs = (cos, sin);
             theta *= theta_scale;
         }
         for head in row.chunks_exact_mut(p.head_dim).take(p.n_head) {
@@ -108,7 +110,7 @@ fn gated_rows(act: GatedActivation, cols: usize, gate: &[f32], up: &[f32], out: 
                     let e = if i < vec_end {
                         expf_ggml(-g)
                     } else {
-                        (-g).exp()
+                        libm::expf(-g)
                     };
                     g / (1.0 + e) * u
                 }

@@ -88,6 +88,7 @@ struct Info {
     backend: &'static str,
     device: String,
     drafter: &'static str,
+    kv_type: &'static str,
     has_chat_template: bool,
     n_ctx_train: usize,
     load_seconds: f64,
@@ -107,7 +108,7 @@ impl Engine {
 
 #[wasm_bindgen]
 impl Engine {
-    /// JSON: backend, device, drafter, has_chat_template, n_ctx_train, load_seconds.
+    /// JSON: backend, device, drafter, kv_type, has_chat_template, n_ctx_train, load_seconds.
     pub fn info(&self) -> String {
         let backend = match &self.inner.loaded {
             Loaded::Cpu(_) => "cpu",
@@ -117,6 +118,7 @@ impl Engine {
             backend,
             device: s.backend_name(),
             drafter: s.drafter_kind(),
+            kv_type: s.kv_type().name(),
             has_chat_template: s.has_chat_template(),
             n_ctx_train: s.n_ctx_train(),
             load_seconds: self.inner.load_seconds,

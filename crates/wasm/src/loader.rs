@@ -10,6 +10,7 @@ use crate::error::{ApiError, Code};
 use crate::session::{DrafterSource, Session};
 use crate::yielding::yield_to_event_loop;
 use crate::{Engine, Loaded};
+use blockdraft_core::backend::KvType;
 use blockdraft_core::model::{ModelConfig, StreamingLoad};
 use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
@@ -107,12 +108,12 @@ impl<B: Backend> Building<B> {
         Ok(())
     }
 
-    fn build(self, drafter: DrafterSource) -> Result<Session<B>, ApiError> {
+    fn build(self, drafter: DrafterSource, kv_type: KvType) -> Result<Session<B>, ApiError> {
         let model = self
             .model
             .finish()
             .map_err(|e| ApiError::model("model", e))?;
-        Session::load(self.backend, model, drafter)
+        Session::load(self.backend, model, drafter, kv_type)
     }
 }
 
@@ -210,11 +211,17 @@ impl EngineBuilder {
     }
 
     /// The engine. `ngram` selects prompt-lookup drafting (then no drafter
-    /// file may have been given).
-    pub fn build(self, ngram: bool) -> Result<Engine, JsValue> {
+    /// file may have been given); `kv_type` is the KV cache's element type,
+    /// "f16" (llama.cpp's default, as the CLI's) or "f32".
+    pub fn build(self, ngram: bool, kv_type: &str) -> Result<Engine, JsValue> {
         if !matches!(self.receiving, Receiving::Nothing) {
             return Err(ApiError::invalid("build() before the last file's end()").into());
         }
+        let kv_type = KvType::from_name(kv_type).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "kvType must be \"f16\" or \"f32\", got {kv_type:?}"
+            ))
+        })?;
         let drafter = match (self.drafter_parts.is_empty(), ngram) {
             (false, true) => {
                 return Err(ApiError::invalid("give a drafter file or ngram, not both").into())
@@ -228,8 +235,8 @@ impl EngineBuilder {
             }
         };
         let loaded = match self.target {
-            Target::Cpu(b) => Loaded::Cpu(b.build(drafter)?),
-            Target::WebGpu(b) => Loaded::WebGpu(b.build(drafter)?),
+            Target::Cpu(b) => Loaded::Cpu(b.build(drafter, kv_type)?),
+            Target::WebGpu(b) => Loaded::WebGpu(b.build(drafter, kv_type)?),
         };
         Ok(Engine::new(loaded, self.started.elapsed().as_secs_f64()))
     }

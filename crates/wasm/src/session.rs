@@ -4,6 +4,7 @@
 
 use crate::error::{ApiError, Code};
 use crate::request::{Prompt, Request, DEFAULT_MAX_TOKENS};
+use blockdraft_core::backend::KvType;
 use blockdraft_core::chat_template::{ChatTemplate, TemplateError};
 use blockdraft_core::generate::{ends_in_a_loop, generate, StopReason, TextStream};
 use blockdraft_core::model::{Decoder, ModelConfig, StreamedModel};
@@ -82,6 +83,7 @@ impl<B: Backend> Session<B> {
         backend: Arc<B>,
         mut model: StreamedModel<B>,
         drafter: DrafterSource,
+        kv_type: KvType,
     ) -> Result<Self, ApiError> {
         let tokenizer = Tokenizer::from_metadata(&model.metadata).map_err(|e| {
             ApiError::new(
@@ -102,7 +104,8 @@ impl<B: Backend> Session<B> {
             .and_then(|config| {
                 Decoder::load_with_config(config, &mut model, None, backend.clone(), &mut |_| {})
             })
-            .map_err(|e| ApiError::model("model", e))?;
+            .map_err(|e| ApiError::model("model", e))?
+            .with_kv_type(kv_type);
         let drafter = match drafter {
             DrafterSource::None => DrafterSpec::None,
             DrafterSource::Ngram => DrafterSpec::Ngram,
@@ -117,7 +120,8 @@ impl<B: Backend> Session<B> {
                     DrafterSpec::DFlash(d)
                 } else {
                     let m = Decoder::load(&d, backend, &mut |_| {})
-                        .map_err(|e| ApiError::model("drafter", e))?;
+                        .map_err(|e| ApiError::model("drafter", e))?
+                        .with_kv_type(kv_type);
                     if m.config.n_vocab != decoder.config.n_vocab {
                         return Err(ApiError::new(
                             Code::UnsupportedModel,
@@ -147,6 +151,10 @@ impl<B: Backend> Session<B> {
 
     pub fn backend_name(&self) -> String {
         self.decoder.backend_name()
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        self.decoder.kv_type()
     }
 
     pub fn drafter_kind(&self) -> &'static str {

@@ -74,8 +74,10 @@ fn score<B: Backend>(ids: &[u32], loaded: Loaded<B>) -> Result<()> {
             };
             let lp = log_prob(row, next as usize);
             nll -= lp;
-            positions
-                .push(json!({"argmax": blockdraft_core::sampling::argmax(row), "logprob": lp}));
+            let argmax = blockdraft_core::sampling::argmax(row);
+            // The argmax's own log-prob: its margin over the given token.
+            let argmax_lp = log_prob(row, argmax as usize);
+            positions.push(json!({"argmax": argmax, "logprob": lp, "argmax_logprob": argmax_lp}));
         }
         if let Some(p) = &mut progress {
             p.set((c * batch + chunk.len()) as u64);
