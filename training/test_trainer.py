@@ -219,6 +219,23 @@ class ReducedVocabulary(unittest.TestCase):
         full = train.DraftHead(head)
         self.assertTrue(torch.equal(full.labels(labels, w)[0], labels))
 
+    def test_trimming_keeps_the_most_used_rows_unchanged(self):
+        import trim_vocab
+        from dflash_train.data import Sequence
+        torch.manual_seed(5)
+        d2t = torch.tensor([1, 3, 5, 7, 9])
+        head = torch.randn(5, H)
+        tensors = {"d2t": d2t, "lm_head.weight": head, "fc.weight": torch.randn(2, 2)}
+        seqs = [Sequence(torch.tensor([9, 9, 9, 5, 5, 7, 3]), 1, torch.zeros(0))]
+        out, cfg = trim_vocab.trim(tensors, {"vocab_size": V, "draft_vocab_size": 5}, 3, seqs)
+        # Scores: 9 -> 24, 5 -> 18, 7 and 3 -> 9 (3 first), 1 -> 0.
+        self.assertEqual(out["d2t"].tolist(), [3, 5, 9])
+        self.assertTrue(torch.equal(out["lm_head.weight"], head[[1, 2, 4]]))
+        self.assertIs(out["fc.weight"], tensors["fc.weight"])
+        self.assertEqual(cfg["draft_vocab_size"], 3)
+        with self.assertRaises(ValueError):
+            trim_vocab.trim(tensors, {"vocab_size": V}, 6, seqs)
+
 
 class Data(unittest.TestCase):
     def test_truncated_and_missing_data_fail_clearly(self):
