@@ -10,13 +10,8 @@
 //! multiply-adds of glibc's FMA build, the one x86-64 CPUs with AVX2 run;
 //! they equal it on all 2^32 inputs (checked once; the tests sample).
 
-/// `exp(x)` as glibc's `expf`: llama.cpp's scalar softmax steps (f16
-/// flash attention) call it.
-/// The algorithm is the one glibc took from ARM's optimized routines:
-/// `x = k/32 + r`, `exp(x) = 2^(k/32) · p(r)` with a table of `2^(i/32)`
-/// and a degree-3 polynomial, all in f64, rounded once; with the fused
-/// multiply-adds of glibc's FMA build (the one x86-64 CPUs with AVX2 run),
-/// which it equals on all 2^32 inputs (checked once; the test samples).
+/// `exp(x)` as glibc's `expf`: `x = k/32 + r`, `exp(x) = 2^(k/32) · p(r)`
+/// with a table of `2^(i/32)` and a degree-3 polynomial.
 pub fn expf(x: f32) -> f32 {
     const N: f64 = 32.0;
     /// `2^(i/32)` (nearest f64) minus `i << 47`, so that adding `k << 47`
