@@ -127,19 +127,25 @@ class DraftHead:
         return rows.clamp(min=0), w * (rows >= 0)
 
 
-def draft_vocab(seqs, n, n_vocab):
-    """The `n` target tokens a drafter most needs, in increasing id order:
-    ranked by 8 x their count in the responses of `seqs` plus their count in
-    the whole sequences (a word of the prompt is often copied into the
-    answer), then by id (BPE ids follow merge order, roughly the tokenizer
-    corpus's frequency), so that the rows the data never shows are the
-    commonest tokens."""
+def vocab_rank(seqs, n_vocab):
+    """The sort key of how much a drafter needs each target token: 8 x its
+    count in the responses of `seqs` plus its count in the whole sequences
+    (a word of the prompt is often copied into the answer), descending,
+    then the id (BPE ids follow merge order, roughly the tokenizer corpus's
+    frequency), so that the rows the data never shows are the commonest
+    tokens."""
     score = torch.zeros(n_vocab, dtype=torch.long)
     for s in seqs:
         score += 8 * torch.bincount(s.ids[s.prompt_len:], minlength=n_vocab)
         score += torch.bincount(s.ids, minlength=n_vocab)
     score = score.tolist()
-    order = sorted(range(n_vocab), key=lambda t: (-score[t], t))[:n]
+    return lambda t: (-score[t], t)
+
+
+def draft_vocab(seqs, n, n_vocab):
+    """The `n` target tokens a drafter most needs (`vocab_rank`), in
+    increasing id order."""
+    order = sorted(range(n_vocab), key=vocab_rank(seqs, n_vocab))[:n]
     return torch.tensor(sorted(order), dtype=torch.long)
 
 

@@ -8,9 +8,9 @@ training, so dropping some changes no other weight and no kept token's
 logit: the drafter then never proposes the dropped tokens. The N kept are
 the ones used most by the given sequences (`training/sequences.py` files:
 the data the run was trained on), ranked as `train.draft_vocab` ranks
-them, so a
-drafter can be trained with a wide head and shipped with a narrower one
-(each Q8_0 row of Qwen2.5's 896 columns is 952 bytes of the file).
+them, so a drafter can be trained with a wide head and shipped with a
+narrower one (each Q8_0 row of Qwen2.5's 896 columns is 952 bytes of the
+file).
 """
 import argparse
 import json
@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dflash_train.data import Sequence  # noqa: E402
+from train import vocab_rank  # noqa: E402
 
 
 def read_sequences(paths):
@@ -44,7 +45,7 @@ def trim(tensors: dict, config: dict, keep: int, seqs) -> tuple[dict, dict]:
     d2t, head = tensors["d2t"], tensors["lm_head.weight"]
     if not 0 < keep <= len(d2t):
         raise ValueError(f"--keep {keep} is not within 1..{len(d2t)} (the head's rows)")
-    rank = rank_key(seqs, config["vocab_size"])
+    rank = vocab_rank(seqs, config["vocab_size"])
     rows = sorted(range(len(d2t)), key=lambda r: rank(int(d2t[r])))[:keep]
     rows = torch.tensor(sorted(rows, key=lambda r: int(d2t[r])))
     out = dict(tensors)
@@ -53,17 +54,6 @@ def trim(tensors: dict, config: dict, keep: int, seqs) -> tuple[dict, dict]:
     cfg = dict(config)
     cfg["draft_vocab_size"] = keep
     return out, cfg
-
-
-def rank_key(seqs, n):
-    """The sort key of `train.draft_vocab`'s ranking: its score descending
-    (8 x the response count plus the whole count), then the id."""
-    score = torch.zeros(n, dtype=torch.long)
-    for s in seqs:
-        score += 8 * torch.bincount(s.ids[s.prompt_len:], minlength=n)
-        score += torch.bincount(s.ids, minlength=n)
-    score = score.tolist()
-    return lambda t: (-score[t], t)
 
 
 def main():

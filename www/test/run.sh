@@ -12,8 +12,8 @@
 #    cache (OPFS and Cache Storage; failed downloads never cached; a bad
 #    cached copy named and dropped), offline reload, Blob and ArrayBuffer
 #    models, the CPU fallback without WebGPU, and role markers typed in a
-#    message staying text (prompt tokens and text equal the CLI's --chat,
-#    and --chat-special's with the opt-in).
+#    message staying text (prompt tokens equal the CLI's --chat, and
+#    --chat-special's with the opt-in; text the CLI's up to near ties).
 #
 # Needs (see www/README.md): chromium, node + npm, the wasm32-unknown-unknown
 # target, wasm-bindgen-cli 0.2.130, and the model (tests/fetch_models.sh).

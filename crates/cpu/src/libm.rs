@@ -96,19 +96,17 @@ pub fn sincosf(x: f32) -> (f32, f32) {
         let xd = x as f64;
         return quadrant_poly(xd, xd * xd, 0, false);
     }
-    let (r, n) = if abs_top12(x) < abs_top12(120.0) {
-        reduce_small(x as f64)
+    // The sign of the odd part follows the quadrant (after the large
+    // reduction, which works on |x|, shifted by the sign of x); the even
+    // part's sign flips in the upper half.
+    let (r, n, quadrant) = if abs_top12(x) < abs_top12(120.0) {
+        let (r, n) = reduce_small(x as f64);
+        (r, n, n)
     } else if x.is_finite() {
-        reduce_large(x.to_bits())
+        let (r, n) = reduce_large(x.to_bits());
+        (r, n, n + (x.to_bits() >> 31) as i32)
     } else {
         return (f32::NAN, f32::NAN); // inf and NaN
-    };
-    // The sign of the odd part follows the quadrant (and, after the large
-    // reduction, the sign of x); the even part's sign flips in the upper half.
-    let quadrant = if abs_top12(x) < abs_top12(120.0) {
-        n
-    } else {
-        n + (x.to_bits() >> 31) as i32
     };
     let odd_sign = if matches!(quadrant & 3, 0 | 3) {
         1.0
