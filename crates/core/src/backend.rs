@@ -208,6 +208,11 @@ pub trait Backend: Send + Sync + 'static {
     /// matrices of every supported type are accepted.
     fn load_weight(&self, src: WeightSource<'_>) -> Result<Self::Weight, BackendError>;
 
+    /// Bytes of GGUF data made resident by [`Self::load_weight`] so far:
+    /// what loading cost, and how a front end checks that a new sequence
+    /// uploads nothing (models are shared; sequences own only state).
+    fn weight_bytes_loaded(&self) -> u64;
+
     /// A zeroed `rows x cols` tensor; its capacity is `rows * cols`.
     fn tensor(&self, rows: usize, cols: usize) -> Self::Tensor;
     /// A zeroed `rows x cols` KV-cache tensor stored as `ty`. Only

@@ -24,7 +24,7 @@ use blockdraft_gguf::{GgmlType, TensorData};
 use half::{f16, slice::HalfFloatSliceExt};
 use kernels::{PackedWeight, WeightRef};
 use pool::ThreadPool;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// A row-major f32 matrix, or an f16 one for a KV cache
@@ -109,6 +109,8 @@ pub struct CpuBackend {
     packed_bytes: AtomicUsize,
     /// Bytes of plain (unpacked) copies made so far.
     copied_bytes: AtomicUsize,
+    /// GGUF bytes of every weight loaded ([`Backend::weight_bytes_loaded`]).
+    loaded_bytes: AtomicU64,
     /// At most this much memory for weights and states, whatever the host
     /// has (see [`Self::with_memory_budget`]).
     memory_budget: Option<u64>,
@@ -129,6 +131,7 @@ impl CpuBackend {
             packing: true,
             packed_bytes: AtomicUsize::new(0),
             copied_bytes: AtomicUsize::new(0),
+            loaded_bytes: AtomicU64::new(0),
             memory_budget: None,
         }
     }
@@ -291,6 +294,8 @@ impl Backend for CpuBackend {
             }
             Vec::new()
         };
+        self.loaded_bytes
+            .fetch_add(src.data.len() as u64, Ordering::Relaxed);
         Ok(CpuWeight {
             ty: src.ty,
             rows,
@@ -299,6 +304,10 @@ impl Backend for CpuBackend {
             dense,
             resident: OnceLock::new(),
         })
+    }
+
+    fn weight_bytes_loaded(&self) -> u64 {
+        self.loaded_bytes.load(Ordering::Relaxed)
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> CpuTensor {

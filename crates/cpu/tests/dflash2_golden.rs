@@ -30,7 +30,7 @@ fn dflash2_matches_the_pytorch_reference() {
     let prompt = ids(&g["prompt_ids"]);
 
     let mut drafter = DFlashDrafter::load(&dfile, &target, 64, 16).unwrap();
-    let v2 = drafter.config.v2.clone().expect("detected as DFlash2");
+    let v2 = drafter.config().v2.clone().expect("detected as DFlash2");
     assert_eq!(
         (
             v2.conv_kernel_size,
@@ -40,7 +40,7 @@ fn dflash2_matches_the_pytorch_reference() {
         ),
         (2, 16, 8, 4)
     );
-    let mut taps = Taps::new(&*be, &target.config, &drafter.config.target_layers, 16).unwrap();
+    let mut taps = Taps::new(&*be, &target.config, &drafter.config().target_layers, 16).unwrap();
     let mut state = target.new_state(64, 16);
     target
         .forward(&mut state, &prompt, LogitRows::All, true, Some(&mut taps))

@@ -30,8 +30,8 @@ fn dflash_v1_matches_the_pytorch_reference() {
 
     // Target prefill with taps at the drafter's layers.
     let mut drafter = DFlashDrafter::load(&dfile, &target, 64, 16).unwrap();
-    assert_eq!(drafter.config.target_layers, vec![2, 4]);
-    let mut taps = Taps::new(&*be, &target.config, &drafter.config.target_layers, 16).unwrap();
+    assert_eq!(drafter.config().target_layers, vec![2, 4]);
+    let mut taps = Taps::new(&*be, &target.config, &drafter.config().target_layers, 16).unwrap();
     let mut state = target.new_state(64, 16);
     target
         .forward(&mut state, &prompt, LogitRows::All, true, Some(&mut taps))

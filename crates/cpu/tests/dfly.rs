@@ -58,7 +58,7 @@ fn max_err(a: &[f32], b: &[f64]) -> f64 {
 fn prefill(t: &Target, file: &GgufFile, prompt: &[u32]) -> (DFlashDrafter<CpuBackend>, Vec<f32>) {
     let mut d = DFlashDrafter::load(file, &t.dec, 64, 16).unwrap();
     let be = &*t.dec.backend;
-    let mut taps = Taps::new(be, &t.dec.config, &d.config.target_layers, 16).unwrap();
+    let mut taps = Taps::new(be, &t.dec.config, &d.config().target_layers, 16).unwrap();
     let mut state = t.dec.new_state(64, 16);
     t.dec
         .forward(&mut state, prompt, LogitRows::Last, true, Some(&mut taps))
@@ -212,7 +212,7 @@ fn dfly_loading_rejects_broken_exports() {
     let (t, _) = synthetic_target();
     let load = |bytes: Vec<u8>| {
         DFlashDrafter::load(&GgufFile::from_bytes(bytes).unwrap(), &t.dec, 64, 16)
-            .map(|d| d.config.dfly.clone().unwrap().hidden_correction)
+            .map(|d| d.config().dfly.clone().unwrap().hidden_correction)
             .map_err(|e| e.to_string())
     };
     let s = SyntheticDFlash::small(48, vec![1, 4, 7], GgmlType::F32);

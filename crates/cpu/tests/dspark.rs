@@ -92,7 +92,7 @@ fn correction(d: u64) -> Vec<(&'static str, Vec<u64>)> {
 /// Prefills the target with taps and injects them into `d`.
 fn prefill(t: &Target, d: &mut DFlashDrafter<CpuBackend>, prompt: &[u32]) {
     let be = &*t.dec.backend;
-    let mut taps = Taps::new(be, &t.dec.config, &d.config.target_layers, 16).unwrap();
+    let mut taps = Taps::new(be, &t.dec.config, &d.config().target_layers, 16).unwrap();
     let mut state = t.dec.new_state(64, 16);
     t.dec
         .forward(&mut state, prompt, LogitRows::Last, true, Some(&mut taps))

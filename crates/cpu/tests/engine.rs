@@ -1,17 +1,19 @@
 //! The step machine on the CPU backend: sequences stepped together (plain
 //! steps batched into one target pass, speculative rounds alone, sequences
 //! joining late) give exactly the tokens each gives alone, for plain
-//! greedy and sampled decoding and for every drafter kind.
+//! greedy and sampled decoding and for every drafter kind; every sequence
+//! shares the models' weights, and making one uploads none.
 
 use blockdraft_core::engine::{Engine, Event, Held, Sequence};
 use blockdraft_core::model::Decoder;
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{
-    DFlashDrafter, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter, PolicyConfig,
+    DFlashDrafter, DFlashModel, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter, PolicyConfig,
 };
 use blockdraft_core::testing::{
     block_on, synthetic_decoder, synthetic_dflash, SyntheticDFlash, SyntheticDims,
 };
+use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile};
 use std::sync::Arc;
@@ -31,7 +33,7 @@ enum Kind {
 struct Models {
     target: Arc<Decoder<CpuBackend>>,
     draft: Arc<Decoder<CpuBackend>>,
-    dflash: GgufFile,
+    dflash: Arc<DFlashModel<CpuBackend>>,
 }
 
 fn models() -> Models {
@@ -50,6 +52,7 @@ fn models() -> Models {
         ..SyntheticDFlash::small(target.config.n_embd, vec![1, 3], GgmlType::Q8_0)
     };
     let dflash = GgufFile::from_bytes(synthetic_dflash(&spec, 9).bytes).unwrap();
+    let dflash = Arc::new(DFlashModel::load(&dflash, &target).unwrap());
     Models {
         target,
         draft: load(41),
@@ -87,7 +90,7 @@ fn sequence<'a>(m: &Models, kind: Kind, prompt: &[u32]) -> Sequence<'a, CpuBacke
         Kind::DraftModel => Box::new(
             DraftModelDrafter::new(m.draft.clone(), m.target.config.n_vocab, n_ctx).unwrap(),
         ),
-        Kind::DFlash => Box::new(DFlashDrafter::load(&m.dflash, &m.target, n_ctx, 16).unwrap()),
+        Kind::DFlash => Box::new(DFlashDrafter::new(m.dflash.clone(), n_ctx, 16)),
     };
     seq.with_drafter(
         Held::Owned(drafter),
@@ -106,6 +109,7 @@ fn alone(m: &Models, mut seq: Sequence<'_, CpuBackend>) -> Vec<u32> {
 #[test]
 fn sequences_stepped_together_give_the_tokens_of_each_alone() {
     let m = models();
+    let loaded = m.target.backend.weight_bytes_loaded();
     let n_vocab = m.target.config.n_vocab;
     let kinds = [
         Kind::Greedy,
@@ -154,6 +158,11 @@ fn sequences_stepped_together_give_the_tokens_of_each_alone() {
         assert!(finished[i], "sequence {i} ({kind:?}) finished");
         assert_eq!(seqs[i].tokens(), &want[i][..]);
     }
+    assert_eq!(
+        m.target.backend.weight_bytes_loaded(),
+        loaded,
+        "sequences upload no weights"
+    );
     let (passes, steps) = engine.batched();
     assert!(
         passes > N / 2 && steps > 3 * passes,

@@ -2,7 +2,7 @@
 //! tensors go to the backend one by one as their bytes come in
 //! ([`StreamingLoad`]), so the model is never whole in wasm memory: on
 //! WebGPU it can be larger than wasm32's 4 GiB. A drafter is small and is
-//! kept whole (a DFlash drafter is rebuilt per request from its file).
+//! kept whole (a DFlash drafter's weights load once; each request gets its own caches).
 //! Either may be a split set (`-00001-of-0000N.gguf`), given part by part.
 
 use crate::bytes::GgufBytes;

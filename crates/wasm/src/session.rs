@@ -10,8 +10,8 @@ use blockdraft_core::generate::{ends_in_a_loop, generate, StopReason, TextStream
 use blockdraft_core::model::{Decoder, ModelConfig, StreamedModel};
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{
-    generate_speculative, DFlashDrafter, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter,
-    PolicyConfig,
+    generate_speculative, DFlashDrafter, DFlashModel, DraftModelDrafter, DraftPolicy, Drafter,
+    NgramDrafter, PolicyConfig,
 };
 use blockdraft_core::tokenizer::Tokenizer;
 use blockdraft_core::Backend;
@@ -26,9 +26,10 @@ const MAX_BATCH: usize = 256;
 pub enum DrafterSpec<B: Backend> {
     None,
     Ngram,
-    /// A DFlash block drafter: loaded per request (its caches are sized to
-    /// the request) from its file, sharing the target's embeddings.
-    DFlash(GgufFile),
+    /// A DFlash block drafter's weights, resident once (sharing the
+    /// target's embeddings where it has none); each request gets its own
+    /// caches, sized to it.
+    DFlash(Arc<DFlashModel<B>>),
     /// A smaller model of the same vocabulary, resident once.
     Model(Arc<Decoder<B>>),
 }
@@ -114,10 +115,9 @@ impl<B: Backend> Session<B> {
                     .architecture()
                     .map_err(|e| ApiError::model("drafter", e.into()))?;
                 if arch == "dflash" {
-                    // Loaded once here so a bad drafter fails now, not at the first request.
-                    DFlashDrafter::load(&d, &decoder, MAX_BATCH, MAX_BATCH)
+                    let model = DFlashModel::load(&d, &decoder)
                         .map_err(|e| ApiError::model("drafter", e))?;
-                    DrafterSpec::DFlash(d)
+                    DrafterSpec::DFlash(Arc::new(model))
                 } else {
                     let m = Decoder::load(&d, backend, &mut |_| {})
                         .map_err(|e| ApiError::model("drafter", e))?
@@ -178,10 +178,11 @@ impl<B: Backend> Session<B> {
         Ok(match &self.drafter {
             DrafterSpec::None => None,
             DrafterSpec::Ngram => Some(Box::new(NgramDrafter::default())),
-            DrafterSpec::DFlash(file) => Some(Box::new(
-                DFlashDrafter::load(file, &self.decoder, n_ctx, MAX_BATCH)
-                    .map_err(|e| ApiError::model("drafter", e))?,
-            )),
+            DrafterSpec::DFlash(model) => Some(Box::new(DFlashDrafter::new(
+                model.clone(),
+                n_ctx,
+                MAX_BATCH,
+            ))),
             DrafterSpec::Model(m) => Some(Box::new(
                 DraftModelDrafter::new(m.clone(), self.decoder.config.n_vocab, n_ctx)
                     .map_err(|e| ApiError::model("drafter", e))?,
@@ -372,4 +373,64 @@ pub enum DrafterSource {
     None,
     Ngram,
     Gguf(GgufFile),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blockdraft_core::model::StreamingLoad;
+    use blockdraft_core::testing::{block_on, real_model};
+    use blockdraft_cpu::CpuBackend;
+
+    /// The browser's session on SmolLM2 with the shipped DFlash drafter:
+    /// the drafter's weights load with the model, and requests upload
+    /// none (each gets only its own caches), yet the drafter runs and its
+    /// greedy text is the plain one.
+    #[test]
+    fn requests_upload_no_weights() {
+        let Some(path) = real_model("smollm2-135m-instruct-q4_1.gguf") else {
+            return;
+        };
+        let drafter = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../drafters/smollm2-dflash.gguf"
+        );
+        let backend = Arc::new(CpuBackend::new(2));
+        let mut load = StreamingLoad::new(backend.clone());
+        load.begin_part(None).unwrap();
+        load.push(&std::fs::read(path).unwrap()).unwrap();
+        load.end_part().unwrap();
+        let model = load.finish().unwrap();
+        let drafter = GgufFile::open(std::path::Path::new(drafter)).unwrap();
+        let session = Session::load(
+            backend.clone(),
+            model,
+            DrafterSource::Gguf(drafter),
+            KvType::F16,
+        )
+        .unwrap();
+        let loaded = backend.weight_bytes_loaded();
+        let text = |json: &str| {
+            let req = Request::from_json(json).unwrap();
+            let mut out = String::new();
+            let usage = block_on(session.generate(&req, &mut |t| {
+                out.push_str(t);
+                true
+            }))
+            .unwrap();
+            (out, usage)
+        };
+        let ask = r#"{"messages":[{"role":"user","content":"Name three rivers."}],"max_tokens":24,"temperature":0"#;
+        let (plain, _) = text(&format!(r#"{ask},"speculative":false}}"#));
+        for _ in 0..2 {
+            let (spec, usage) = text(&format!("{ask}}}"));
+            assert_eq!(spec, plain);
+            assert_eq!(usage.speculative.unwrap().drafter, "dflash");
+        }
+        assert_eq!(
+            backend.weight_bytes_loaded(),
+            loaded,
+            "requests upload no weights"
+        );
+    }
 }

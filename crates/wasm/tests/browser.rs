@@ -10,7 +10,7 @@
 
 use blockdraft_core::model::{Decoder, ModelConfig, StreamingLoad};
 use blockdraft_core::sampling::SamplingParams;
-use blockdraft_core::speculative::{DFlashDrafter, PolicyConfig};
+use blockdraft_core::speculative::{DFlashDrafter, DFlashModel, PolicyConfig};
 use blockdraft_core::testing::{
     greedy_plain_async, greedy_speculative_async, plain_in_state, synthetic_decoder,
     synthetic_dflash, SyntheticDFlash, SyntheticDims,
@@ -153,16 +153,26 @@ async fn dflash_speculative_decoding_is_identical_to_plain() {
     let want = greedy_plain_async(&dec, &prompt, n).await;
     let spec = SyntheticDFlash::small(48, vec![1, 4, 7], GgmlType::Q8_0);
     let drafter = GgufFile::from_bytes(synthetic_dflash(&spec, 5).bytes).unwrap();
-    let mut d = DFlashDrafter::load(&drafter, &dec, prompt.len() + n + 32, 32).unwrap();
-    let before = dec.backend.counters();
-    let (got, stats) =
-        greedy_speculative_async(&dec, &mut d, &prompt, n, PolicyConfig::fixed(7)).await;
-    let c = dec.backend.counters();
-    assert_eq!(got, want);
-    assert!(stats.rounds > 0);
-    // Drafting on the device: one readback per pass, as natively.
-    let passes = (1 + stats.rounds + stats.plain_steps) as u64;
-    assert_eq!(c.readbacks - before.readbacks, passes, "{c:?}");
+    // The weights upload once; each request's drafter shares them.
+    let model = Arc::new(DFlashModel::load(&drafter, &dec).unwrap());
+    let uploaded = dec.backend.weight_bytes_loaded();
+    for _ in 0..2 {
+        let mut d = DFlashDrafter::new(model.clone(), prompt.len() + n + 32, 32);
+        let before = dec.backend.counters();
+        let (got, stats) =
+            greedy_speculative_async(&dec, &mut d, &prompt, n, PolicyConfig::fixed(7)).await;
+        let c = dec.backend.counters();
+        assert_eq!(got, want);
+        assert!(stats.rounds > 0);
+        // Drafting on the device: one readback per pass, as natively.
+        let passes = (1 + stats.rounds + stats.plain_steps) as u64;
+        assert_eq!(c.readbacks - before.readbacks, passes, "{c:?}");
+    }
+    assert_eq!(
+        dec.backend.weight_bytes_loaded(),
+        uploaded,
+        "drafters upload no weights"
+    );
     assert_eq!(dec.backend.take_device_error(), None);
 }
 

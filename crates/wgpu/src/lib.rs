@@ -40,6 +40,7 @@ use half::f16;
 use recorder::{Binding, Device};
 use shaders::Kernel;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// A row-major f32 matrix in a GPU buffer.
@@ -80,6 +81,8 @@ pub struct WgpuBackend {
     /// cos/sin tables by (pos0, rows, base bits, n_rot): shared by the q and
     /// k rotations of every layer of a forward pass.
     rope_tables: Mutex<HashMap<(usize, usize, u32, usize), wgpu::Buffer>>,
+    /// GGUF bytes of every weight uploaded ([`Backend::weight_bytes_loaded`]).
+    loaded_bytes: AtomicU64,
 }
 
 /// Workgroups for `n` items of `per_group` each, as a 2-D grid when one
@@ -149,6 +152,7 @@ impl WgpuBackend {
             ids: Mutex::new(None),
             act: Mutex::new(None),
             rope_tables: Mutex::new(HashMap::new()),
+            loaded_bytes: AtomicU64::new(0),
         }
     }
 
@@ -290,7 +294,14 @@ impl Backend for WgpuBackend {
     }
 
     fn load_weight(&self, src: WeightSource<'_>) -> Result<WgpuWeight, BackendError> {
-        WgpuWeight::load(&self.dev, src, self.max_binding)
+        let bytes = src.data.len() as u64;
+        let weight = WgpuWeight::load(&self.dev, src, self.max_binding)?;
+        self.loaded_bytes.fetch_add(bytes, Ordering::Relaxed);
+        Ok(weight)
+    }
+
+    fn weight_bytes_loaded(&self) -> u64 {
+        self.loaded_bytes.load(Ordering::Relaxed)
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> WgpuTensor {

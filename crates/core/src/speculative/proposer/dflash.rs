@@ -21,9 +21,14 @@
 //! (v1, DFlash2, DSpark) gives the drafter its own narrower head whose rows
 //! map to target ids.
 
-use super::dflash2::{Convs, DFlash2Config, DeviceSelector, Lattice, Selector};
-use super::dfly::{Correction, DFlyConfig, CORRECTION};
-use super::dspark::{load_d2t, DSparkConfig, DeviceMarkov, MarkovHead, CONF_BIAS, CONF_WEIGHT};
+use super::dflash2::{
+    ConvHook, ConvScratch, Convs, DFlash2Config, DeviceSelector, DeviceSelectorScratch, Lattice,
+    Selector,
+};
+use super::dfly::{Correction, CorrectionScratch, DFlyConfig, CORRECTION};
+use super::dspark::{
+    load_d2t, DSparkConfig, DeviceMarkov, DeviceMarkovScratch, MarkovHead, CONF_BIAS, CONF_WEIGHT,
+};
 use super::{Draft, Drafter};
 use crate::backend::{Backend, RopeParams};
 use crate::error::ModelError;
@@ -32,6 +37,7 @@ use crate::model::{
 };
 use crate::sampling::{argmax, Sampler};
 use blockdraft_gguf::GgufFile;
+use std::sync::Arc;
 
 /// DFlash-specific metadata.
 #[derive(Clone, Debug, PartialEq)]
@@ -233,21 +239,28 @@ struct ContextScratch<B: Backend> {
     contexts: Option<(B::Tensor, B::Tensor)>,
 }
 
-/// DFlash2's extra weights and scratch.
+/// DFlash2's weights beyond the layers.
 struct V2<B: Backend> {
     convs: Convs<B>,
     selector: Selector<B>,
-    gates: B::Tensor,
     /// The walk without a readback; `None` where it cannot match the host's.
     device: Option<DeviceSelector<B>>,
 }
 
-pub struct DFlashDrafter<B: Backend> {
+/// A sequence's scratch for [`V2`].
+struct V2Scratch<B: Backend> {
+    convs: ConvScratch<B>,
+    gates: B::Tensor,
+    device: Option<DeviceSelectorScratch<B>>,
+}
+
+/// A DFlash-family drafter's weights, loaded once per file and shared
+/// (behind an `Arc`) by every sequence that drafts with it: a new
+/// [`DFlashDrafter`] allocates its caches and scratch, and uploads nothing.
+pub struct DFlashModel<B: Backend> {
     pub config: DFlashConfig,
-    model: Decoder<B>,
+    decoder: Decoder<B>,
     ctx: ContextWeights<B>,
-    scratch: ContextScratch<B>,
-    state: DecoderState<B>,
     v2: Option<V2<B>>,
     /// DFly's predecessor correction, when the file has it.
     correction: Option<Correction<B>>,
@@ -256,28 +269,14 @@ pub struct DFlashDrafter<B: Backend> {
     /// The Markov chain on the device, when its weights can live there and
     /// the head is the full vocabulary.
     markov_device: Option<DeviceMarkov<B>>,
-    /// The anchor id (1 x 1) for the chains drafted on the device.
-    anchor: B::Tensor,
-    /// Taps observed but not injected yet: while speculation is off the
-    /// target's rows are only copied here, and injected in one batch when
-    /// a draft needs them (see [`Self::inject_pending`]).
-    pending: Pending<B>,
-    /// Stop drafting at the first row whose top probability (DSpark: whose
-    /// confidence) is below this.
-    pub p_min: f32,
 }
 
-impl<B: Backend> DFlashDrafter<B> {
-    /// Loads a drafter for `target` (which lends its embeddings and head
-    /// when the drafter has none). `n_ctx` must match the target's cache.
-    /// A tensor in the file that the detected variant does not read (bar
-    /// [`DFlashConfig::known_optional`]) is a [`ModelError::UnusedTensors`].
-    pub fn load(
-        file: &GgufFile,
-        target: &Decoder<B>,
-        n_ctx: usize,
-        max_batch: usize,
-    ) -> Result<Self, ModelError> {
+impl<B: Backend> DFlashModel<B> {
+    /// Loads a drafter's weights for `target` (which lends its embeddings
+    /// and head when the drafter has none). A tensor in the file that the
+    /// detected variant does not read (bar [`DFlashConfig::known_optional`])
+    /// is a [`ModelError::UnusedTensors`].
+    pub fn load(file: &GgufFile, target: &Decoder<B>) -> Result<Self, ModelError> {
         let mut tensors = FileTensors::new(file);
         let config = DFlashConfig::read(&tensors, &target.config)?;
         let mut mcfg =
@@ -299,9 +298,9 @@ impl<B: Backend> DFlashDrafter<B> {
             )));
         }
         let be = target.backend.clone();
-        let model =
+        let decoder =
             Decoder::load_with_config(mcfg, &mut tensors, Some(target), be.clone(), &mut |_| {})?;
-        let d = model.config.n_embd as u64;
+        let d = decoder.config.n_embd as u64;
         let width = config.target_layers.len() as u64 * d;
         let load = |name: &str, dims: &[u64]| tensors.weight(&*be, name, dims);
         let norm = match config.dfly {
@@ -312,40 +311,20 @@ impl<B: Backend> DFlashDrafter<B> {
             fc: load("fc.weight", &[width, d])?,
             norm: load(norm, &[d])?,
         };
-        let rows = max_batch.max(1);
-        let c = &model.config;
-        let scratch = ContextScratch {
-            rows,
-            projected: be.tensor(rows, c.n_embd),
-            c: be.tensor(rows, c.n_embd),
-            k: be.tensor(rows, c.kv_dim()),
-            k_normed: be.tensor(rows, c.kv_dim()),
-            v: be.tensor(rows, c.kv_dim()),
-            contexts: config.dfly.as_ref().map(|_| {
-                (
-                    be.tensor(rows, c.n_layer * c.n_embd),
-                    be.tensor(rows, c.n_embd),
-                )
-            }),
-        };
-        let max_block = config.block_size.max(rows);
-        let state = model.new_state(n_ctx, max_block);
+        let c = &decoder.config;
         let v2 = match &config.v2 {
             Some(v2) => Some(V2 {
-                convs: Convs::load(&*be, &tensors, v2, c.n_layer, c.n_embd, max_block)?,
+                convs: Convs::load(&*be, &tensors, v2, c.n_layer, c.n_embd)?,
                 selector: Selector::load(&*be, &tensors, v2, c.n_embd, c.n_vocab)?,
-                gates: be.tensor(max_block, v2.selector_rank),
                 device: match config.d2t {
-                    None => DeviceSelector::load(&*be, &tensors, v2, c.n_vocab, max_block)?,
+                    None => DeviceSelector::load(&*be, &tensors, v2, c.n_vocab)?,
                     Some(_) => None,
                 },
             }),
             None => None,
         };
         let correction = match &config.dfly {
-            Some(f) if f.hidden_correction => {
-                Some(Correction::load(&*be, &tensors, c.n_embd, c.n_vocab)?)
-            }
+            Some(f) if f.hidden_correction => Some(Correction::load(&*be, &tensors, c.n_embd)?),
             _ => None,
         };
         let markov = match &config.dspark {
@@ -376,31 +355,116 @@ impl<B: Backend> DFlashDrafter<B> {
                 names: unused,
             });
         }
-        let width = config.target_layers.len() * c.n_embd;
+        Ok(DFlashModel {
+            config,
+            decoder,
+            ctx,
+            v2,
+            correction,
+            markov,
+            markov_device,
+        })
+    }
+
+    pub fn model_config(&self) -> &ModelConfig {
+        &self.decoder.config
+    }
+}
+
+/// One sequence's DFlash drafter: the shared weights ([`DFlashModel`]),
+/// and the sequence's own context cache, pending taps and scratch.
+pub struct DFlashDrafter<B: Backend> {
+    model: Arc<DFlashModel<B>>,
+    scratch: ContextScratch<B>,
+    state: DecoderState<B>,
+    v2: Option<V2Scratch<B>>,
+    correction: Option<CorrectionScratch<B>>,
+    markov_device: Option<DeviceMarkovScratch<B>>,
+    /// The anchor id (1 x 1) for the chains drafted on the device.
+    anchor: B::Tensor,
+    /// Taps observed but not injected yet: while speculation is off the
+    /// target's rows are only copied here, and injected in one batch when
+    /// a draft needs them (see [`Self::inject_pending`]).
+    pending: Pending<B>,
+    /// Stop drafting at the first row whose top probability (DSpark: whose
+    /// confidence) is below this.
+    pub p_min: f32,
+}
+
+impl<B: Backend> DFlashDrafter<B> {
+    /// A drafter for one sequence of the target whose cache holds `n_ctx`
+    /// positions, injecting up to `max_batch` context rows at once.
+    pub fn new(model: Arc<DFlashModel<B>>, n_ctx: usize, max_batch: usize) -> Self {
+        let be = &*model.decoder.backend;
+        let c = &model.decoder.config;
+        let rows = max_batch.max(1);
+        let scratch = ContextScratch {
+            rows,
+            projected: be.tensor(rows, c.n_embd),
+            c: be.tensor(rows, c.n_embd),
+            k: be.tensor(rows, c.kv_dim()),
+            k_normed: be.tensor(rows, c.kv_dim()),
+            v: be.tensor(rows, c.kv_dim()),
+            contexts: model.config.dfly.as_ref().map(|_| {
+                (
+                    be.tensor(rows, c.n_layer * c.n_embd),
+                    be.tensor(rows, c.n_embd),
+                )
+            }),
+        };
+        let max_block = model.config.block_size.max(rows);
+        let state = model.decoder.new_state(n_ctx, max_block);
+        let v2 = model.v2.as_ref().map(|v2| V2Scratch {
+            convs: v2.convs.scratch(be, c.n_embd, max_block),
+            gates: be.tensor(max_block, v2.selector.rank()),
+            device: v2.device.as_ref().map(|d| d.scratch(be, max_block)),
+        });
+        let correction = (model.correction.as_ref()).map(|cr| cr.scratch(be, c.n_embd, c.n_vocab));
+        let markov_device = (model.markov_device.as_ref()).map(|m| m.scratch(be, c.n_vocab));
+        let width = model.config.target_layers.len() * c.n_embd;
         let pending = Pending {
             taps: Some(be.tensor(rows, width)),
             pos0: 0,
             rows: 0,
             drafted: false,
         };
-        Ok(DFlashDrafter {
+        DFlashDrafter {
             anchor: be.tensor(1, 1),
             pending,
-            config,
-            model,
-            ctx,
             scratch,
             state,
             v2,
             correction,
-            markov,
             markov_device,
             p_min: 0.0,
-        })
+            model,
+        }
+    }
+
+    /// Loads the weights ([`DFlashModel::load`]) for this one drafter; a
+    /// front end that drafts for many sequences loads them once and calls
+    /// [`Self::new`] per sequence.
+    pub fn load(
+        file: &GgufFile,
+        target: &Decoder<B>,
+        n_ctx: usize,
+        max_batch: usize,
+    ) -> Result<Self, ModelError> {
+        let model = Arc::new(DFlashModel::load(file, target)?);
+        Ok(Self::new(model, n_ctx, max_batch))
+    }
+
+    /// The shared weights.
+    pub fn model(&self) -> &Arc<DFlashModel<B>> {
+        &self.model
+    }
+
+    pub fn config(&self) -> &DFlashConfig {
+        &self.model.config
     }
 
     pub fn model_config(&self) -> &ModelConfig {
-        &self.model.config
+        &self.model.decoder.config
     }
 
     /// Writes the context K/V of the first `n` rows of `taps` (the target's
@@ -424,7 +488,7 @@ impl<B: Backend> DFlashDrafter<B> {
         if p.rows > 0 && (pos0 != p.pos0 + p.rows || p.rows + n > self.scratch.rows) {
             self.inject_pending()?;
         }
-        let (rows, width) = self.model.backend.shape(taps);
+        let (rows, width) = self.model.decoder.backend.shape(taps);
         if n > rows || n > self.scratch.rows {
             return Err(ModelError::Usage(format!(
                 "DFlash context of {n} rows from taps of {rows} rows (scratch holds {})",
@@ -436,7 +500,7 @@ impl<B: Backend> DFlashDrafter<B> {
         if p.rows == 0 {
             p.pos0 = pos0;
         }
-        let be = &*self.model.backend;
+        let be = &*self.model.decoder.backend;
         be.reshape(buf, self.scratch.rows, width);
         be.copy_rows(taps, 0, buf, p.rows, 0, n);
         p.rows += n;
@@ -450,19 +514,22 @@ impl<B: Backend> DFlashDrafter<B> {
             return Ok(0);
         }
         let mut taps = self.pending.taps.take().expect("pending taps are put back");
-        let width = self.model.backend.shape(&taps).1;
-        self.model.backend.reshape(&mut taps, rows, width);
+        let width = self.model.decoder.backend.shape(&taps).1;
+        self.model.decoder.backend.reshape(&mut taps, rows, width);
         let result = self.inject_rows(&taps, self.pending.pos0, rows);
         self.pending.taps = Some(taps);
         result.map(|()| rows)
     }
 
     fn inject_rows(&mut self, taps: &B::Tensor, pos0: usize, n: usize) -> Result<(), ModelError> {
-        let be = &*self.model.backend;
-        let cfg = &self.model.config;
+        let be = &*self.model.decoder.backend;
+        let cfg = &self.model.decoder.config;
         let (rows, width) = be.shape(taps);
         let capacity = self.scratch.rows;
-        if n > rows || rows > capacity || width != self.config.target_layers.len() * cfg.n_embd {
+        if n > rows
+            || rows > capacity
+            || width != self.model.config.target_layers.len() * cfg.n_embd
+        {
             return Err(ModelError::Usage(format!(
                 "DFlash context injection of {n} rows from taps of shape {rows}x{width} (scratch holds {capacity} rows)"
             )));
@@ -483,8 +550,8 @@ impl<B: Backend> DFlashDrafter<B> {
             be.reshape(t, rows, cfg.kv_dim());
         }
         // Rows beyond `n` (rejected drafts) are projected too but never stored.
-        be.matmul(&self.ctx.fc, taps, &mut s.projected);
-        let dfly = self.config.dfly.as_ref();
+        be.matmul(&self.model.ctx.fc, taps, &mut s.projected);
+        let dfly = self.model.config.dfly.as_ref();
         match s.contexts.as_mut() {
             Some((wide, fused)) => {
                 be.reshape(wide, rows, cfg.n_layer * cfg.n_embd);
@@ -492,19 +559,25 @@ impl<B: Backend> DFlashDrafter<B> {
             }
             None => be.rms_norm(
                 &s.projected,
-                &self.ctx.norm,
+                &self.model.ctx.norm,
                 cfg.n_embd,
                 cfg.rms_eps,
                 &mut s.c,
             ),
         }
-        for (il, lw) in self.model.weights.layers.iter().enumerate() {
+        for (il, lw) in self.model.decoder.weights.layers.iter().enumerate() {
             // DFly: this layer's context is the shared projection (before
             // any norm) plus its own mix of the raw taps.
             if let (Some(f), Some((wide, fused))) = (dfly, s.contexts.as_mut()) {
                 be.copy_rows(&s.projected, 0, fused, 0, 0, rows);
                 be.add_slices(taps, &f.fusion[il], fused);
-                be.rms_norm(fused, &self.ctx.norm, cfg.n_embd, cfg.rms_eps, &mut s.c);
+                be.rms_norm(
+                    fused,
+                    &self.model.ctx.norm,
+                    cfg.n_embd,
+                    cfg.rms_eps,
+                    &mut s.c,
+                );
                 be.copy_rows(&s.c, 0, wide, 0, il * cfg.n_embd, rows);
             }
             be.matmul(&lw.wk, &s.c, &mut s.k);
@@ -542,6 +615,7 @@ impl<B: Backend> DFlashDrafter<B> {
     pub async fn contexts(&self) -> Vec<f32> {
         let s = &self.scratch;
         self.model
+            .decoder
             .backend
             .read(s.contexts.as_ref().map_or(&s.c, |(wide, _)| wide))
             .await
@@ -550,7 +624,11 @@ impl<B: Backend> DFlashDrafter<B> {
     /// Final-normed hidden rows of the last block (what the head and DFly's
     /// correction read), `[rows × d]`.
     pub async fn block_hidden(&self) -> Vec<f32> {
-        self.model.backend.read(self.state.normed_hidden()).await
+        self.model
+            .decoder
+            .backend
+            .read(self.state.normed_hidden())
+            .await
     }
 
     /// Base logits (before DFly's correction or DSpark's Markov bias) over
@@ -561,12 +639,12 @@ impl<B: Backend> DFlashDrafter<B> {
     /// With `d2t` the draft rows are scattered into a −inf row.
     pub async fn block_logits(&mut self, anchor: u32, n: usize) -> Result<Vec<f32>, ModelError> {
         let rows = self.block_forward(anchor, n)?;
-        let mut logits = self.model.backend.read(self.state.logits()).await;
-        if let Some(v2) = &self.config.v2 {
+        let mut logits = self.model.decoder.backend.read(self.state.logits()).await;
+        if let Some(v2) = &self.model.config.v2 {
             v2.transform_logits(&mut logits);
         }
-        if let Some(d2t) = &self.config.d2t {
-            let n_vocab = self.model.config.n_vocab;
+        if let Some(d2t) = &self.model.config.d2t {
+            let n_vocab = self.model.decoder.config.n_vocab;
             let mut wide = vec![f32::NEG_INFINITY; rows * n_vocab];
             for (src, dst) in logits
                 .chunks_exact(d2t.len())
@@ -585,19 +663,23 @@ impl<B: Backend> DFlashDrafter<B> {
     /// leaving its raw logits on the device; returns its row count.
     fn block_forward(&mut self, anchor: u32, n: usize) -> Result<usize, ModelError> {
         self.inject_pending()?;
-        let rows = (n.min(self.max_draft()) + self.config.first_row()).max(1);
-        let mut block = vec![self.config.mask_token; rows];
+        let rows = (n.min(self.max_draft()) + self.model.config.first_row()).max(1);
+        let mut block = vec![self.model.config.mask_token; rows];
         block[0] = anchor;
         let pos = self.state.len();
-        let hook = self
-            .v2
-            .as_mut()
-            .map(|v2| &mut v2.convs as &mut dyn LayerHook<B>);
-        let result = self.model.forward_hooked(
+        let mut conv_hook = match (&self.model.v2, self.v2.as_mut()) {
+            (Some(w), Some(s)) => Some(ConvHook {
+                convs: &w.convs,
+                scratch: &mut s.convs,
+            }),
+            _ => None,
+        };
+        let hook = conv_hook.as_mut().map(|h| h as &mut dyn LayerHook<B>);
+        let result = self.model.decoder.forward_hooked(
             &mut self.state,
             &block,
             LogitRows::All,
-            self.config.causal,
+            self.model.config.causal,
             None,
             hook,
         );
@@ -613,10 +695,10 @@ impl<B: Backend> DFlashDrafter<B> {
     /// `d2t` map) nor early stops (`p_min`), whose draft length the host
     /// must know before verifying.
     fn drafts_on_device(&self) -> bool {
-        self.config.d2t.is_none()
+        self.model.config.d2t.is_none()
             && self.p_min <= 0.0
-            && self.v2.as_ref().is_none_or(|v2| v2.device.is_some())
-            && (self.markov.is_none() || self.markov_device.is_some())
+            && self.model.v2.as_ref().is_none_or(|v2| v2.device.is_some())
+            && (self.model.markov.is_none() || self.markov_device.is_some())
     }
 
     /// Runs the block and drafts its prediction rows in order, `pick`
@@ -634,30 +716,31 @@ impl<B: Backend> DFlashDrafter<B> {
         pick: &mut dyn FnMut(&[f32]) -> Option<u32>,
     ) -> Result<(Vec<u32>, Vec<f32>), ModelError> {
         let mut logits = self.block_logits(anchor, n).await?;
-        let n_vocab = self.model.config.n_vocab;
-        let eps = self.model.config.rms_eps;
-        let first = self.config.first_row();
-        if let Some(m) = &self.markov {
+        let n_vocab = self.model.decoder.config.n_vocab;
+        let eps = self.model.decoder.config.rms_eps;
+        let first = self.model.config.first_row();
+        if let Some(m) = &self.model.markov {
             if self.p_min > 0.0 && !m.has_confidence() {
                 return Err(reject(
                     "DSpark draft has no confidence head: please set p_min 0",
                 ));
             }
         }
-        let hidden = match self.markov {
+        let hidden = match self.model.markov {
             Some(_) if self.p_min > 0.0 => self.block_hidden().await,
             _ => Vec::new(),
         };
-        let d = self.model.config.n_embd;
+        let d = self.model.decoder.config.n_embd;
         let mut tokens = Vec::new();
         let mut prev = anchor;
         for i in first..logits.len() / n_vocab {
             let row = &mut logits[i * n_vocab..(i + 1) * n_vocab];
-            if let Some(c) = self.correction.as_mut() {
-                let w = &self.model.weights;
+            if let (Some(c), Some(cs)) = (&self.model.correction, self.correction.as_mut()) {
+                let w = &self.model.decoder.weights;
                 row.copy_from_slice(
                     &c.row_logits(
-                        &*self.model.backend,
+                        cs,
+                        &*self.model.decoder.backend,
                         self.state.normed_hidden(),
                         i,
                         prev,
@@ -669,14 +752,14 @@ impl<B: Backend> DFlashDrafter<B> {
                 );
             }
             let mut next = None;
-            if let Some(m) = &self.markov {
+            if let Some(m) = &self.model.markov {
                 if self.p_min > 0.0 {
                     let conf = m.confidence(&hidden[i * d..(i + 1) * d], prev);
                     if conf.is_some_and(|c| c < self.p_min) {
                         break;
                     }
                 }
-                m.add_bias(row, prev, self.config.d2t.as_deref());
+                m.add_bias(row, prev, self.model.config.d2t.as_deref());
                 // The chain is greedy at any temperature (llama.cpp's graph).
                 next = Some(argmax(row));
             }
@@ -699,19 +782,21 @@ impl<B: Backend> DFlashDrafter<B> {
         anchor: u32,
         n: usize,
     ) -> Result<Option<Lattice>, ModelError> {
-        if self.v2.is_none() {
+        if self.model.v2.is_none() {
             return Ok(None);
         }
         let logits = self.block_logits(anchor, n).await?;
-        let be = &*self.model.backend;
-        let v2 = self.v2.as_mut().expect("checked above");
+        let be = &*self.model.decoder.backend;
+        let (Some(v2), Some(scratch)) = (&self.model.v2, self.v2.as_mut()) else {
+            unreachable!("a DFlash2 drafter has DFlash2 scratch");
+        };
         let hidden = self.state.normed_hidden();
         let rows = be.shape(hidden).0;
-        let rank = be.shape(&v2.gates).1;
-        be.reshape(&mut v2.gates, rows, rank);
-        be.matmul(&v2.selector.hidden, hidden, &mut v2.gates);
-        let gates = be.read(&v2.gates).await;
-        let n_vocab = self.model.config.n_vocab;
+        let rank = v2.selector.rank();
+        be.reshape(&mut scratch.gates, rows, rank);
+        be.matmul(&v2.selector.hidden, hidden, &mut scratch.gates);
+        let gates = be.read(&scratch.gates).await;
+        let n_vocab = self.model.decoder.config.n_vocab;
         Ok(Some(v2.selector.lattice(
             &logits[n_vocab..],
             &gates[rank..],
@@ -722,9 +807,10 @@ impl<B: Backend> DFlashDrafter<B> {
     /// DSpark's confidence of block row `row` (of the last block) given the
     /// token `prev` chosen before it; `None` without a confidence head.
     pub async fn confidence(&self, row: usize, prev: u32) -> Option<f32> {
-        let d = self.model.config.n_embd;
+        let d = self.model.decoder.config.n_embd;
         let h = self.block_hidden().await;
-        self.markov
+        self.model
+            .markov
             .as_ref()?
             .confidence(&h[row * d..(row + 1) * d], prev)
     }
@@ -732,7 +818,7 @@ impl<B: Backend> DFlashDrafter<B> {
     /// DFlash2's greedy walk over `lattice` from `anchor` (no p_min stop
     /// when `p_min` is 0); empty for a v1 drafter.
     pub fn walk(&self, lattice: &Lattice, anchor: u32, p_min: f32) -> Vec<u32> {
-        match &self.v2 {
+        match &self.model.v2 {
             Some(v2) => v2.selector.walk(lattice, anchor, p_min),
             None => Vec::new(),
         }
@@ -746,13 +832,13 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
     }
 
     fn tap_layers(&self) -> &[usize] {
-        &self.config.target_layers
+        &self.model.config.target_layers
     }
 
     fn max_draft(&self) -> usize {
         // A block's logits must fit the backend's largest tensor too.
-        let rows = self.config.block_size.min(self.state.logit_rows());
-        rows.saturating_sub(self.config.first_row())
+        let rows = self.model.config.block_size.min(self.state.logit_rows());
+        rows.saturating_sub(self.model.config.first_row())
     }
 
     async fn observe(
@@ -793,7 +879,7 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
             self.state
                 .kv
                 .capacity()
-                .saturating_sub(self.state.len() + self.config.first_row()),
+                .saturating_sub(self.state.len() + self.model.config.first_row()),
         );
         if n == 0 {
             return Ok(Draft::default());
@@ -808,7 +894,7 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
             });
         }
         // DSpark stops on its confidence head inside the walk instead.
-        let p_min = if self.markov.is_some() {
+        let p_min = if self.model.markov.is_some() {
             0.0
         } else {
             self.p_min
@@ -845,7 +931,7 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
         }
         self.inject_pending()?;
         self.pending.drafted = true;
-        let first = self.config.first_row();
+        let first = self.model.config.first_row();
         let n = n_max.min(self.max_draft()).min(
             self.state
                 .kv
@@ -856,28 +942,42 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
             return Ok(None);
         }
         self.block_forward(anchor, n)?;
-        let be = &*self.model.backend;
+        let be = &*self.model.decoder.backend;
         // The chains start from the anchor in row 0.
         be.write(&mut self.anchor, &[anchor as f32]);
         be.copy_rows(&self.anchor, 0, round, 0, 0, 1);
         let (logits, hidden) = (self.state.logits(), self.state.normed_hidden());
-        let w = &self.model.weights;
-        let eps = self.model.config.rms_eps;
-        if let Some(V2 {
-            selector,
-            device: Some(device),
-            ..
-        }) = self.v2.as_mut()
+        let w = &self.model.decoder.weights;
+        let eps = self.model.decoder.config.rms_eps;
+        let model = &*self.model;
+        if let (
+            Some(v2),
+            Some(V2Scratch {
+                device: Some(s), ..
+            }),
+        ) = (&model.v2, &mut self.v2)
         {
-            device.walk(be, &selector.hidden, logits, hidden, &self.anchor, round);
-        } else if let Some(c) = self.correction.as_mut() {
+            let device = v2
+                .device
+                .as_ref()
+                .expect("scratch is made for a device walk");
+            device.walk(
+                s,
+                be,
+                &v2.selector.hidden,
+                logits,
+                hidden,
+                &self.anchor,
+                round,
+            );
+        } else if let (Some(c), Some(s)) = (&model.correction, &mut self.correction) {
             for row in 1..=n {
-                c.draft_row(be, hidden, row, &w.tok_embd, w.head(), eps, round);
+                c.draft_row(s, be, hidden, row, &w.tok_embd, w.head(), eps, round);
             }
-        } else if let Some(m) = self.markov_device.as_mut() {
+        } else if let (Some(m), Some(s)) = (&model.markov_device, &mut self.markov_device) {
             // Prediction row `first + i` drafts the token of round row i + 1.
             for i in 0..n {
-                m.draft_row(be, logits, first + i, i + 1, round);
+                m.draft_row(s, be, logits, first + i, i + 1, round);
             }
         } else {
             // Rows 1..=n of the block predict the drafts; row 0 (the

@@ -92,16 +92,32 @@ struct ConvPair<B: Backend> {
     proj: B::Weight,
 }
 
-/// The four convolutions of every layer, applied as a decoder hook to the
-/// block rows (context rows never pass through the layer loop).
+/// The four convolutions of every layer, applied as a decoder hook
+/// ([`ConvHook`]) to the block rows (context rows never pass through the
+/// layer loop).
 pub(super) struct Convs<B: Backend> {
     /// `(attention, ffn)` per layer.
     layers: Vec<(ConvPair<B>, ConvPair<B>)>,
     taps: usize,
     group: usize,
+}
+
+/// A sequence's scratch for [`Convs`], for up to `max_rows` block rows.
+pub(super) struct ConvScratch<B: Backend> {
     /// Deltas from the sublayer's normed input, kept for its output side.
     dynamic: B::Tensor,
     out: B::Tensor,
+}
+
+/// Columns of a sublayer's per-token group deltas, both sides.
+fn dynamic_cols(taps: usize, group: usize, n_embd: usize) -> usize {
+    2 * taps * (n_embd / group)
+}
+
+/// [`Convs`] with one sequence's scratch, as the decoder's layer hook.
+pub(super) struct ConvHook<'a, B: Backend> {
+    pub(super) convs: &'a Convs<B>,
+    pub(super) scratch: &'a mut ConvScratch<B>,
 }
 
 impl<B: Backend> Convs<B> {
@@ -111,10 +127,9 @@ impl<B: Backend> Convs<B> {
         cfg: &DFlash2Config,
         n_layer: usize,
         n_embd: usize,
-        max_rows: usize,
     ) -> Result<Self, ModelError> {
         let (d, t) = (n_embd as u64, cfg.conv_kernel_size as u64);
-        let dyn_cols = 2 * cfg.conv_kernel_size * (n_embd / cfg.conv_group_size);
+        let dyn_cols = dynamic_cols(cfg.conv_kernel_size, cfg.conv_group_size, n_embd);
         let pair = |prefix: &str| -> Result<ConvPair<B>, ModelError> {
             let name = format!("{prefix}_conv_base");
             let (ty, data) = tensors.take(&name, &[d, t, 2])?;
@@ -148,15 +163,23 @@ impl<B: Backend> Convs<B> {
             layers,
             taps: cfg.conv_kernel_size,
             group: cfg.conv_group_size,
+        })
+    }
+
+    /// Scratch for one sequence's blocks of up to `max_rows` rows.
+    pub(super) fn scratch(&self, be: &B, n_embd: usize, max_rows: usize) -> ConvScratch<B> {
+        let dyn_cols = dynamic_cols(self.taps, self.group, n_embd);
+        ConvScratch {
             dynamic: be.tensor(max_rows, dyn_cols),
             out: be.tensor(max_rows, n_embd),
-        })
+        }
     }
 }
 
-impl<B: Backend> LayerHook<B> for Convs<B> {
+impl<B: Backend> LayerHook<B> for ConvHook<'_, B> {
     fn apply(&mut self, be: &B, layer: usize, point: HookPoint, x: &mut B::Tensor) {
-        let (attn, ffn) = &self.layers[layer];
+        let Self { convs, scratch } = self;
+        let (attn, ffn) = &convs.layers[layer];
         let (pair, side) = match point {
             HookPoint::AttnInput => (attn, 0),
             HookPoint::AttnOutput => (attn, 1),
@@ -166,18 +189,18 @@ impl<B: Backend> LayerHook<B> for Convs<B> {
         let (rows, cols) = be.shape(x);
         if side == 0 {
             // One projection of the normed input feeds both sides.
-            let dyn_cols = be.shape(&self.dynamic).1;
-            be.reshape(&mut self.dynamic, rows, dyn_cols);
-            be.matmul(&pair.proj, x, &mut self.dynamic);
+            let dyn_cols = be.shape(&scratch.dynamic).1;
+            be.reshape(&mut scratch.dynamic, rows, dyn_cols);
+            be.matmul(&pair.proj, x, &mut scratch.dynamic);
         }
-        be.reshape(&mut self.out, rows, cols);
+        be.reshape(&mut scratch.out, rows, cols);
         let p = ConvParams {
-            taps: self.taps,
-            group: self.group,
+            taps: convs.taps,
+            group: convs.group,
             side,
         };
-        be.grouped_conv(x, &pair.base, &self.dynamic, p, &mut self.out);
-        be.copy_rows(&self.out, 0, x, 0, 0, rows);
+        be.grouped_conv(x, &pair.base, &scratch.dynamic, p, &mut scratch.out);
+        be.copy_rows(&scratch.out, 0, x, 0, 0, rows);
     }
 }
 
@@ -193,7 +216,7 @@ pub(super) struct Selector<B: Backend> {
 }
 
 /// The selector on the device (greedy drafting without a readback): the
-/// codebooks as embedding tables and the scratch of one block's walk.
+/// codebooks as embedding tables.
 pub(super) struct DeviceSelector<B: Backend> {
     predecessor: B::Weight,
     successor: B::Weight,
@@ -201,6 +224,10 @@ pub(super) struct DeviceSelector<B: Backend> {
     rank: usize,
     logit_scale: f32,
     softcap: f32,
+}
+
+/// A sequence's scratch for one block's walk ([`DeviceSelector::walk`]).
+pub(super) struct DeviceSelectorScratch<B: Backend> {
     gates: B::Tensor,
     /// Top-K logits (transformed) and ids of each block row; ids row 0,
     /// column 0 is overwritten with the anchor, so that the ids read as a
@@ -220,7 +247,6 @@ impl<B: Backend> DeviceSelector<B> {
         tensors: &FileTensors,
         cfg: &DFlash2Config,
         n_vocab: usize,
-        max_rows: usize,
     ) -> Result<Option<Self>, ModelError> {
         if cfg.logit_scale < 0.0 {
             return Ok(None);
@@ -244,12 +270,19 @@ impl<B: Backend> DeviceSelector<B> {
             rank: r,
             logit_scale: cfg.logit_scale,
             softcap: cfg.final_logit_softcapping,
+        }))
+    }
+
+    /// Scratch for one sequence's blocks of up to `max_rows` rows.
+    pub(super) fn scratch(&self, be: &B, max_rows: usize) -> DeviceSelectorScratch<B> {
+        let (r, k) = (self.rank, self.top_k);
+        DeviceSelectorScratch {
             gates: be.tensor(max_rows, r),
             unary: be.tensor(max_rows, k),
             ids: be.tensor(max_rows, k),
             pred_rows: be.tensor(max_rows * k, r),
             succ_rows: be.tensor(max_rows * k, r),
-        }))
+        }
     }
 
     /// Walks the block whose raw logits and final-normed hidden rows are
@@ -258,7 +291,8 @@ impl<B: Backend> DeviceSelector<B> {
     /// anchor id.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn walk(
-        &mut self,
+        &self,
+        s: &mut DeviceSelectorScratch<B>,
         be: &B,
         selector_hidden: &B::Weight,
         logits: &B::Tensor,
@@ -267,34 +301,34 @@ impl<B: Backend> DeviceSelector<B> {
         round: &mut B::Tensor,
     ) {
         let (rows, k, r) = (be.shape(logits).0, self.top_k, self.rank);
-        be.reshape(&mut self.gates, rows, r);
-        be.matmul(selector_hidden, hidden, &mut self.gates);
-        be.reshape(&mut self.unary, rows, k);
-        be.reshape(&mut self.ids, rows, k);
-        be.top_k(logits, k, &mut self.unary, &mut self.ids);
+        be.reshape(&mut s.gates, rows, r);
+        be.matmul(selector_hidden, hidden, &mut s.gates);
+        be.reshape(&mut s.unary, rows, k);
+        be.reshape(&mut s.ids, rows, k);
+        be.top_k(logits, k, &mut s.unary, &mut s.ids);
         // The transforms are increasing, so they commute with the top-K.
         if self.logit_scale != 0.0 {
-            be.scale(&mut self.unary, self.logit_scale);
+            be.scale(&mut s.unary, self.logit_scale);
         }
         if self.softcap > 0.0 {
-            be.softcap(&mut self.unary, self.softcap);
+            be.softcap(&mut s.unary, self.softcap);
         }
-        be.copy_rows(anchor, 0, &mut self.ids, 0, 0, 1);
-        be.reshape(&mut self.ids, rows * k, 1);
+        be.copy_rows(anchor, 0, &mut s.ids, 0, 0, 1);
+        be.reshape(&mut s.ids, rows * k, 1);
         for (table, out) in [
-            (&self.predecessor, &mut self.pred_rows),
-            (&self.successor, &mut self.succ_rows),
+            (&self.predecessor, &mut s.pred_rows),
+            (&self.successor, &mut s.succ_rows),
         ] {
             be.reshape(out, rows * k, r);
-            be.embed_from(table, &self.ids, 0, out);
+            be.embed_from(table, &s.ids, 0, out);
         }
-        be.reshape(&mut self.ids, rows, k);
+        be.reshape(&mut s.ids, rows, k);
         be.selector_walk(
-            &self.gates,
-            &self.pred_rows,
-            &self.succ_rows,
-            &self.unary,
-            &self.ids,
+            &s.gates,
+            &s.pred_rows,
+            &s.succ_rows,
+            &s.unary,
+            &s.ids,
             round,
             0,
         );
@@ -313,6 +347,11 @@ pub struct Lattice {
 }
 
 impl<B: Backend> Selector<B> {
+    /// Codebook rank R.
+    pub(super) fn rank(&self) -> usize {
+        self.rank
+    }
+
     pub(super) fn load(
         be: &B,
         tensors: &FileTensors,

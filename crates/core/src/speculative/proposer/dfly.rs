@@ -98,13 +98,19 @@ fn softmax(x: &[f32]) -> Vec<f32> {
     e.iter().map(|v| v / s).collect()
 }
 
-/// The predecessor correction (TreeFlash): weights and one-row scratch.
+/// The predecessor correction's weights (TreeFlash).
 pub(super) struct Correction<B: Backend> {
     hidden_norm: B::Weight,
     embed_norm: B::Weight,
     gate: B::Weight,
     up: B::Weight,
     down: B::Weight,
+    /// Hidden width of the feed-forward.
+    ff: usize,
+}
+
+/// One row of a sequence's scratch for [`Correction`].
+pub(super) struct CorrectionScratch<B: Backend> {
     z: B::Tensor,
     z_normed: B::Tensor,
     e: B::Tensor,
@@ -118,37 +124,45 @@ pub(super) struct Correction<B: Backend> {
 }
 
 impl<B: Backend> Correction<B> {
-    pub(super) fn load(
-        be: &B,
-        tensors: &FileTensors,
-        d: usize,
-        n_vocab: usize,
-    ) -> Result<Self, ModelError> {
-        let ff = tensors
-            .peek("hidden_correction.down.weight")
-            .map(|t| t.dims[0])
-            .ok_or_else(|| ModelError::MissingTensor {
-                name: "hidden_correction.down.weight".into(),
-            })?;
+    pub(super) fn load(be: &B, tensors: &FileTensors, d: usize) -> Result<Self, ModelError> {
+        let ff = Self::ff(tensors)?;
         let (d64, n) = (d as u64, CORRECTION);
         let load = |name, dims: &[u64]| tensors.weight(be, name, dims);
         Ok(Correction {
             hidden_norm: load(n[0], &[d64])?,
             embed_norm: load(n[1], &[d64])?,
-            gate: load(n[2], &[2 * d64, ff])?,
-            up: load(n[3], &[2 * d64, ff])?,
-            down: load(n[4], &[ff, d64])?,
+            gate: load(n[2], &[2 * d64, ff as u64])?,
+            up: load(n[3], &[2 * d64, ff as u64])?,
+            down: load(n[4], &[ff as u64, d64])?,
+            ff,
+        })
+    }
+
+    /// The hidden width of the correction's feed-forward.
+    fn ff(tensors: &FileTensors) -> Result<usize, ModelError> {
+        tensors
+            .peek("hidden_correction.down.weight")
+            .map(|t| t.dims[0] as usize)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: "hidden_correction.down.weight".into(),
+            })
+    }
+
+    /// Scratch for one sequence.
+    pub(super) fn scratch(&self, be: &B, d: usize, n_vocab: usize) -> CorrectionScratch<B> {
+        let ff = self.ff;
+        CorrectionScratch {
             z: be.tensor(1, d),
             z_normed: be.tensor(1, d),
             e: be.tensor(1, d),
             e_normed: be.tensor(1, d),
             u: be.tensor(1, 2 * d),
-            g: be.tensor(1, ff as usize),
-            h: be.tensor(1, ff as usize),
-            act: be.tensor(1, ff as usize),
+            g: be.tensor(1, ff),
+            h: be.tensor(1, ff),
+            act: be.tensor(1, ff),
             delta: be.tensor(1, d),
             logits: be.tensor(1, n_vocab),
-        })
+        }
     }
 
     /// Logits of block row `row` of `hidden` (final-normed) corrected by
@@ -156,7 +170,8 @@ impl<B: Backend> Correction<B> {
     /// `head(z + down(silu(gate u) ⊙ up u))`, `u = [rms(z) ; rms(embed(prev))]`.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn row_logits(
-        &mut self,
+        &self,
+        s: &mut CorrectionScratch<B>,
         be: &B,
         hidden: &B::Tensor,
         row: usize,
@@ -165,9 +180,9 @@ impl<B: Backend> Correction<B> {
         head: &B::Weight,
         eps: f32,
     ) -> Vec<f32> {
-        be.embed(embd, &[prev], &mut self.e);
-        self.correct(be, hidden, row, head, eps);
-        be.read(&self.logits).await
+        be.embed(embd, &[prev], &mut s.e);
+        self.correct(s, be, hidden, row, head, eps);
+        be.read(&s.logits).await
     }
 
     /// [`Self::row_logits`] on the device: `prev` is the id in column 0 of
@@ -175,7 +190,8 @@ impl<B: Backend> Correction<B> {
     /// to row `row`, so each row's pick feeds the next without a readback.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn draft_row(
-        &mut self,
+        &self,
+        s: &mut CorrectionScratch<B>,
         be: &B,
         hidden: &B::Tensor,
         row: usize,
@@ -184,25 +200,33 @@ impl<B: Backend> Correction<B> {
         eps: f32,
         ids: &mut B::Tensor,
     ) {
-        be.embed_from(embd, ids, row - 1, &mut self.e);
-        self.correct(be, hidden, row, head, eps);
-        be.argmax_to(&self.logits, ids, row, 0);
+        be.embed_from(embd, ids, row - 1, &mut s.e);
+        self.correct(s, be, hidden, row, head, eps);
+        be.argmax_to(&s.logits, ids, row, 0);
     }
 
-    /// The corrected logits of `row` into `self.logits`, the predecessor's
-    /// embedding being in `self.e`.
-    fn correct(&mut self, be: &B, hidden: &B::Tensor, row: usize, head: &B::Weight, eps: f32) {
-        let d = be.shape(&self.z).1;
-        be.copy_rows(hidden, row, &mut self.z, 0, 0, 1);
-        be.rms_norm(&self.z, &self.hidden_norm, d, eps, &mut self.z_normed);
-        be.rms_norm(&self.e, &self.embed_norm, d, eps, &mut self.e_normed);
-        be.copy_rows(&self.z_normed, 0, &mut self.u, 0, 0, 1);
-        be.copy_rows(&self.e_normed, 0, &mut self.u, 0, d, 1);
-        be.matmul(&self.gate, &self.u, &mut self.g);
-        be.matmul(&self.up, &self.u, &mut self.h);
-        be.gated(GatedActivation::SwiGlu, &self.g, &self.h, &mut self.act);
-        be.matmul(&self.down, &self.act, &mut self.delta);
-        be.add(&mut self.z, &self.delta);
-        be.matmul(head, &self.z, &mut self.logits);
+    /// The corrected logits of `row` into `s.logits`, the predecessor's
+    /// embedding being in `s.e`.
+    fn correct(
+        &self,
+        s: &mut CorrectionScratch<B>,
+        be: &B,
+        hidden: &B::Tensor,
+        row: usize,
+        head: &B::Weight,
+        eps: f32,
+    ) {
+        let d = be.shape(&s.z).1;
+        be.copy_rows(hidden, row, &mut s.z, 0, 0, 1);
+        be.rms_norm(&s.z, &self.hidden_norm, d, eps, &mut s.z_normed);
+        be.rms_norm(&s.e, &self.embed_norm, d, eps, &mut s.e_normed);
+        be.copy_rows(&s.z_normed, 0, &mut s.u, 0, 0, 1);
+        be.copy_rows(&s.e_normed, 0, &mut s.u, 0, d, 1);
+        be.matmul(&self.gate, &s.u, &mut s.g);
+        be.matmul(&self.up, &s.u, &mut s.h);
+        be.gated(GatedActivation::SwiGlu, &s.g, &s.h, &mut s.act);
+        be.matmul(&self.down, &s.act, &mut s.delta);
+        be.add(&mut s.z, &s.delta);
+        be.matmul(head, &s.z, &mut s.logits);
     }
 }

@@ -138,12 +138,17 @@ impl MarkovHead {
 
 /// The Markov chain on the device, for greedy drafting without a readback
 /// (full-vocabulary heads): `W1` as an embedding table, `W2` as a matmul
-/// weight, and one row of scratch.
+/// weight.
 pub(super) struct DeviceMarkov<B: Backend> {
     w1: B::Weight,
     w2: B::Weight,
     /// `markov_w2.scale`, applied to the bias.
     scale: Option<f32>,
+    rank: usize,
+}
+
+/// One row of a sequence's scratch for [`DeviceMarkov`].
+pub(super) struct DeviceMarkovScratch<B: Backend> {
     e: B::Tensor,
     bias: B::Tensor,
     row: B::Tensor,
@@ -187,31 +192,39 @@ impl<B: Backend> DeviceMarkov<B> {
             w1,
             w2,
             scale,
-            e: be.tensor(1, cfg.rank),
+            rank: cfg.rank,
+        }))
+    }
+
+    /// Scratch for one sequence.
+    pub(super) fn scratch(&self, be: &B, n_vocab: usize) -> DeviceMarkovScratch<B> {
+        DeviceMarkovScratch {
+            e: be.tensor(1, self.rank),
             bias: be.tensor(1, n_vocab),
             row: be.tensor(1, n_vocab),
-        }))
+        }
     }
 
     /// Biases row `row` of `logits` by `W2 · W1[prev]`, `prev` being the id
     /// in column 0 of row `slot − 1` of `ids`, and writes the argmax (the
     /// draft, and the next row's `prev`) to row `slot`.
     pub(super) fn draft_row(
-        &mut self,
+        &self,
+        s: &mut DeviceMarkovScratch<B>,
         be: &B,
         logits: &B::Tensor,
         row: usize,
         slot: usize,
         ids: &mut B::Tensor,
     ) {
-        be.embed_from(&self.w1, ids, slot - 1, &mut self.e);
-        be.matmul(&self.w2, &self.e, &mut self.bias);
-        if let Some(s) = self.scale {
-            be.scale(&mut self.bias, s);
+        be.embed_from(&self.w1, ids, slot - 1, &mut s.e);
+        be.matmul(&self.w2, &s.e, &mut s.bias);
+        if let Some(scale) = self.scale {
+            be.scale(&mut s.bias, scale);
         }
-        be.copy_rows(logits, row, &mut self.row, 0, 0, 1);
-        be.add(&mut self.row, &self.bias);
-        be.argmax_to(&self.row, ids, slot, 0);
+        be.copy_rows(logits, row, &mut s.row, 0, 0, 1);
+        be.add(&mut s.row, &s.bias);
+        be.argmax_to(&s.row, ids, slot, 0);
     }
 }
 

@@ -11,7 +11,7 @@ mod dspark;
 mod ngram;
 mod oracle;
 
-pub use dflash::{DFlashConfig, DFlashDrafter};
+pub use dflash::{DFlashConfig, DFlashDrafter, DFlashModel};
 pub use dflash2::{DFlash2Config, Lattice};
 pub use dfly::DFlyConfig;
 pub use draft_model::{DraftModelDrafter, CATCH_UP_WINDOW};
