@@ -17,6 +17,14 @@ else
 fi
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --no-fail-fast
+# `blockdraft serve` under the official OpenAI client, with load and
+# disconnecting clients (tests/serve_openai.py).
+if [ -n "${BLOCKDRAFT_SERVE_PYTHON:-}" ]; then
+    "$BLOCKDRAFT_SERVE_PYTHON" tests/serve_openai.py "${CARGO_TARGET_DIR:-$PWD/target}/debug/blockdraft" \
+        "$(tests/fetch_models.sh smollm2)" drafters/smollm2-dflash.gguf
+else
+    echo "SKIPPED: the OpenAI-client server test (set BLOCKDRAFT_SERVE_PYTHON to a python with tests/serve-requirements.txt; .ci/run does)"
+fi
 # The wasm32 simd128 and aarch64 NEON kernels against the scalar ones (and
 # glibc's expf, sinf and cosf bit for bit),
 # under Node's WASI and qemu-user.

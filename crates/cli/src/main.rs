@@ -56,6 +56,10 @@ enum Command {
     /// the hidden-state taps a drafter reads.
     #[command(allow_negative_numbers = true)]
     GenData(commands::gen_data::Args),
+    /// An OpenAI-compatible HTTP server: /v1/chat/completions,
+    /// /v1/completions, /v1/models, /health, /metrics.
+    #[command(allow_negative_numbers = true)]
+    Serve(commands::serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +73,7 @@ fn main() -> ExitCode {
         Command::Convert(a) => commands::convert::run(a),
         Command::Split(a) => commands::split::run(a),
         Command::GenData(a) => commands::gen_data::run(a),
+        Command::Serve(a) => commands::serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,6 +4,7 @@ pub mod gen_data;
 pub mod inspect;
 pub mod run;
 pub mod score;
+pub mod serve;
 pub mod split;
 pub mod tokenize;
 

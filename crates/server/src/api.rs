@@ -1,0 +1,476 @@
+//! The OpenAI request bodies, checked field by field into a [`GenRequest`],
+//! and the error object every failure is answered with.
+
+use blockdraft_core::chat_template::{ChatMessage, ChatTemplate, ContentTokens};
+use blockdraft_core::sampling::{limits, Bounds, SamplingParams};
+use blockdraft_core::tokenizer::Tokenizer;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// An error as OpenAI's API returns it: an HTTP status and
+/// `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn invalid(param: Option<&'static str>, message: impl Into<String>) -> Self {
+        ApiError {
+            status: 400,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param,
+            code: None,
+        }
+    }
+
+    pub fn with_code(mut self, status: u16, code: &'static str) -> Self {
+        self.status = status;
+        self.code = Some(code);
+        self
+    }
+
+    pub fn server(message: impl Into<String>) -> Self {
+        ApiError {
+            status: 500,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    pub fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Message content: a string, or a list of parts of which only text ones
+/// are understood.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Deserialize)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Message {
+    role: String,
+    content: Option<Content>,
+    name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+}
+
+/// A completion prompt: one string, or a list holding one.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum PromptField {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// The fields both endpoints share, and the ones each adds. Unknown fields
+/// are refused, not ignored: a client asking for something this server
+/// does not do must hear so.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Body {
+    model: Option<String>,
+    messages: Option<Vec<Message>>,
+    prompt: Option<PromptField>,
+    max_tokens: Option<i64>,
+    max_completion_tokens: Option<i64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    min_p: Option<f32>,
+    seed: Option<i64>,
+    stop: Option<Stop>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    n: Option<i64>,
+    logprobs: Option<Value>,
+    top_logprobs: Option<Value>,
+    frequency_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    /// llama.cpp's multiplicative penalty (1 disables).
+    repeat_penalty: Option<f32>,
+    repeat_last_n: Option<i64>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    response_format: Option<Value>,
+    logit_bias: Option<Value>,
+    /// Ignored by OpenAI's own API for generation; accepted.
+    user: Option<String>,
+    /// Turn speculation off (or insist on it) for this request.
+    speculative: Option<bool>,
+}
+
+/// Which endpoint a body came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+/// A checked request, tokenized.
+#[derive(Clone, Debug)]
+pub struct GenRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub speculative: Option<bool>,
+}
+
+/// What checking a body needs to know about the server.
+pub struct Context<'a> {
+    pub model_name: &'a str,
+    pub tokenizer: &'a Tokenizer,
+    pub template: Option<&'a ChatTemplate>,
+    /// Positions one sequence may hold (prompt + answer).
+    pub n_ctx: usize,
+    /// Most tokens one request may ask for.
+    pub max_tokens: usize,
+    pub has_drafter: bool,
+}
+
+fn unsupported(param: &'static str, what: &str) -> ApiError {
+    ApiError::invalid(
+        Some(param),
+        format!("{what} is not supported by this server"),
+    )
+    .with_code(400, "unsupported_parameter")
+}
+
+/// Parses and checks `bytes` for `endpoint`, tokenizing the prompt.
+pub fn parse(bytes: &[u8], endpoint: Endpoint, cx: &Context<'_>) -> Result<GenRequest, ApiError> {
+    let body: Body = serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::invalid(
+            None,
+            format!("the request body is not a valid request: {e}"),
+        )
+    })?;
+    if let Some(m) = &body.model {
+        if m != cx.model_name {
+            return Err(ApiError::invalid(
+                Some("model"),
+                format!(
+                    "the model `{m}` does not exist; this server has `{}`",
+                    cx.model_name
+                ),
+            )
+            .with_code(404, "model_not_found"));
+        }
+    }
+    if body.n.is_some_and(|n| n != 1) {
+        return Err(unsupported("n", "n other than 1"));
+    }
+    let asks = |v: &Option<Value>| {
+        v.as_ref()
+            .is_some_and(|v| !v.is_null() && v != &json!(false))
+    };
+    if asks(&body.logprobs) || asks(&body.top_logprobs) {
+        return Err(unsupported("logprobs", "logprobs"));
+    }
+    if body.tools.as_ref().is_some_and(|t| t != &json!([])) || asks(&body.tool_choice) {
+        return Err(unsupported("tools", "tool calling"));
+    }
+    if let Some(f) = &body.response_format {
+        if f.get("type").and_then(Value::as_str) != Some("text") {
+            return Err(unsupported(
+                "response_format",
+                "a response format other than text",
+            ));
+        }
+    }
+    if body
+        .logit_bias
+        .as_ref()
+        .is_some_and(|b| b.as_object().is_none_or(|o| !o.is_empty()))
+    {
+        return Err(unsupported("logit_bias", "logit_bias"));
+    }
+    for (param, v) in [
+        ("frequency_penalty", body.frequency_penalty),
+        ("presence_penalty", body.presence_penalty),
+    ] {
+        if v.is_some_and(|v| v != 0.0) {
+            let mut e = unsupported(param, param);
+            e.message += " (repeat_penalty is: 1 disables, 1.1 is common)";
+            return Err(e);
+        }
+    }
+    let prompt = match endpoint {
+        Endpoint::Chat => chat_prompt(body.messages.as_deref(), body.prompt.is_some(), cx)?,
+        Endpoint::Completions => {
+            completion_prompt(body.prompt.as_ref(), body.messages.is_some(), cx)?
+        }
+    };
+    let max_tokens = match (body.max_tokens, body.max_completion_tokens) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                Some("max_tokens"),
+                "give max_tokens or max_completion_tokens, not both",
+            ))
+        }
+        (Some(n), None) | (None, Some(n)) => {
+            if n < 1 || n as u64 > cx.max_tokens as u64 {
+                return Err(ApiError::invalid(
+                    Some("max_tokens"),
+                    format!("max_tokens must be within 1..={}, got {n}", cx.max_tokens),
+                ));
+            }
+            n as usize
+        }
+        (None, None) => cx
+            .max_tokens
+            .min(cx.n_ctx.saturating_sub(prompt.len()))
+            .max(1),
+    };
+    if prompt.len() + max_tokens > cx.n_ctx {
+        return Err(ApiError::invalid(
+            Some("messages"),
+            format!(
+                "this model's context holds {} tokens; the prompt has {} and max_tokens is \
+                 {max_tokens}: shorten the prompt or lower max_tokens",
+                cx.n_ctx,
+                prompt.len()
+            ),
+        )
+        .with_code(400, "context_length_exceeded"));
+    }
+    let range = |param: &'static str, v: Option<f32>, default: f32, b: Bounds<f32>| {
+        let v = v.unwrap_or(default);
+        b.check(v)
+            .map_err(|e| ApiError::invalid(Some(param), format!("{param} {e}")))
+    };
+    let top_k = match body.top_k {
+        None => 0,
+        Some(k) if k >= 0 => k as usize,
+        Some(k) => {
+            return Err(ApiError::invalid(
+                Some("top_k"),
+                format!("top_k must be at least 0, got {k}"),
+            ))
+        }
+    };
+    let repeat_last_n = match body.repeat_last_n {
+        None => 64,
+        Some(n) if n >= 0 => n as usize,
+        Some(n) => {
+            return Err(ApiError::invalid(
+                Some("repeat_last_n"),
+                format!("repeat_last_n must be at least 0, got {n}"),
+            ))
+        }
+    };
+    let sampling = SamplingParams {
+        temperature: range("temperature", body.temperature, 1.0, limits::TEMPERATURE)?,
+        top_k,
+        top_p: range("top_p", body.top_p, 1.0, limits::TOP_P)?,
+        min_p: range("min_p", body.min_p, 0.0, limits::MIN_P)?,
+        repeat_penalty: range(
+            "repeat_penalty",
+            body.repeat_penalty,
+            1.0,
+            limits::REPEAT_PENALTY,
+        )?,
+        repeat_last_n,
+        seed: match body.seed {
+            Some(s) => s as u64,
+            None => clock_seed(),
+        },
+    };
+    let stop = match body.stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(v)) => v,
+    };
+    if stop.len() > 4 || stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid(
+            Some("stop"),
+            "stop takes up to 4 non-empty strings",
+        ));
+    }
+    if body.speculative == Some(true) && !cx.has_drafter {
+        return Err(ApiError::invalid(
+            Some("speculative"),
+            "speculative: true needs a drafter; start the server with --draft",
+        ));
+    }
+    let stream = body.stream.unwrap_or(false);
+    if body.stream_options.is_some() && !stream {
+        return Err(ApiError::invalid(
+            Some("stream_options"),
+            "stream_options applies to streamed requests (stream: true) only",
+        ));
+    }
+    let _ = body.user;
+    Ok(GenRequest {
+        prompt,
+        max_tokens,
+        sampling,
+        stop,
+        stream,
+        include_usage: body
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+        speculative: body.speculative,
+    })
+}
+
+fn chat_prompt(
+    messages: Option<&[Message]>,
+    has_prompt: bool,
+    cx: &Context<'_>,
+) -> Result<Vec<u32>, ApiError> {
+    if has_prompt {
+        return Err(ApiError::invalid(
+            Some("prompt"),
+            "chat completions take messages, not prompt (use /v1/completions)",
+        ));
+    }
+    let messages = match messages {
+        Some(m) if !m.is_empty() => m,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                Some("messages"),
+                "messages must not be empty",
+            ))
+        }
+        None => return Err(ApiError::invalid(Some("messages"), "messages is required")),
+    };
+    let template = cx.template.ok_or_else(|| {
+        ApiError::invalid(
+            Some("messages"),
+            "the model has no chat template; use /v1/completions with a raw prompt",
+        )
+    })?;
+    let mut chat = Vec::with_capacity(messages.len());
+    for m in messages {
+        if !matches!(
+            m.role.as_str(),
+            "system" | "developer" | "user" | "assistant"
+        ) {
+            return Err(ApiError::invalid(
+                Some("messages"),
+                format!(
+                    "role `{}` is not supported (system, developer, user, assistant)",
+                    m.role
+                ),
+            ));
+        }
+        let _ = &m.name;
+        let text = match &m.content {
+            None => String::new(),
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut text = String::new();
+                for p in parts {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => text.push_str(t),
+                        (kind, _) => {
+                            return Err(unsupported(
+                                "messages",
+                                &format!("content of type `{kind}`"),
+                            ))
+                        }
+                    }
+                }
+                text
+            }
+        };
+        let role = if m.role == "developer" {
+            "system"
+        } else {
+            m.role.as_str()
+        };
+        chat.push(ChatMessage::new(role, text));
+    }
+    // Content is plain text: a message cannot open another turn by writing
+    // the template's markers.
+    let ids = template
+        .encode(cx.tokenizer, &chat, true, ContentTokens::Plain)
+        .map_err(|e| ApiError::invalid(Some("messages"), format!("cannot render the chat: {e}")))?;
+    if ids.is_empty() {
+        return Err(ApiError::invalid(
+            Some("messages"),
+            "the messages tokenize to nothing",
+        ));
+    }
+    Ok(ids)
+}
+
+fn completion_prompt(
+    prompt: Option<&PromptField>,
+    has_messages: bool,
+    cx: &Context<'_>,
+) -> Result<Vec<u32>, ApiError> {
+    if has_messages {
+        return Err(ApiError::invalid(
+            Some("messages"),
+            "completions take prompt, not messages (use /v1/chat/completions)",
+        ));
+    }
+    let text = match prompt {
+        Some(PromptField::One(t)) => t,
+        Some(PromptField::Many(v)) if v.len() == 1 => &v[0],
+        Some(PromptField::Many(_)) => return Err(unsupported("prompt", "more than one prompt")),
+        None => return Err(ApiError::invalid(Some("prompt"), "prompt is required")),
+    };
+    // A raw prompt is the caller's whole text: special-token text in it
+    // counts, as in llama-server's completions.
+    let ids = cx.tokenizer.encode(text, true, true).map_err(|e| {
+        ApiError::invalid(Some("prompt"), format!("cannot tokenize the prompt: {e}"))
+    })?;
+    if ids.is_empty() {
+        return Err(ApiError::invalid(
+            Some("prompt"),
+            "the prompt tokenizes to nothing",
+        ));
+    }
+    Ok(ids)
+}
+
+/// A seed for requests that give none.
+fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}

@@ -1,0 +1,429 @@
+//! Routes, authentication, CORS, and the replies: one JSON object, or
+//! server-sent events (`data: {chunk}` … `data: [DONE]`).
+
+use crate::api::{self, ApiError, Endpoint, GenRequest};
+use crate::metrics::Metrics;
+use crate::worker::{Done, Job, Output, Worker};
+use crate::{Model, Options};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use blockdraft_core::chat_template::ChatTemplate;
+use blockdraft_core::tokenizer::Tokenizer;
+use blockdraft_core::Backend;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+/// What every handler reads.
+struct Shared {
+    model_name: String,
+    tokenizer: Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+    n_ctx: usize,
+    options: Options,
+    has_drafter: bool,
+    queue: mpsc::Sender<Job>,
+    metrics: Arc<Metrics>,
+    next_id: AtomicU64,
+    created: u64,
+}
+
+type AppState = Arc<Shared>;
+
+pub async fn run<B: Backend>(
+    model: Model<B>,
+    options: Options,
+    on_listening: impl FnOnce(std::net::SocketAddr),
+) -> std::io::Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    let tokenizer = Arc::new(model.tokenizer);
+    let n_ctx = options.ctx_size.unwrap_or(model.decoder.config.n_ctx_train);
+    let (queue, jobs) = mpsc::channel(options.queue.max(1));
+    let has_drafter = model.drafter.is_some();
+    let worker = Worker {
+        decoder: model.decoder,
+        tokenizer: tokenizer.clone(),
+        drafter: model.drafter,
+        policy: model.policy,
+        parallel: options.parallel.max(1),
+        timeout: options.request_timeout,
+        metrics: metrics.clone(),
+    };
+    let engine = std::thread::Builder::new()
+        .name("blockdraft-engine".into())
+        .spawn(move || worker.run(jobs))?;
+    let shared = Arc::new(Shared {
+        model_name: model.name,
+        tokenizer,
+        template: model.template,
+        n_ctx,
+        has_drafter,
+        queue,
+        metrics,
+        next_id: AtomicU64::new(1),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        options: options.clone(),
+    });
+    let app = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics_text))
+        .route_layer(middleware::from_fn_with_state(shared.clone(), authenticate))
+        .route("/health", get(health))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(shared.clone(), cors))
+        .layer(DefaultBodyLimit::max(options.max_body_bytes))
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind((options.host.as_str(), options.port)).await?;
+    on_listening(listener.local_addr()?);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    // No handler holds the queue now: the worker finishes what it has.
+    drop(shared);
+    let _ = tokio::task::spawn_blocking(move || engine.join()).await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = interrupt => {}
+        _ = terminate => {}
+    }
+    eprintln!("blockdraft serve: shutting down; running requests finish, new ones are refused");
+}
+
+fn json_response(status: u16, body: &Value) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn error_response(e: &ApiError) -> Response {
+    json_response(e.status, &e.body())
+}
+
+async fn authenticate(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(key) = &s.options.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            s.metrics.rejected();
+            let mut e =
+                ApiError::invalid(None, "missing or wrong API key (Authorization: Bearer KEY)");
+            e = e.with_code(401, "invalid_api_key");
+            return error_response(&e);
+        }
+    }
+    next.run(req).await
+}
+
+async fn cors(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(origin) = s.options.cors.clone() else {
+        return next.run(req).await;
+    };
+    let mut res = if req.method() == Method::OPTIONS {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        next.run(req).await
+    };
+    let h = res.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&origin) {
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
+    }
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static("authorization, content-type"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, POST, OPTIONS"),
+    );
+    res
+}
+
+async fn not_found() -> Response {
+    error_response(&ApiError::invalid(None, "no such endpoint").with_code(404, "not_found"))
+}
+
+async fn health() -> Response {
+    json_response(200, &json!({"status": "ok"}))
+}
+
+async fn models(State(s): State<AppState>) -> Response {
+    json_response(
+        200,
+        &json!({"object": "list", "data": [{
+            "id": s.model_name, "object": "model", "created": s.created, "owned_by": "blockdraft",
+        }]}),
+    )
+}
+
+async fn metrics_text(State(s): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn chat(
+    State(s): State<AppState>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    generate(s, body, Endpoint::Chat).await
+}
+
+async fn completions(
+    State(s): State<AppState>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    generate(s, body, Endpoint::Completions).await
+}
+
+async fn generate(
+    s: AppState,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    endpoint: Endpoint,
+) -> Response {
+    s.metrics.request();
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => {
+            s.metrics.rejected();
+            let status = e.status().as_u16();
+            let code = if status == 413 {
+                "request_too_large"
+            } else {
+                "bad_body"
+            };
+            let msg = if status == 413 {
+                format!(
+                    "the request body is over {} bytes",
+                    s.options.max_body_bytes
+                )
+            } else {
+                format!("cannot read the request body: {e}")
+            };
+            return error_response(&ApiError::invalid(None, msg).with_code(status, code));
+        }
+    };
+    let cx = api::Context {
+        model_name: &s.model_name,
+        tokenizer: &s.tokenizer,
+        template: s.template.as_ref(),
+        n_ctx: s.n_ctx,
+        max_tokens: s.options.max_tokens,
+        has_drafter: s.has_drafter,
+    };
+    let req = match api::parse(&body, endpoint, &cx) {
+        Ok(r) => r,
+        Err(e) => {
+            s.metrics.rejected();
+            return error_response(&e);
+        }
+    };
+    let (out, outputs) = mpsc::unbounded_channel();
+    let job = Job {
+        request: req.clone(),
+        out,
+        queued: Instant::now(),
+    };
+    s.metrics.enqueued();
+    if let Err(e) = s.queue.try_send(job) {
+        s.metrics.dequeued();
+        let (status, msg, code) = match e {
+            mpsc::error::TrySendError::Full(_) => {
+                s.metrics.queue_full();
+                (
+                    503,
+                    "the server is busy: every sequence and queue slot is taken; retry shortly",
+                    "server_busy",
+                )
+            }
+            mpsc::error::TrySendError::Closed(_) => {
+                (503, "the server is shutting down", "shutting_down")
+            }
+        };
+        let mut res = error_response(&ApiError {
+            status,
+            message: msg.into(),
+            kind: "server_error",
+            param: None,
+            code: Some(code),
+        });
+        res.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return res;
+    }
+    let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+    let reply = Reply {
+        id: match endpoint {
+            Endpoint::Chat => format!("chatcmpl-{id}"),
+            Endpoint::Completions => format!("cmpl-{id}"),
+        },
+        model: s.model_name.clone(),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        endpoint,
+    };
+    if req.stream {
+        stream(reply, req, outputs)
+    } else {
+        whole(reply, outputs).await
+    }
+}
+
+/// What every chunk or reply of one request repeats.
+struct Reply {
+    id: String,
+    model: String,
+    created: u64,
+    endpoint: Endpoint,
+}
+
+impl Reply {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completions, _) => "text_completion",
+        }
+    }
+
+    /// One choice: chat `message`/`delta` or completion `text`.
+    fn choice(&self, text: Option<&str>, chunk: bool, first: bool, finish: Option<&str>) -> Value {
+        match self.endpoint {
+            Endpoint::Chat => {
+                let key = if chunk { "delta" } else { "message" };
+                let mut msg = serde_json::Map::new();
+                if first || !chunk {
+                    msg.insert("role".into(), json!("assistant"));
+                }
+                if let Some(t) = text {
+                    msg.insert("content".into(), json!(t));
+                }
+                json!({"index": 0, key: msg, "finish_reason": finish})
+            }
+            Endpoint::Completions => {
+                json!({"index": 0, "text": text.unwrap_or(""), "finish_reason": finish, "logprobs": null})
+            }
+        }
+    }
+
+    fn envelope(&self, chunk: bool, choices: Vec<Value>, usage: Option<Value>) -> Value {
+        let mut v = json!({
+            "id": self.id, "object": self.object(chunk), "created": self.created,
+            "model": self.model, "choices": choices,
+        });
+        if let Some(u) = usage {
+            v["usage"] = u;
+        }
+        v
+    }
+}
+
+/// OpenAI's usage object, with blockdraft's speculative figures.
+fn usage(done: &Done) -> Value {
+    let mut u = json!({
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+    });
+    if let Some(st) = &done.speculative {
+        u["speculative"] = json!({
+            "drafter": st.drafter, "rounds": st.rounds, "drafted": st.drafted,
+            "accepted": st.accepted, "tau": st.tau(),
+        });
+    }
+    u
+}
+
+async fn whole(reply: Reply, mut outputs: mpsc::UnboundedReceiver<Output>) -> Response {
+    let mut text = String::new();
+    while let Some(o) = outputs.recv().await {
+        match o {
+            Output::Text(t) => text.push_str(&t),
+            Output::Failed(e) => return error_response(&ApiError::server(e)),
+            Output::Done(done) => {
+                let choice = reply.choice(Some(&text), false, true, Some(done.finish_reason));
+                return json_response(
+                    200,
+                    &reply.envelope(false, vec![choice], Some(usage(&done))),
+                );
+            }
+        }
+    }
+    error_response(&ApiError::server("the request ended without a reply"))
+}
+
+fn stream(reply: Reply, req: GenRequest, mut outputs: mpsc::UnboundedReceiver<Output>) -> Response {
+    let (tx, rx) = mpsc::unbounded_channel::<Result<Event, Infallible>>();
+    // Forwards the worker's outputs as events; when the client goes away
+    // its stream is dropped, sending fails, and dropping `outputs` tells
+    // the worker to cancel.
+    tokio::spawn(async move {
+        let send = |v: Value| tx.send(Ok(Event::default().data(v.to_string()))).is_ok();
+        let mut first = true;
+        while let Some(o) = outputs.recv().await {
+            let ok = match o {
+                Output::Text(t) => {
+                    let choice = reply.choice(Some(&t), true, first, None);
+                    first = false;
+                    send(reply.envelope(true, vec![choice], None))
+                }
+                Output::Failed(e) => {
+                    send(ApiError::server(e).body());
+                    break;
+                }
+                Output::Done(done) => {
+                    let choice = reply.choice(None, true, first, Some(done.finish_reason));
+                    let mut ok = send(reply.envelope(true, vec![choice], None));
+                    if req.include_usage {
+                        ok &= send(reply.envelope(true, vec![], Some(usage(&done))));
+                    }
+                    ok && tx.send(Ok(Event::default().data("[DONE]"))).is_ok()
+                }
+            };
+            if !ok {
+                break;
+            }
+        }
+    });
+    Sse::new(UnboundedReceiverStream::new(rx))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

@@ -1,0 +1,310 @@
+//! The engine thread: takes queued requests while fewer than `parallel`
+//! run, steps all of them together ([`Engine::step`]), and sends each
+//! request's text and final figures down its own channel. A request whose
+//! channel is closed (the client went away) is dropped at the next step.
+
+use crate::api::GenRequest;
+use crate::metrics::Metrics;
+use blockdraft_core::engine::{Engine, Event, Held, Sequence};
+use blockdraft_core::generate::{StopReason, TextStream};
+use blockdraft_core::model::Decoder;
+use blockdraft_core::sampling::{Sampler, SamplingParams};
+use blockdraft_core::speculative::{
+    DFlashDrafter, DFlashModel, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter,
+    PolicyConfig, SpecStats,
+};
+use blockdraft_core::tokenizer::Tokenizer;
+use blockdraft_core::Backend;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// Rows per target pass (prefill chunk, verify batch), as the CLI uses.
+const MAX_BATCH: usize = 256;
+
+/// The drafter every request may use: its weights loaded once, each
+/// request's drafter holding only its own state.
+pub enum DrafterSpec<B: Backend> {
+    None,
+    Ngram,
+    DFlash(Arc<DFlashModel<B>>),
+    /// A smaller model of the same vocabulary.
+    Model(Arc<Decoder<B>>),
+}
+
+impl<B: Backend> DrafterSpec<B> {
+    pub fn is_some(&self) -> bool {
+        !matches!(self, DrafterSpec::None)
+    }
+
+    fn build(&self, n_vocab: usize, n_ctx: usize) -> Result<Option<Box<dyn Drafter<B>>>, String> {
+        Ok(match self {
+            DrafterSpec::None => None,
+            DrafterSpec::Ngram => Some(Box::new(NgramDrafter::default())),
+            DrafterSpec::DFlash(m) => {
+                Some(Box::new(DFlashDrafter::new(m.clone(), n_ctx, MAX_BATCH)))
+            }
+            DrafterSpec::Model(m) => Some(Box::new(
+                DraftModelDrafter::new(m.clone(), n_vocab, n_ctx).map_err(|e| e.to_string())?,
+            )),
+        })
+    }
+}
+
+/// What a request hears from the worker.
+#[derive(Debug)]
+pub enum Output {
+    /// Text as it is generated (stop strings held back and cut).
+    Text(String),
+    Done(Done),
+    Failed(String),
+}
+
+/// A request's end: why, and its figures.
+#[derive(Clone, Debug)]
+pub struct Done {
+    pub finish_reason: &'static str,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Speculative figures, when the request had a drafter.
+    pub speculative: Option<SpecStats>,
+}
+
+/// A queued request.
+pub struct Job {
+    pub request: GenRequest,
+    pub out: mpsc::UnboundedSender<Output>,
+    pub queued: Instant,
+}
+
+/// A running request besides its sequence: its text stream, where to send.
+struct Running<'t> {
+    text: TextStream<'t>,
+    out: mpsc::UnboundedSender<Output>,
+    deadline: Instant,
+    queued: Instant,
+    first_token: bool,
+    /// A stop string ended the text.
+    stopped: bool,
+    timed_out: bool,
+    failed: bool,
+}
+
+pub struct Worker<B: Backend> {
+    pub decoder: Arc<Decoder<B>>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub drafter: DrafterSpec<B>,
+    pub policy: PolicyConfig,
+    pub parallel: usize,
+    pub timeout: Duration,
+    pub metrics: Arc<Metrics>,
+}
+
+impl<B: Backend> Worker<B> {
+    /// Runs until the queue is closed and every request has finished.
+    pub fn run(self, mut queue: mpsc::Receiver<Job>) {
+        let tokenizer = self.tokenizer.clone();
+        let mut engine = Engine::new(self.decoder.clone());
+        // Parallel vectors: the engine steps a slice of sequences.
+        let mut seqs: Vec<Sequence<'static, B>> = Vec::new();
+        let mut running: Vec<Running<'_>> = Vec::new();
+        let mut open = true;
+        loop {
+            while open && seqs.len() < self.parallel {
+                let job = if seqs.is_empty() {
+                    queue.blocking_recv()
+                } else {
+                    match queue.try_recv() {
+                        Ok(job) => Some(job),
+                        Err(mpsc::error::TryRecvError::Empty) => break,
+                        Err(mpsc::error::TryRecvError::Disconnected) => None,
+                    }
+                };
+                let Some(job) = job else {
+                    open = false;
+                    break;
+                };
+                self.metrics.dequeued();
+                if job.out.is_closed() {
+                    self.metrics.cancelled();
+                    continue;
+                }
+                match self.start(job, &tokenizer) {
+                    Ok((seq, r)) => {
+                        seqs.push(seq);
+                        running.push(r);
+                    }
+                    Err((out, e)) => {
+                        self.metrics.failed();
+                        let _ = out.send(Output::Failed(e));
+                    }
+                }
+            }
+            if seqs.is_empty() {
+                if open {
+                    continue;
+                }
+                return;
+            }
+            self.metrics.set_running(seqs.len());
+            self.step(&mut engine, &mut seqs, &mut running);
+            let mut i = 0;
+            while i < seqs.len() {
+                if seqs[i].is_finished() || running[i].failed || running[i].out.is_closed() {
+                    let seq = seqs.swap_remove(i);
+                    let r = running.swap_remove(i);
+                    self.finish(seq, r);
+                } else {
+                    i += 1;
+                }
+            }
+            self.metrics.set_running(seqs.len());
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn start<'t>(
+        &self,
+        job: Job,
+        tokenizer: &'t Tokenizer,
+    ) -> Result<(Sequence<'static, B>, Running<'t>), (mpsc::UnboundedSender<Output>, String)> {
+        let req = job.request;
+        let n_ctx = req.prompt.len() + req.max_tokens;
+        let fail = |e: String| (job.out.clone(), e);
+        let state = self
+            .decoder
+            .try_new_state(n_ctx, MAX_BATCH)
+            .map_err(|e| fail(format!("cannot allocate the request's memory: {e}")))?;
+        let eog = self.tokenizer.clone();
+        let mut seq = Sequence::new(
+            Held::owned(state),
+            &req.prompt,
+            req.max_tokens,
+            Held::owned(Sampler::new(req.sampling.clone())),
+            move |t| eog.is_eog(t),
+        );
+        if req.speculative != Some(false) {
+            let n_vocab = self.decoder.config.n_vocab;
+            if let Some(drafter) = self.drafter.build(n_vocab, n_ctx).map_err(fail)? {
+                let draft_sampler = Sampler::new(SamplingParams {
+                    seed: req.sampling.seed ^ 0x5eed_d4af,
+                    ..req.sampling.clone()
+                });
+                seq = seq.with_drafter(
+                    Held::Owned(drafter),
+                    Held::owned(DraftPolicy::new(self.policy)),
+                    Held::owned(draft_sampler),
+                );
+            }
+        }
+        let running = Running {
+            text: TextStream::new(tokenizer, req.stop),
+            out: job.out,
+            deadline: Instant::now() + self.timeout,
+            queued: job.queued,
+            first_token: false,
+            stopped: false,
+            timed_out: false,
+            failed: false,
+        };
+        Ok((seq, running))
+    }
+
+    /// One engine step for every running request; tokens become text.
+    fn step(
+        &self,
+        engine: &mut Engine<B>,
+        seqs: &mut [Sequence<'static, B>],
+        running: &mut [Running<'_>],
+    ) {
+        let events = match pollster::block_on(engine.step(seqs)) {
+            Ok(events) => events,
+            Err(e) => {
+                // A batched pass failed: every request in it is lost.
+                for r in running.iter_mut() {
+                    r.failed = true;
+                    let _ = r
+                        .out
+                        .send(Output::Failed(format!("generation failed: {e}")));
+                }
+                return;
+            }
+        };
+        for (i, event) in events {
+            let r = &mut running[i];
+            match event {
+                Event::Token(t) if !r.stopped && !r.failed => {
+                    if !r.first_token {
+                        r.first_token = true;
+                        self.metrics.first_token(r.queued.elapsed());
+                    }
+                    match r.text.push(t) {
+                        Ok((text, hit)) => {
+                            if !text.is_empty() {
+                                let _ = r.out.send(Output::Text(text));
+                            }
+                            r.stopped = hit;
+                        }
+                        Err(e) => {
+                            r.failed = true;
+                            let _ = r
+                                .out
+                                .send(Output::Failed(format!("cannot decode token {t}: {e}")));
+                        }
+                    }
+                }
+                Event::Failed(e) => {
+                    r.failed = true;
+                    let _ = r
+                        .out
+                        .send(Output::Failed(format!("generation failed: {e}")));
+                }
+                Event::Token(_) | Event::Round(_) | Event::Finished(_) => {}
+            }
+        }
+        let now = Instant::now();
+        for (seq, r) in seqs.iter_mut().zip(running.iter_mut()) {
+            if !seq.is_finished() && now >= r.deadline {
+                r.timed_out = true;
+            }
+            if r.stopped || r.timed_out {
+                seq.stop();
+            }
+        }
+    }
+
+    /// Sends a request that left the engine its last text and figures.
+    fn finish(&self, seq: Sequence<'static, B>, mut r: Running<'_>) {
+        if r.failed {
+            self.metrics.failed();
+            return;
+        }
+        if !seq.is_finished() {
+            // The client went away.
+            self.metrics.cancelled();
+            return;
+        }
+        if !r.stopped {
+            let tail = r.text.finish();
+            if !tail.is_empty() {
+                let _ = r.out.send(Output::Text(tail));
+            }
+        }
+        let finish_reason = match seq.finish_reason() {
+            _ if r.stopped => "stop",
+            Some(StopReason::EndOfGeneration) => "stop",
+            _ => "length",
+        };
+        let stats = seq.stats().clone();
+        let completion_tokens = seq.tokens().len();
+        self.metrics
+            .finished(&stats, completion_tokens, r.queued.elapsed());
+        let done = Done {
+            finish_reason,
+            prompt_tokens: stats.prompt_tokens,
+            completion_tokens,
+            speculative: (!stats.drafter.is_empty()).then_some(stats),
+        };
+        let _ = r.out.send(Output::Done(done));
+    }
+}
