@@ -466,17 +466,18 @@ fn split_leaves_a_whole_set_or_nothing() {
         names.sort();
         names
     };
-    // The reader goes away before the listing is printed: the set is whole.
+    // The reader goes away before the listing is printed (closed before
+    // the command starts, so that no write can win a race with it): the
+    // set is whole.
     let dir = scratch("split-pipe");
-    let mut child = blockdraft()
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = blockdraft()
         .args(["split", &target, "--max-size", "300K", "-o"])
         .arg(dir.join("t"))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
+        .stdout(writer)
+        .output()
         .unwrap();
-    drop(child.stdout.take());
-    let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let names: Vec<String> = (1..=4)
         .map(|i| format!("t-0000{i}-of-00004.gguf"))
