@@ -136,9 +136,14 @@ pub struct DraftPolicy {
     slots: Vec<(f64, f64)>,
     plain_since_probe: usize,
     probe_interval: usize,
-    /// Whether a pass was recorded yet: the first one runs on cold caches
-    /// and would leave a cost that no later pass of its length corrects.
-    warm: bool,
+    /// Whether a pass of each row count (index m − 1) and a draft of each
+    /// length (index k − 1) was seen: the first of each runs cold (the
+    /// target's first pass pages its weights in; the drafter's first call,
+    /// and the first verify of a new width, touch weights, layouts and
+    /// scratch for the first time) and would leave a cost that rules the
+    /// length out, so it counts in the ledger but not in the estimates.
+    verify_seen: Vec<bool>,
+    draft_seen: Vec<bool>,
     /// The ledger: seconds and tokens of every speculative round, and
     /// seconds of every pass.
     spec_seconds: f64,
@@ -147,6 +152,15 @@ pub struct DraftPolicy {
     /// Whether the length last returned was exploration rather than the
     /// estimate's choice.
     probing: bool,
+}
+
+/// Whether length `n` (1-based) of `table` was seen before; marks it seen.
+/// Lengths beyond the table count as seen (their costs are not kept).
+fn seen(table: &mut [bool], n: usize) -> bool {
+    match table.get_mut(n.wrapping_sub(1)) {
+        Some(s) => std::mem::replace(s, true),
+        None => true,
+    }
 }
 
 fn ema(slot: &mut Option<f64>, x: f64) {
@@ -167,7 +181,8 @@ impl DraftPolicy {
             slots: vec![(0.0, 0.0); n],
             plain_since_probe: 0,
             probe_interval: PROBE_INTERVAL,
-            warm: false,
+            verify_seen: vec![false; n + 1],
+            draft_seen: vec![false; n],
             spec_seconds: 0.0,
             spec_tokens: 0,
             elapsed: 0.0,
@@ -198,14 +213,15 @@ impl DraftPolicy {
             let per_token = round.catch_up_seconds / round.caught_up as f64;
             ema(&mut self.catch_up_per_token, per_token);
         }
-        if std::mem::replace(&mut self.warm, true) {
-            self.record_verify(round.drafted + 1, round.verify_seconds);
-            if requested > 0 {
-                self.record_draft(requested, round.draft_seconds);
-            }
+        let rows = round.drafted + 1;
+        if seen(&mut self.verify_seen, rows) {
+            self.record_verify(rows, round.verify_seconds);
             if round.caught_up > 0 {
                 ema(&mut self.catch_up_time, round.catch_up_seconds);
             }
+        }
+        if requested > 0 && seen(&mut self.draft_seen, requested) {
+            self.record_draft(requested, round.draft_seconds);
         }
         if requested > 0 {
             self.record_acceptance(round.drafted, round.accepted);
@@ -696,6 +712,36 @@ mod tests {
         });
         let first = first.expect("a probe once the budget allows");
         assert!((330..400).contains(&first), "first probe after {first}");
+    }
+
+    #[test]
+    fn a_cold_first_pass_of_a_length_does_not_rule_it_out() {
+        // Measured on Qwen2.5-Coder-1.5B at forced tau 4: the first 2-row
+        // verify took 2.4 plain steps, and speculation stayed off after it.
+        let mut p = DraftPolicy::new(adaptive(4));
+        p.set_round_context(64, 0);
+        let t1 = 0.09;
+        let plain = RoundStats {
+            verify_seconds: t1,
+            ..Default::default()
+        };
+        p.record(0, &plain);
+        p.record(0, &plain);
+        assert_eq!(p.next_len(15), 1);
+        let cold_probe = RoundStats {
+            drafted: 1,
+            accepted: 1,
+            draft_seconds: 0.002,
+            verify_seconds: 2.4 * t1,
+            probe: true,
+            ..Default::default()
+        };
+        p.record(1, &cold_probe);
+        assert!(
+            p.next_len(15) > 0,
+            "a cold pass is not what the length costs"
+        );
+        assert!(p.lost_seconds(t1) > 0.0, "yet the ledger charges it");
     }
 
     #[test]
