@@ -13,11 +13,9 @@ mod http;
 mod metrics;
 mod worker;
 
-pub use worker::DrafterSpec;
-
 use blockdraft_core::chat_template::ChatTemplate;
 use blockdraft_core::model::Decoder;
-use blockdraft_core::speculative::PolicyConfig;
+use blockdraft_core::speculative::{PolicyConfig, SharedDrafter};
 use blockdraft_core::tokenizer::Tokenizer;
 use blockdraft_core::Backend;
 use std::sync::Arc;
@@ -31,7 +29,7 @@ pub struct Model<B: Backend> {
     pub decoder: Arc<Decoder<B>>,
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
-    pub drafter: DrafterSpec<B>,
+    pub drafter: SharedDrafter<B>,
     pub policy: PolicyConfig,
 }
 

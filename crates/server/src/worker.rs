@@ -9,10 +9,7 @@ use blockdraft_core::engine::{Engine, Event, Held, Sequence};
 use blockdraft_core::generate::{StopReason, TextStream};
 use blockdraft_core::model::Decoder;
 use blockdraft_core::sampling::{Sampler, SamplingParams};
-use blockdraft_core::speculative::{
-    DFlashDrafter, DFlashModel, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter,
-    PolicyConfig, SpecStats,
-};
+use blockdraft_core::speculative::{DraftPolicy, PolicyConfig, SharedDrafter, SpecStats};
 use blockdraft_core::tokenizer::Tokenizer;
 use blockdraft_core::Backend;
 use std::sync::Arc;
@@ -21,35 +18,6 @@ use tokio::sync::mpsc;
 
 /// Rows per target pass (prefill chunk, verify batch), as the CLI uses.
 const MAX_BATCH: usize = 256;
-
-/// The drafter every request may use: its weights loaded once, each
-/// request's drafter holding only its own state.
-pub enum DrafterSpec<B: Backend> {
-    None,
-    Ngram,
-    DFlash(Arc<DFlashModel<B>>),
-    /// A smaller model of the same vocabulary.
-    Model(Arc<Decoder<B>>),
-}
-
-impl<B: Backend> DrafterSpec<B> {
-    pub fn is_some(&self) -> bool {
-        !matches!(self, DrafterSpec::None)
-    }
-
-    fn build(&self, n_vocab: usize, n_ctx: usize) -> Result<Option<Box<dyn Drafter<B>>>, String> {
-        Ok(match self {
-            DrafterSpec::None => None,
-            DrafterSpec::Ngram => Some(Box::new(NgramDrafter::default())),
-            DrafterSpec::DFlash(m) => {
-                Some(Box::new(DFlashDrafter::new(m.clone(), n_ctx, MAX_BATCH)))
-            }
-            DrafterSpec::Model(m) => Some(Box::new(
-                DraftModelDrafter::new(m.clone(), n_vocab, n_ctx).map_err(|e| e.to_string())?,
-            )),
-        })
-    }
-}
 
 /// What a request hears from the worker.
 #[derive(Debug)]
@@ -93,7 +61,7 @@ struct Running<'t> {
 pub struct Worker<B: Backend> {
     pub decoder: Arc<Decoder<B>>,
     pub tokenizer: Arc<Tokenizer>,
-    pub drafter: DrafterSpec<B>,
+    pub drafter: SharedDrafter<B>,
     pub policy: PolicyConfig,
     pub parallel: usize,
     pub timeout: Duration,
@@ -185,7 +153,10 @@ impl<B: Backend> Worker<B> {
         );
         if req.speculative != Some(false) {
             let n_vocab = self.decoder.config.n_vocab;
-            if let Some(drafter) = self.drafter.build(n_vocab, n_ctx).map_err(fail)? {
+            let drafter = (self.drafter)
+                .for_sequence(n_vocab, n_ctx, MAX_BATCH)
+                .map_err(|e| fail(e.to_string()))?;
+            if let Some(drafter) = drafter {
                 let draft_sampler = Sampler::new(SamplingParams {
                     seed: req.sampling.seed ^ 0x5eed_d4af,
                     ..req.sampling.clone()

@@ -10,8 +10,7 @@ use blockdraft_core::generate::{ends_in_a_loop, generate, StopReason, TextStream
 use blockdraft_core::model::{Decoder, ModelConfig, StreamedModel};
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{
-    generate_speculative, DFlashDrafter, DFlashModel, DraftModelDrafter, DraftPolicy, Drafter,
-    NgramDrafter, PolicyConfig,
+    generate_speculative, DFlashModel, DraftPolicy, PolicyConfig, SharedDrafter,
 };
 use blockdraft_core::tokenizer::Tokenizer;
 use blockdraft_core::Backend;
@@ -22,24 +21,12 @@ use std::sync::Arc;
 /// Rows per forward pass (prefill chunk, verify batch), as the CLI uses.
 const MAX_BATCH: usize = 256;
 
-/// Where drafts come from.
-pub enum DrafterSpec<B: Backend> {
-    None,
-    Ngram,
-    /// A DFlash block drafter's weights, resident once (sharing the
-    /// target's embeddings where it has none); each request gets its own
-    /// caches, sized to it.
-    DFlash(Arc<DFlashModel<B>>),
-    /// A smaller model of the same vocabulary, resident once.
-    Model(Arc<Decoder<B>>),
-}
-
 pub struct Session<B: Backend> {
     decoder: Decoder<B>,
     tokenizer: Tokenizer,
     /// The chat template, or why chat requests cannot be served.
     template: Result<ChatTemplate, String>,
-    drafter: DrafterSpec<B>,
+    drafter: SharedDrafter<B>,
     /// Whether the warm-up pass ran (on the first request).
     warmed: std::cell::Cell<bool>,
 }
@@ -108,8 +95,8 @@ impl<B: Backend> Session<B> {
             .map_err(|e| ApiError::model("model", e))?
             .with_kv_type(kv_type);
         let drafter = match drafter {
-            DrafterSource::None => DrafterSpec::None,
-            DrafterSource::Ngram => DrafterSpec::Ngram,
+            DrafterSource::None => SharedDrafter::None,
+            DrafterSource::Ngram => SharedDrafter::Ngram,
             DrafterSource::Gguf(d) => {
                 let arch = d
                     .architecture()
@@ -117,7 +104,7 @@ impl<B: Backend> Session<B> {
                 if arch == "dflash" {
                     let model = DFlashModel::load(&d, &decoder)
                         .map_err(|e| ApiError::model("drafter", e))?;
-                    DrafterSpec::DFlash(Arc::new(model))
+                    SharedDrafter::DFlash(Arc::new(model))
                 } else {
                     let m = Decoder::load(&d, backend, &mut |_| {})
                         .map_err(|e| ApiError::model("drafter", e))?
@@ -132,7 +119,7 @@ impl<B: Backend> Session<B> {
                             ),
                         ));
                     }
-                    DrafterSpec::Model(Arc::new(m))
+                    SharedDrafter::Model(Arc::new(m))
                 }
             }
         };
@@ -159,10 +146,10 @@ impl<B: Backend> Session<B> {
 
     pub fn drafter_kind(&self) -> &'static str {
         match &self.drafter {
-            DrafterSpec::None => "none",
-            DrafterSpec::Ngram => "ngram",
-            DrafterSpec::DFlash(_) => "dflash",
-            DrafterSpec::Model(_) => "draft-model",
+            SharedDrafter::None => "none",
+            SharedDrafter::Ngram => "ngram",
+            SharedDrafter::DFlash(_) => "dflash",
+            SharedDrafter::Model(_) => "draft-model",
         }
     }
 
@@ -172,22 +159,6 @@ impl<B: Backend> Session<B> {
 
     pub fn n_ctx_train(&self) -> usize {
         self.decoder.config.n_ctx_train
-    }
-
-    fn build_drafter(&self, n_ctx: usize) -> Result<Option<Box<dyn Drafter<B>>>, ApiError> {
-        Ok(match &self.drafter {
-            DrafterSpec::None => None,
-            DrafterSpec::Ngram => Some(Box::new(NgramDrafter::default())),
-            DrafterSpec::DFlash(model) => Some(Box::new(DFlashDrafter::new(
-                model.clone(),
-                n_ctx,
-                MAX_BATCH,
-            ))),
-            DrafterSpec::Model(m) => Some(Box::new(
-                DraftModelDrafter::new(m.clone(), self.decoder.config.n_vocab, n_ctx)
-                    .map_err(|e| ApiError::model("drafter", e))?,
-            )),
-        })
     }
 
     /// Runs `req`; `on_text` receives the text as it is generated (stop
@@ -274,7 +245,10 @@ impl<B: Backend> Session<B> {
         let mut sampler = Sampler::new(req.sampling.clone());
         let drafter = match req.speculative {
             Some(false) => None,
-            _ => self.build_drafter(n_ctx)?,
+            _ => self
+                .drafter
+                .for_sequence(self.decoder.config.n_vocab, n_ctx, MAX_BATCH)
+                .map_err(|e| ApiError::model("drafter", e))?,
         };
         if req.speculative == Some(true) && drafter.is_none() {
             return Err(ApiError::invalid(

@@ -7,9 +7,9 @@ use crate::load::{open_gguf, with_backend, Job, Loaded, ModelArgs};
 use anyhow::{Context, Result};
 use blockdraft_core::chat_template::ChatTemplate;
 use blockdraft_core::model::Decoder;
-use blockdraft_core::speculative::DFlashModel;
+use blockdraft_core::speculative::{DFlashModel, SharedDrafter};
 use blockdraft_core::Backend;
-use blockdraft_server::{DrafterSpec, Model, Options};
+use blockdraft_server::{Model, Options};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -114,12 +114,12 @@ impl Job for Args {
 }
 
 /// The drafter every request may use, loaded once.
-fn drafter<B: Backend>(args: &DraftArgs, loaded: &Loaded<B>) -> Result<DrafterSpec<B>> {
+fn drafter<B: Backend>(args: &DraftArgs, loaded: &Loaded<B>) -> Result<SharedDrafter<B>> {
     let Some(spec) = args.draft.as_deref() else {
-        return Ok(DrafterSpec::None);
+        return Ok(SharedDrafter::None);
     };
     if spec == "ngram" {
-        return Ok(DrafterSpec::Ngram);
+        return Ok(SharedDrafter::Ngram);
     }
     let file = open_gguf(std::path::Path::new(spec))?;
     let arch = file
@@ -129,7 +129,7 @@ fn drafter<B: Backend>(args: &DraftArgs, loaded: &Loaded<B>) -> Result<DrafterSp
     if arch == "dflash" {
         let model = DFlashModel::load(&file, &loaded.decoder)
             .with_context(|| format!("cannot load DFlash drafter {spec}"))?;
-        return Ok(DrafterSpec::DFlash(Arc::new(model)));
+        return Ok(SharedDrafter::DFlash(Arc::new(model)));
     }
     let model = Decoder::load(&file, loaded.decoder.backend.clone(), &mut |_| {})
         .with_context(|| format!("cannot load draft model {spec}"))?
@@ -141,5 +141,5 @@ fn drafter<B: Backend>(args: &DraftArgs, loaded: &Loaded<B>) -> Result<DrafterSp
         loaded.decoder.config.n_vocab
     );
     pollster::block_on(model.warm_up()).context("the draft model's warm-up pass failed")?;
-    Ok(DrafterSpec::Model(Arc::new(model)))
+    Ok(SharedDrafter::Model(Arc::new(model)))
 }

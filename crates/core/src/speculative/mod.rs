@@ -15,6 +15,6 @@ pub use policy::{DraftPolicy, PolicyConfig, MAX_DRAFT};
 pub use proposer::{error_rate_for_tau, ForcedDrafter};
 pub use proposer::{
     DFlash2Config, DFlashConfig, DFlashDrafter, DFlashModel, Draft, DraftModelDrafter, Drafter,
-    Lattice, NgramDrafter, OracleDrafter, CATCH_UP_WINDOW,
+    Lattice, NgramDrafter, OracleDrafter, SharedDrafter, CATCH_UP_WINDOW,
 };
 pub use stats::{RoundStats, SpecStats};

@@ -10,6 +10,7 @@ mod draft_model;
 mod dspark;
 mod ngram;
 mod oracle;
+mod shared;
 
 pub use dflash::{DFlashConfig, DFlashDrafter, DFlashModel};
 pub use dflash2::{DFlash2Config, Lattice};
@@ -17,6 +18,7 @@ pub use dfly::DFlyConfig;
 pub use draft_model::{DraftModelDrafter, CATCH_UP_WINDOW};
 pub use ngram::NgramDrafter;
 pub use oracle::{error_rate_for_tau, ForcedDrafter, OracleDrafter};
+pub use shared::SharedDrafter;
 
 use crate::backend::Backend;
 use crate::error::ModelError;
