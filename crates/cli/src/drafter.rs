@@ -3,11 +3,9 @@
 use crate::args::{f32_in, usize_in};
 use crate::load::{open_gguf, Loaded};
 use anyhow::{Context, Result};
-use blockdraft_core::model::{Decoder, ModelConfig};
+use blockdraft_core::model::ModelConfig;
 use blockdraft_core::sampling::Bounds;
-use blockdraft_core::speculative::{
-    DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter, PolicyConfig,
-};
+use blockdraft_core::speculative::{DFlashModel, Drafter, PolicyConfig, SharedDrafter};
 use blockdraft_core::testing::{synthetic_dflash, SyntheticDFlash, SyntheticDims};
 use blockdraft_core::Backend;
 use blockdraft_gguf::{GgmlType, GgufFile};
@@ -60,16 +58,14 @@ impl DraftArgs {
     }
 }
 
-/// The drafter named by `spec`, for `target` with caches of `n_ctx` positions.
-pub fn build<B: Backend>(
-    spec: &str,
-    args: &DraftArgs,
-    target: &Loaded<B>,
-    n_ctx: usize,
-    max_batch: usize,
-) -> Result<Box<dyn Drafter<B>>> {
+/// The drafter named by `args.draft` for `target`, its weights loaded
+/// once for every sequence that uses it (a draft model warmed up).
+pub fn shared<B: Backend>(args: &DraftArgs, target: &Loaded<B>) -> Result<SharedDrafter<B>> {
+    let Some(spec) = args.draft.as_deref() else {
+        return Ok(SharedDrafter::None);
+    };
     if spec == "ngram" {
-        return Ok(Box::new(NgramDrafter::default()));
+        return Ok(SharedDrafter::Ngram);
     }
     if let Some(layers) = spec.strip_prefix("dflash-random") {
         let layers = match layers.strip_prefix(':') {
@@ -80,34 +76,37 @@ pub fn build<B: Backend>(
             None => anyhow::bail!("unknown drafter `{spec}`"),
         };
         let file = random_dflash(&target.decoder.config, layers);
-        let d = DFlashDrafter::load(&file, &target.decoder, n_ctx, max_batch)?;
-        return Ok(Box::new(d));
+        let model = DFlashModel::load(&file, &target.decoder)?;
+        return Ok(SharedDrafter::DFlash {
+            model: Arc::new(model),
+            p_min: 0.0,
+        });
     }
     if !(0.0..=1.0).contains(&args.p_min) {
         anyhow::bail!("--p-min must be within 0..=1, got {}", args.p_min);
     }
-    let path = std::path::Path::new(spec);
-    let file = open_gguf(path)?;
-    let arch = file
-        .metadata()
-        .get_str("general.architecture")
-        .with_context(|| format!("drafter {spec}"))?;
-    if arch == "dflash" {
-        let mut d = DFlashDrafter::load(&file, &target.decoder, n_ctx, max_batch)
-            .with_context(|| format!("cannot load DFlash drafter {spec}"))?;
-        d.p_min = args.p_min;
-        return Ok(Box::new(d));
+    let file = open_gguf(std::path::Path::new(spec))?;
+    let mut drafter = SharedDrafter::from_gguf(&file, &target.decoder)
+        .with_context(|| format!("cannot load drafter {spec}"))?;
+    if let SharedDrafter::DFlash { p_min, .. } = &mut drafter {
+        *p_min = args.p_min;
     }
-    let backend = target.decoder.backend.clone();
-    let model = Decoder::load(&file, backend, &mut |_| {})
-        .with_context(|| format!("cannot load draft model {spec}"))?
-        .with_kv_type(target.decoder.kv_type());
-    // Its first pass (paging, repacking) belongs to loading, as the
-    // target's does, not to the first probe's catch-up.
-    pollster::block_on(model.warm_up()).context("the draft model's warm-up pass failed")?;
-    let d = DraftModelDrafter::new(Arc::new(model), target.decoder.config.n_vocab, n_ctx)
-        .with_context(|| format!("draft model {spec}"))?;
-    Ok(Box::new(d))
+    pollster::block_on(drafter.warm_up()).context("the draft model's warm-up pass failed")?;
+    Ok(drafter)
+}
+
+/// The drafter of `--draft` for one sequence of `target` with caches of
+/// `n_ctx` positions.
+pub fn build<B: Backend>(
+    args: &DraftArgs,
+    target: &Loaded<B>,
+    n_ctx: usize,
+    max_batch: usize,
+) -> Result<Box<dyn Drafter<B>>> {
+    let n_vocab = target.decoder.config.n_vocab;
+    shared(args, target)?
+        .for_sequence(n_vocab, n_ctx, max_batch)?
+        .context("no --draft given")
 }
 
 /// A random DFlash drafter shaped like a real one for `target`: `layers`

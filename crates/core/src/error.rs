@@ -36,6 +36,8 @@ pub enum ModelError {
         variant: &'static str,
         names: Vec<String>,
     },
+    #[error("the draft model's vocabulary ({drafter}) differs from the model's ({target}); use a drafter made for this model")]
+    VocabularyMismatch { drafter: usize, target: usize },
     #[error("{0}")]
     Usage(String),
     #[error("out of memory: {what} needs {bytes} bytes")]

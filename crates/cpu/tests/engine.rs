@@ -8,12 +8,14 @@ use blockdraft_core::engine::{Engine, Event, Held, Sequence};
 use blockdraft_core::model::Decoder;
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{
-    DFlashDrafter, DFlashModel, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter, PolicyConfig,
+    DFlashDrafter, DFlashModel, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter,
+    PolicyConfig, SharedDrafter,
 };
 use blockdraft_core::testing::{
     block_on, synthetic_decoder, synthetic_dflash, SyntheticDFlash, SyntheticDims,
 };
 use blockdraft_core::Backend;
+use blockdraft_core::ModelError;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile};
 use std::sync::Arc;
@@ -168,4 +170,48 @@ fn sequences_stepped_together_give_the_tokens_of_each_alone() {
         passes > N / 2 && steps > 3 * passes,
         "plain steps are batched: {passes} passes carried {steps} steps"
     );
+}
+
+/// `SharedDrafter::from_gguf`, the one loader of the CLI, the server and
+/// the browser: a DFlash file becomes shared DFlash weights, a model of the target's vocabulary a
+/// shared draft model, and one of another vocabulary a typed error naming
+/// both sizes, before any sequence exists.
+#[test]
+fn shared_drafters_load_from_gguf_by_kind() {
+    let m = models();
+    let dims = SyntheticDims {
+        n_layer: 3,
+        ..SyntheticDims::default()
+    };
+    let file = |bytes| GgufFile::from_bytes(bytes).unwrap();
+
+    let spec = SyntheticDFlash::small(m.target.config.n_embd, vec![1, 3], GgmlType::Q8_0);
+    let dflash = SharedDrafter::from_gguf(&file(synthetic_dflash(&spec, 3).bytes), &m.target)
+        .expect("a DFlash drafter loads");
+    assert_eq!(dflash.kind(), "dflash");
+    let before = m.target.backend.weight_bytes_loaded();
+    let seq = dflash
+        .for_sequence(m.target.config.n_vocab, 64, 16)
+        .unwrap()
+        .expect("a drafter for the sequence");
+    assert_eq!(m.target.backend.weight_bytes_loaded(), before);
+    assert_eq!(seq.kind(), "dflash");
+
+    let same = file(synthetic_decoder("llama", dims, 5).bytes);
+    let draft = SharedDrafter::from_gguf(&same, &m.target).expect("a draft model loads");
+    assert_eq!(draft.kind(), "draft-model");
+    block_on(draft.warm_up()).unwrap();
+
+    let other_vocab = SyntheticDims {
+        n_vocab: dims.n_vocab + 8,
+        ..dims
+    };
+    let other = file(synthetic_decoder("llama", other_vocab, 5).bytes);
+    match SharedDrafter::from_gguf(&other, &m.target) {
+        Err(ModelError::VocabularyMismatch { drafter, target }) => {
+            assert_eq!((drafter, target), (other_vocab.n_vocab, dims.n_vocab));
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(d) => panic!("a {} drafter of another vocabulary loaded", d.kind()),
+    }
 }

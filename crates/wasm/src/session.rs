@@ -10,7 +10,7 @@ use blockdraft_core::generate::{ends_in_a_loop, generate, StopReason, TextStream
 use blockdraft_core::model::{Decoder, ModelConfig, StreamedModel};
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{
-    generate_speculative, DFlashModel, DraftPolicy, PolicyConfig, SharedDrafter,
+    generate_speculative, DraftPolicy, PolicyConfig, SharedDrafter,
 };
 use blockdraft_core::tokenizer::Tokenizer;
 use blockdraft_core::Backend;
@@ -98,29 +98,7 @@ impl<B: Backend> Session<B> {
             DrafterSource::None => SharedDrafter::None,
             DrafterSource::Ngram => SharedDrafter::Ngram,
             DrafterSource::Gguf(d) => {
-                let arch = d
-                    .architecture()
-                    .map_err(|e| ApiError::model("drafter", e.into()))?;
-                if arch == "dflash" {
-                    let model = DFlashModel::load(&d, &decoder)
-                        .map_err(|e| ApiError::model("drafter", e))?;
-                    SharedDrafter::DFlash(Arc::new(model))
-                } else {
-                    let m = Decoder::load(&d, backend, &mut |_| {})
-                        .map_err(|e| ApiError::model("drafter", e))?
-                        .with_kv_type(kv_type);
-                    if m.config.n_vocab != decoder.config.n_vocab {
-                        return Err(ApiError::new(
-                            Code::UnsupportedModel,
-                            format!(
-                                "the draft model's vocabulary ({}) differs from the model's ({}); \
-                                 use a drafter made for this model",
-                                m.config.n_vocab, decoder.config.n_vocab
-                            ),
-                        ));
-                    }
-                    SharedDrafter::Model(Arc::new(m))
-                }
+                SharedDrafter::from_gguf(&d, &decoder).map_err(|e| ApiError::model("drafter", e))?
             }
         };
         Ok(Session {
@@ -145,12 +123,7 @@ impl<B: Backend> Session<B> {
     }
 
     pub fn drafter_kind(&self) -> &'static str {
-        match &self.drafter {
-            SharedDrafter::None => "none",
-            SharedDrafter::Ngram => "ngram",
-            SharedDrafter::DFlash(_) => "dflash",
-            SharedDrafter::Model(_) => "draft-model",
-        }
+        self.drafter.kind()
     }
 
     pub fn has_chat_template(&self) -> bool {
@@ -236,6 +209,7 @@ impl<B: Backend> Session<B> {
         if !self.warmed.replace(true) {
             let t = web_time::Instant::now();
             self.decoder.warm_up().await.map_err(ApiError::generation)?;
+            self.drafter.warm_up().await.map_err(ApiError::generation)?;
             usage.warmup_seconds = t.elapsed().as_secs_f64();
         }
         let mut state = self

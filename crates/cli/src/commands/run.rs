@@ -335,8 +335,8 @@ fn decode<B: Backend>(
             );
             (tokens, st.decode_tokens_per_second(), stats, summary)
         }
-        Some(spec) => {
-            let mut drafter = crate::drafter::build(spec, &args.draft, loaded, n_ctx, max_batch)?;
+        Some(_) => {
+            let mut drafter = crate::drafter::build(&args.draft, loaded, n_ctx, max_batch)?;
             let mut policy = DraftPolicy::new(args.draft.policy());
             let mut draft_sampler = Sampler::new(SamplingParams {
                 seed: params.seed ^ 0x5eed_d4af,

@@ -3,14 +3,11 @@
 
 use crate::args::at_least;
 use crate::drafter::DraftArgs;
-use crate::load::{open_gguf, with_backend, Job, Loaded, ModelArgs};
+use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use anyhow::{Context, Result};
 use blockdraft_core::chat_template::ChatTemplate;
-use blockdraft_core::model::Decoder;
-use blockdraft_core::speculative::{DFlashModel, SharedDrafter};
 use blockdraft_core::Backend;
 use blockdraft_server::{Model, Options};
-use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(clap::Args)]
@@ -85,7 +82,7 @@ impl Job for Args {
                 None
             }
         };
-        let drafter = drafter(&self.draft, &loaded)?;
+        let drafter = crate::drafter::shared(&self.draft, &loaded)?;
         let options = Options {
             host: self.host,
             port: self.port,
@@ -111,35 +108,4 @@ impl Job for Args {
         })
         .context("the server stopped")
     }
-}
-
-/// The drafter every request may use, loaded once.
-fn drafter<B: Backend>(args: &DraftArgs, loaded: &Loaded<B>) -> Result<SharedDrafter<B>> {
-    let Some(spec) = args.draft.as_deref() else {
-        return Ok(SharedDrafter::None);
-    };
-    if spec == "ngram" {
-        return Ok(SharedDrafter::Ngram);
-    }
-    let file = open_gguf(std::path::Path::new(spec))?;
-    let arch = file
-        .metadata()
-        .get_str("general.architecture")
-        .with_context(|| format!("drafter {spec}"))?;
-    if arch == "dflash" {
-        let model = DFlashModel::load(&file, &loaded.decoder)
-            .with_context(|| format!("cannot load DFlash drafter {spec}"))?;
-        return Ok(SharedDrafter::DFlash(Arc::new(model)));
-    }
-    let model = Decoder::load(&file, loaded.decoder.backend.clone(), &mut |_| {})
-        .with_context(|| format!("cannot load draft model {spec}"))?
-        .with_kv_type(loaded.decoder.kv_type());
-    anyhow::ensure!(
-        model.config.n_vocab == loaded.decoder.config.n_vocab,
-        "the draft model's vocabulary ({}) differs from the model's ({})",
-        model.config.n_vocab,
-        loaded.decoder.config.n_vocab
-    );
-    pollster::block_on(model.warm_up()).context("the draft model's warm-up pass failed")?;
-    Ok(SharedDrafter::Model(Arc::new(model)))
 }

@@ -526,7 +526,7 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
         }
         sequence = prompt.iter().chain(&plain_tokens).copied().collect();
 
-        let mut drafter = crate::drafter::build(spec, &args.draft, loaded, n_ctx, max_batch)?;
+        let mut drafter = crate::drafter::build(&args.draft, loaded, n_ctx, max_batch)?;
         if let Some(tau) = args.forced_tau {
             let e = error_rate_for_tau(tau, args.draft.draft_max);
             let oracle = OracleDrafter::new(sequence.clone(), e, dec.config.n_vocab, rep as u64);
