@@ -346,3 +346,49 @@ class WarmStart(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class LibraryPrompts(unittest.TestCase):
+    """prompts.py's `code-lib` source: documented public methods of
+    top-level classes and top-level functions, nothing private, nothing
+    undocumented, nothing under a tests directory."""
+
+    def test_methods_and_functions_become_prompts(self):
+        import prompts
+        src = '''
+def area(w, h=1):
+    """Return the area of a w by h rectangle, in square units of w.
+
+    More text that is not the summary."""
+
+def _private(x):
+    """A private helper that is long enough to be documented."""
+
+def short(x):
+    """Too short."""
+
+class Stack:
+    def push(self, item):
+        """Put item on the top of the stack and return its new size."""
+    def _grow(self):
+        """Private: doubles the capacity of the backing list."""
+
+class _Hidden:
+    def visible(self):
+        """A public method of a private class is left out too."""
+'''
+        with tempfile.TemporaryDirectory() as d:
+            root = Path(d)
+            (root / "mod.py").write_text(src)
+            (root / "tests").mkdir()
+            (root / "tests" / "t.py").write_text(src)
+            paths = sorted(root.rglob("*.py"))
+            got = list(prompts.library_prompts(root, paths))
+            methods_only = list(prompts.library_prompts(root, paths, functions=False))
+        self.assertEqual(got, [
+            "Write a Python function `area(w, h=1)`. Return the area of a w by h rectangle, "
+            "in square units of w.",
+            "Write the method `push(self, item)` of a Python class `Stack`. Put item on the top "
+            "of the stack and return its new size.",
+        ])
+        self.assertEqual(methods_only, got[1:])
