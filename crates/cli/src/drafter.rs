@@ -67,7 +67,7 @@ pub fn shared<B: Backend>(args: &DraftArgs, target: &Loaded<B>) -> Result<Shared
     if spec == "ngram" {
         return Ok(SharedDrafter::Ngram);
     }
-    if let Some(layers) = spec.strip_prefix("dflash-random") {
+    let drafter = if let Some(layers) = spec.strip_prefix("dflash-random") {
         let layers = match layers.strip_prefix(':') {
             Some(n) => n
                 .parse()
@@ -77,21 +77,23 @@ pub fn shared<B: Backend>(args: &DraftArgs, target: &Loaded<B>) -> Result<Shared
         };
         let file = random_dflash(&target.decoder.config, layers);
         let model = DFlashModel::load(&file, &target.decoder)?;
-        return Ok(SharedDrafter::DFlash {
+        SharedDrafter::DFlash {
             model: Arc::new(model),
             p_min: 0.0,
-        });
-    }
-    if !(0.0..=1.0).contains(&args.p_min) {
-        anyhow::bail!("--p-min must be within 0..=1, got {}", args.p_min);
-    }
-    let file = open_gguf(std::path::Path::new(spec))?;
-    let mut drafter = SharedDrafter::from_gguf(&file, &target.decoder)
-        .with_context(|| format!("cannot load drafter {spec}"))?;
-    if let SharedDrafter::DFlash { p_min, .. } = &mut drafter {
-        *p_min = args.p_min;
-    }
-    pollster::block_on(drafter.warm_up()).context("the draft model's warm-up pass failed")?;
+        }
+    } else {
+        if !(0.0..=1.0).contains(&args.p_min) {
+            anyhow::bail!("--p-min must be within 0..=1, got {}", args.p_min);
+        }
+        let file = open_gguf(std::path::Path::new(spec))?;
+        let mut drafter = SharedDrafter::from_gguf(&file, &target.decoder)
+            .with_context(|| format!("cannot load drafter {spec}"))?;
+        if let SharedDrafter::DFlash { p_min, .. } = &mut drafter {
+            *p_min = args.p_min;
+        }
+        drafter
+    };
+    pollster::block_on(drafter.warm_up()).context("the drafter's warm-up pass failed")?;
     Ok(drafter)
 }
 

@@ -190,6 +190,8 @@ fn shared_drafters_load_from_gguf_by_kind() {
         .expect("a DFlash drafter loads");
     assert_eq!(dflash.kind(), "dflash");
     let before = m.target.backend.weight_bytes_loaded();
+    // One throwaway draft, uploading nothing.
+    block_on(dflash.warm_up()).expect("the DFlash warm-up drafts");
     let seq = dflash
         .for_sequence(m.target.config.n_vocab, 64, 16)
         .unwrap()

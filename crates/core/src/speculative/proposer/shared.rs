@@ -45,12 +45,14 @@ impl<B: Backend> SharedDrafter<B> {
         Ok(SharedDrafter::Model(Arc::new(model)))
     }
 
-    /// A draft model's first pass (paging, repacking), which belongs to
-    /// loading, as the target's does, not to the first probe's catch-up.
+    /// A draft model's or DFlash drafter's first pass (paging, repacking),
+    /// which belongs to loading, as the target's does, not to the first
+    /// probe.
     pub async fn warm_up(&self) -> Result<(), ModelError> {
         match self {
             SharedDrafter::Model(m) => m.warm_up().await,
-            _ => Ok(()),
+            SharedDrafter::DFlash { model, .. } => model.warm_up().await,
+            SharedDrafter::None | SharedDrafter::Ngram => Ok(()),
         }
     }
 
