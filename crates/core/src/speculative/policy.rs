@@ -114,6 +114,18 @@ const OPTIMISM: f64 = 0.5;
 /// may spend [`BUDGET`] of its expected time from the start, a longer one
 /// earns the rest as it decodes.
 pub const HORIZON: usize = 256;
+/// While speculation runs, one plain step every this many rounds keeps the
+/// cost to beat current. A machine's speed drifts (plain steps of SmolLM2
+/// went from 15.5 to 12 ms and back within a generation on a shared VM):
+/// verify costs follow it, but the plain step's cost was only measured
+/// while speculation was off, so a drafter that loses looked like one that
+/// wins (0.8x plain on some prompts). A plain step is never slower than
+/// plain decoding; what it forgoes is one round's gain, about 1 % for a
+/// drafter at tau 4.
+const CALIBRATE_EVERY: usize = 32;
+/// Weight of a calibration step's time in the plain-step cost: a fresh
+/// sample after many rounds says more than the old estimate.
+const CALIBRATION_WEIGHT: f64 = 0.5;
 /// Tokens of a catch-up whose cost is not known yet: one small pass that
 /// measures the cost of a token.
 const FIRST_CATCH_UP: usize = 2;
@@ -136,6 +148,10 @@ pub struct DraftPolicy {
     slots: Vec<(f64, f64)>,
     plain_since_probe: usize,
     probe_interval: usize,
+    /// Speculative rounds since the last plain step.
+    rounds_since_plain: usize,
+    /// Whether the length last returned was a calibration step.
+    calibrating: bool,
     /// Whether a pass of each row count (index m − 1) and a draft of each
     /// length (index k − 1) was seen: the first of each runs cold (the
     /// target's first pass pages its weights in; the drafter's first call,
@@ -181,6 +197,8 @@ impl DraftPolicy {
             slots: vec![(0.0, 0.0); n],
             plain_since_probe: 0,
             probe_interval: PROBE_INTERVAL,
+            rounds_since_plain: 0,
+            calibrating: false,
             verify_seen: vec![false; n + 1],
             draft_seen: vec![false; n],
             spec_seconds: 0.0,
@@ -214,7 +232,11 @@ impl DraftPolicy {
             ema(&mut self.catch_up_per_token, per_token);
         }
         let rows = round.drafted + 1;
-        if seen(&mut self.verify_seen, rows) {
+        if rows == 1 && std::mem::take(&mut self.calibrating) {
+            if let Some(t1) = self.verify_time[0].as_mut() {
+                *t1 += CALIBRATION_WEIGHT * (round.verify_seconds - *t1);
+            }
+        } else if seen(&mut self.verify_seen, rows) {
             self.record_verify(rows, round.verify_seconds);
             if round.caught_up > 0 {
                 ema(&mut self.catch_up_time, round.catch_up_seconds);
@@ -381,6 +403,22 @@ impl DraftPolicy {
     /// The draft length for the next round; 0 means a plain decoding step.
     pub fn next_len(&mut self, max_draft: usize) -> usize {
         self.probing = false;
+        self.calibrating = false;
+        let k = self.choose_len(max_draft);
+        if k == 0 {
+            self.rounds_since_plain = 0;
+        } else if self.config.adaptive && !self.probing {
+            self.rounds_since_plain += 1;
+            if self.rounds_since_plain > CALIBRATE_EVERY {
+                self.rounds_since_plain = 0;
+                self.calibrating = true;
+                return 0;
+            }
+        }
+        k
+    }
+
+    fn choose_len(&mut self, max_draft: usize) -> usize {
         let n_max = self.config.n_max.min(max_draft);
         if n_max == 0 || n_max < self.config.n_min {
             return 0;
@@ -493,10 +531,27 @@ mod tests {
     /// catch-up cost must catch up on first, in the parts the policy
     /// allows), and returns tokens per plain-step time.
     fn simulate(sim: &Sim, config: PolicyConfig, tokens: usize, seed: u64) -> f64 {
+        simulate_paced(sim, config, tokens, seed, &|_| 1.0)
+    }
+
+    /// [`simulate`] on a machine whose speed drifts: every cost of round
+    /// `r` is multiplied by `pace(r)`; speed is still counted in units of
+    /// the plain step at pace 1.
+    fn simulate_paced(
+        sim: &Sim,
+        config: PolicyConfig,
+        tokens: usize,
+        seed: u64,
+        pace: &dyn Fn(usize) -> f64,
+    ) -> f64 {
         let mut p = DraftPolicy::new(config);
         let mut rng = Rng::new(seed);
         let (mut produced, mut time, mut missed) = (0, 0.0, CATCH_UP_WINDOW);
-        while produced < tokens {
+        for r in 0.. {
+            if produced >= tokens {
+                break;
+            }
+            let f = pace(r);
             let lag = if sim.catch_up > 0.0 {
                 missed.min(CATCH_UP_WINDOW)
             } else {
@@ -525,8 +580,8 @@ mod tests {
                 missed += 1;
                 RoundStats {
                     caught_up,
-                    catch_up_seconds: sim.catch_up * caught_up as f64,
-                    verify_seconds: verify(1),
+                    catch_up_seconds: f * sim.catch_up * caught_up as f64,
+                    verify_seconds: f * verify(1),
                     ..Default::default()
                 }
             } else {
@@ -534,9 +589,9 @@ mod tests {
                     drafted: k,
                     accepted: (0..k).take_while(|_| rng.next_f64() < sim.accept).count(),
                     caught_up,
-                    catch_up_seconds: sim.catch_up * caught_up as f64,
-                    draft_seconds: (sim.draft)(k),
-                    verify_seconds: verify(k + 1),
+                    catch_up_seconds: f * sim.catch_up * caught_up as f64,
+                    draft_seconds: f * (sim.draft)(k),
+                    verify_seconds: f * verify(k + 1),
                     probe: p.probing(),
                 }
             };
@@ -586,6 +641,38 @@ mod tests {
             assert!(median > share * best, "{tokens}: {median} vs {best}");
             assert!(worst > floor, "{tokens}: worst {worst}");
         }
+    }
+
+    #[test]
+    fn a_machine_that_speeds_up_does_not_make_a_losing_drafter_look_good() {
+        // SmolLM2's measured pattern on a shared VM: the first steps run at
+        // 1.25x the cost of later ones. A block drafter that loses at a
+        // steady speed (k = 1 costs 1.35 plain steps for 1.3 tokens) looked
+        // like a winner against the first steps' cost, which nothing
+        // re-measured while it speculated.
+        let sim = Sim {
+            accept: 0.3,
+            draft: |_| 0.15,
+            catch_up: 0.0,
+        };
+        assert!((1..=8).all(|k| fixed_rate(&sim, k) < 1.0));
+        let mut v: Vec<f64> = (0..31)
+            .map(|s| {
+                simulate_paced(&sim, adaptive(8), 128, s, &|r| {
+                    if r < 8 {
+                        1.25
+                    } else {
+                        1.0
+                    }
+                })
+            })
+            .collect();
+        v.sort_by(f64::total_cmp);
+        // Against plain decoding on the same drifting machine.
+        let plain = 128.0 / (8.0 * 1.25 + 120.0);
+        let (worst, median) = (v[0] / plain, v[15] / plain);
+        assert!(median >= 0.96, "median {median}");
+        assert!(worst >= 0.9, "worst {worst}");
     }
 
     #[test]
