@@ -383,10 +383,29 @@ impl DraftPolicy {
     /// (`nearest`, from [`Self::nearest_each`]): scaled down for fewer rows
     /// or tokens and, optimistically, not scaled up for more, so that a
     /// length is tried once rather than ruled out on a guess; its real cost
-    /// then replaces the guess. Out of budget, draft costs scale up too.
-    fn verify_estimate(nearest: Option<(usize, f64)>, rows: usize, t1: f64) -> f64 {
+    /// then replaces the guess. Out of budget, draft and verify costs scale
+    /// up too.
+    fn verify_estimate(
+        nearest: Option<(usize, f64)>,
+        rows: usize,
+        t1: f64,
+        optimistic: bool,
+    ) -> f64 {
         match nearest {
             Some((j, v)) if rows < j + 1 => (v * rows as f64 / (j + 1) as f64).max(t1),
+            // Out of budget, more rows cost what each measured row beyond
+            // the first did (or a whole plain step each, with only T(1)
+            // known): flat estimates had a drafter that was never right
+            // double its length into 9-row verifies (3.2 plain steps each
+            // on Qwen2.5-Coder-1.5B) against a 2-row verify's cost.
+            Some((j, v)) if !optimistic && rows > j + 1 => {
+                let per_row = if j == 0 {
+                    v
+                } else {
+                    (v - t1).max(0.0) / j as f64
+                };
+                v + per_row * (rows - (j + 1)) as f64
+            }
             Some((_, v)) => v,
             None => t1,
         }
@@ -448,7 +467,7 @@ impl DraftPolicy {
         let draft_near = Self::nearest_each(&self.draft_time);
         let cost = |k: usize| {
             Self::draft_estimate(draft_near[k - 1], k, optimistic)
-                + Self::verify_estimate(verify_near[k], k + 1, t1)
+                + Self::verify_estimate(verify_near[k], k + 1, t1, optimistic)
         };
         // Lengths grow by doubling: an unmeasured length is estimated at
         // its nearest measured one's cost, which would make one far beyond
@@ -485,7 +504,7 @@ impl DraftPolicy {
         self.plain_since_probe += 1;
         let probe_loss = self.expected_catch_up()
             + Self::draft_estimate(draft_near[probe_len - 1], probe_len, false)
-            + Self::verify_estimate(verify_near[probe_len], probe_len + 1, t1)
+            + Self::verify_estimate(verify_near[probe_len], probe_len + 1, t1, false)
             - t1;
         if self.plain_since_probe >= self.probe_interval && self.affordable(probe_loss, t1, false) {
             self.plain_since_probe = 0;
