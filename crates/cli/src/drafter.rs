@@ -59,7 +59,7 @@ impl DraftArgs {
 }
 
 /// The drafter named by `args.draft` for `target`, its weights loaded
-/// once for every sequence that uses it (a draft model warmed up).
+/// once for every sequence that uses it, and warmed up.
 pub fn shared<B: Backend>(args: &DraftArgs, target: &Loaded<B>) -> Result<SharedDrafter<B>> {
     let Some(spec) = args.draft.as_deref() else {
         return Ok(SharedDrafter::None);
