@@ -68,14 +68,9 @@ def stdlib_prompts():
         except (SyntaxError, UnicodeDecodeError):
             continue
         for node in tree.body:
-            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
-                continue
-            doc = ast.get_docstring(node)
-            if not doc or len(doc) < 40:
-                continue
-            summary = doc.strip().split("\n\n")[0].replace("\n", " ")
-            sig = f"{node.name}({ast.unparse(node.args)})"
-            yield f"Write a Python function `{sig}`. {summary}"
+            summary = documented(node)
+            if summary:
+                yield f"Write a Python function `{node.name}({ast.unparse(node.args)})`. {summary}"
 
 
 def documented(node, least=40):

@@ -180,7 +180,11 @@ fn seen(table: &mut [bool], n: usize) -> bool {
 }
 
 fn ema(slot: &mut Option<f64>, x: f64) {
-    *slot = Some(slot.map_or(x, |v| v + EMA * (x - v)));
+    ema_weighted(slot, x, EMA);
+}
+
+fn ema_weighted(slot: &mut Option<f64>, x: f64, weight: f64) {
+    *slot = Some(slot.map_or(x, |v| v + weight * (x - v)));
 }
 
 impl DraftPolicy {
@@ -233,8 +237,12 @@ impl DraftPolicy {
         }
         let rows = round.drafted + 1;
         if rows == 1 && std::mem::take(&mut self.calibrating) {
-            if let Some(t1) = self.verify_time[0].as_mut() {
-                *t1 += CALIBRATION_WEIGHT * (round.verify_seconds - *t1);
+            if self.verify_time[0].is_some() {
+                ema_weighted(
+                    &mut self.verify_time[0],
+                    round.verify_seconds,
+                    CALIBRATION_WEIGHT,
+                );
             }
         } else if seen(&mut self.verify_seen, rows) {
             self.record_verify(rows, round.verify_seconds);
