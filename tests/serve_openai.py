@@ -4,7 +4,7 @@ loopback with SmolLM2 and its shipped DFlash drafter:
 
 - chat and completions, streamed and not: greedy text equals
   `blockdraft run --temp 0` for the same prompt; the same seed gives the same
-  sampled text;
+  sampled text, with the drafter and without;
 - load: 32 concurrent streaming clients x 3 requests each; every reply
   complete and equal to its single-request text; prints aggregate tokens/s
   and p50/p99 time to first token;
@@ -95,6 +95,9 @@ def main():
         a, b = (client.completions.create(model=model, prompt=raw, max_tokens=16, temperature=0.9, seed=11)
                 .choices[0].text for _ in range(2))
         check(a == b, "the same seed gives the same sampled text")
+        plain = client.completions.create(model=model, prompt=raw, max_tokens=16, temperature=0.9, seed=11,
+                                          extra_body={"speculative": False}).choices[0].text
+        check(a == plain, "the drafter does not change a seeded sample")
 
         # Load: 32 streaming clients x 3 requests.
         ttft, failures, tokens = [], [], [0]

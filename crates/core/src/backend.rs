@@ -299,10 +299,8 @@ pub trait Backend: Send + Sync + 'static {
     async fn argmax(&self, x: &Self::Tensor) -> Vec<u32>;
 
     /// Whether tensors live in host memory, so that [`Self::read`] is a
-    /// plain copy. The speculative engine then samples rounds at
-    /// temperature > 0 on the host, where a drafter that gives
-    /// probabilities is accepted by rejection sampling (which accepts more
-    /// than the device round's matching of greedy drafts).
+    /// plain copy. The speculative engine then chooses every token on the
+    /// host, where a readback costs nothing.
     fn host_memory(&self) -> bool {
         false
     }
@@ -351,7 +349,7 @@ pub trait Backend: Send + Sync + 'static {
     /// Seeded sampling of one token per row of logits `x` (`n x cols`), as
     /// f32 ids down column `col` of `out` from row `row`: row `r` draws
     /// [`sample_index`] over its candidates with the uniform
-    /// [`device_uniform`]`(p.seed, counter + r)`. The candidates are the
+    /// [`seeded_uniform`]`(p.seed, counter + r)`. The candidates are the
     /// row's top-k ([`Self::top_k`], sorted) when `p.top_k > 0`, else the
     /// whole row in index order, where top-p does not apply: the draw
     /// follows [`crate::sampling::Sampler::distribution`] when
@@ -360,7 +358,7 @@ pub trait Backend: Send + Sync + 'static {
     /// [`crate::host_ops::sample_rows`] is the reference.
     ///
     /// [`sample_index`]: crate::sampling::sample_index
-    /// [`device_uniform`]: crate::sampling::device_uniform
+    /// [`seeded_uniform`]: crate::sampling::seeded_uniform
     fn sample_to(
         &self,
         x: &Self::Tensor,

@@ -123,7 +123,7 @@ pub async fn generate<B: Backend>(
 pub(crate) async fn next_token<B: Backend>(
     be: &B,
     state: &mut DecoderState<B>,
-    sampler: &mut Sampler,
+    sampler: &Sampler,
     history: &[u32],
     picked: &mut B::Tensor,
 ) -> u32 {

@@ -4,7 +4,7 @@
 //! host memory (the CPU backend) runs, and what device kernels are tested
 //! against through the conformance suite.
 
-use crate::sampling::{device_uniform, sample_index, SamplingParams};
+use crate::sampling::{sample_index, seeded_uniform, SamplingParams};
 
 /// `x = cap · tanh(x / cap)`.
 pub fn softcap(x: &mut [f32], cap: f32) {
@@ -83,7 +83,7 @@ pub fn sample_rows(x: &[f32], cols: usize, p: &SamplingParams, counter: u64) -> 
         .chunks_exact(m)
         .enumerate()
         .map(|(r, row)| {
-            let u = device_uniform(p.seed, counter.wrapping_add(r as u64));
+            let u = seeded_uniform(p.seed, counter.wrapping_add(r as u64));
             let i = sample_index(row, k > 0, p, u);
             ids.as_ref().map_or(i as f32, |ids| ids[r * m + i])
         })

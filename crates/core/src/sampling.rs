@@ -1,5 +1,7 @@
 //! Token sampling: greedy, temperature, top-k, top-p, min-p, repetition
-//! penalty, with a seeded RNG so runs are reproducible on every target.
+//! penalty. A seeded draw takes the number of `(seed, position)`
+//! ([`seeded_uniform`]), so a seed gives the same text on every run, and
+//! speculative decoding, whatever it drafts, the text plain decoding gives.
 
 /// Sampling settings; `temperature <= 0` means greedy.
 #[derive(Clone, Debug, PartialEq)]
@@ -136,8 +138,9 @@ impl SamplingParams {
     }
 }
 
-/// xoshiro256** seeded by splitmix64. Hand-written rather than a crate so the
-/// stream is fixed forever and identical on native and wasm32.
+/// xoshiro256** seeded by splitmix64, for test data, benchmarks and
+/// simulations. Hand-written rather than a crate so the stream is fixed
+/// forever and identical on native and wasm32.
 #[derive(Clone, Debug)]
 pub struct Rng {
     s: [u64; 4],
@@ -203,9 +206,8 @@ impl Distribution {
             .map_or(0.0, |c| c.1)
     }
 
-    /// Draws a token by inverse CDF.
-    pub fn sample(&self, rng: &mut Rng) -> u32 {
-        let u = rng.next_f64() as f32;
+    /// The token that uniform `u` in [0, 1) draws, by inverse CDF.
+    pub fn sample(&self, u: f32) -> u32 {
         let mut acc = 0.0;
         for &(id, p) in &self.candidates {
             acc += p;
@@ -234,17 +236,23 @@ pub fn penalize(logits: &mut [f32], recent: &[u32], penalty: f32) {
     }
 }
 
-/// Stateful sampler: parameters plus the RNG stream.
+/// Chooses tokens from rows of logits as [`SamplingParams`] say. It holds
+/// no stream: the draw after `history` takes the number of
+/// `(seed, history.len() − 1)`, the position of the token the row follows.
 #[derive(Clone, Debug)]
 pub struct Sampler {
     pub params: SamplingParams,
-    pub rng: Rng,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
-        let rng = Rng::new(params.seed);
-        Sampler { params, rng }
+        Sampler { params }
+    }
+
+    /// The uniform a seeded draw of the row after the token at `position`
+    /// takes.
+    pub fn uniform(&self, position: usize) -> f32 {
+        seeded_uniform(self.params.seed, position as u64)
     }
 
     /// Applies the repetition penalty to `logits` for the last
@@ -306,30 +314,29 @@ impl Sampler {
         Distribution { candidates: cand }
     }
 
-    /// Picks the next token from one row of logits.
-    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+    /// Picks the token after `history` from its row of logits.
+    pub fn sample(&self, logits: &[f32], history: &[u32]) -> u32 {
+        let u = self.uniform(history.len().saturating_sub(1));
         if self.params.repeat_penalty == 1.0 {
             if self.params.is_greedy() {
                 return argmax(logits);
             }
-            let d = self.distribution(logits);
-            return d.sample(&mut self.rng);
+            return self.distribution(logits).sample(u);
         }
         let mut penalized = logits.to_vec();
         self.penalize(&mut penalized, history);
         if self.params.is_greedy() {
             return argmax(&penalized);
         }
-        let d = self.distribution(&penalized);
-        d.sample(&mut self.rng)
+        self.distribution(&penalized).sample(u)
     }
 }
 
-/// The uniform in [0, 1) that seeded sampling on a device draws for
-/// `(seed, counter)` (`shaders/sample.wgsl` computes the same bits): a
-/// counter-based generator, so a device draws each row's number
+/// The uniform in [0, 1) that seeded sampling draws for `(seed, counter)`,
+/// on the host and on devices (`shaders/sample.wgsl` computes the same
+/// bits): a counter-based generator, so a device draws each row's number
 /// independently and a given seed and position always draw the same one.
-pub fn device_uniform(seed: u64, counter: u64) -> f32 {
+pub fn seeded_uniform(seed: u64, counter: u64) -> f32 {
     fn pcg(v: u32) -> u32 {
         let state = v.wrapping_mul(747_796_405).wrapping_add(2_891_336_453);
         let word = ((state >> ((state >> 28) + 4)) ^ state).wrapping_mul(277_803_737);
@@ -442,7 +449,7 @@ mod tests {
 
     #[test]
     fn greedy_picks_first_maximum() {
-        let mut s = Sampler::new(SamplingParams::greedy());
+        let s = Sampler::new(SamplingParams::greedy());
         assert_eq!(s.sample(&[0.1, 3.0, 3.0, -1.0], &[]), 1);
     }
 
@@ -499,11 +506,13 @@ mod tests {
             seed: 7,
             ..Default::default()
         };
-        let mut s = Sampler::new(params.clone());
+        let s = Sampler::new(params.clone());
         let n = 200_000;
         let mut counts = [0usize; 3];
-        for _ in 0..n {
-            counts[s.sample(&logits, &[]) as usize] += 1;
+        // Over positions: each draws its own number.
+        let dist = s.distribution(&logits);
+        for position in 0..n {
+            counts[dist.sample(s.uniform(position)) as usize] += 1;
         }
         let z: f32 = logits.iter().map(|l| l.exp()).sum();
         for (i, &c) in counts.iter().enumerate() {
@@ -516,11 +525,17 @@ mod tests {
                 "token {i}: {got} vs {expected}"
             );
         }
-        let mut a = Sampler::new(params.clone());
-        let mut b = Sampler::new(params);
-        let ra: Vec<u32> = (0..50).map(|_| a.sample(&logits, &[])).collect();
-        let rb: Vec<u32> = (0..50).map(|_| b.sample(&logits, &[])).collect();
-        assert_eq!(ra, rb);
+        // The draw after a history depends on the seed and its length only.
+        let history = |n: usize| vec![1u32; n];
+        let draws = |seed: u64| -> Vec<u32> {
+            let s = Sampler::new(SamplingParams {
+                seed,
+                ..params.clone()
+            });
+            (1..60).map(|n| s.sample(&logits, &history(n))).collect()
+        };
+        assert_eq!(draws(7), draws(7));
+        assert_ne!(draws(7), draws(8));
     }
 
     #[test]
@@ -536,7 +551,7 @@ mod tests {
         // 0.845 ≥ 0.7 of the mass, the first alone 0.64 < 0.7.
         let top = [3.0, 2.0, 1.0, 0.0];
         let picks: Vec<usize> = (0..200)
-            .map(|c| sample_index(&top, true, &p, device_uniform(5, c)))
+            .map(|c| sample_index(&top, true, &p, seeded_uniform(5, c)))
             .collect();
         assert!(
             picks.iter().all(|&i| i < 2) && picks.contains(&1),
@@ -551,15 +566,15 @@ mod tests {
         };
         let row = [f32::NAN, 1.0, 2.0, f32::NEG_INFINITY, 0.0];
         let picks: Vec<usize> = (0..200)
-            .map(|c| sample_index(&row, false, &p, device_uniform(6, c)))
+            .map(|c| sample_index(&row, false, &p, seeded_uniform(6, c)))
             .collect();
         assert!(picks.iter().all(|&i| i == 1 || i == 2) && picks.contains(&1));
         assert_eq!(sample_index(&[f32::NAN; 3], false, &p, 0.5), 0);
-        let u: Vec<f32> = (0..1000).map(|c| device_uniform(9, c)).collect();
+        let u: Vec<f32> = (0..1000).map(|c| seeded_uniform(9, c)).collect();
         assert!(u.iter().all(|&x| (0.0..1.0).contains(&x)));
         let mean = u.iter().sum::<f32>() / 1000.0;
         assert!((mean - 0.5).abs() < 0.05, "mean {mean}");
-        assert_ne!(device_uniform(9, 0), device_uniform(10, 0), "seeded");
+        assert_ne!(seeded_uniform(9, 0), seeded_uniform(10, 0), "seeded");
     }
 
     #[test]
@@ -595,7 +610,7 @@ mod tests {
 
     #[test]
     fn repetition_penalty_changes_the_greedy_choice() {
-        let mut s = Sampler::new(SamplingParams {
+        let s = Sampler::new(SamplingParams {
             repeat_penalty: 2.0,
             ..SamplingParams::greedy()
         });

@@ -504,8 +504,7 @@ pub async fn greedy_speculative_async<B: crate::Backend>(
     speculative_async(dec, drafter, prompt, n, &greedy, policy).await
 }
 
-/// Speculative decoding of `n` tokens sampled with `params` (target and
-/// drafter alike) under `policy`.
+/// Speculative decoding of `n` tokens sampled with `params` under `policy`.
 pub fn sampled_speculative<B: crate::Backend>(
     dec: &crate::model::Decoder<B>,
     drafter: &mut dyn crate::speculative::Drafter<B>,
@@ -528,7 +527,6 @@ async fn speculative_async<B: crate::Backend>(
     use crate::sampling::Sampler;
     let mut state = dec.new_state(prompt.len() + n + 32, 32);
     let mut sampler = Sampler::new(params.clone());
-    let mut draft_sampler = Sampler::new(params.clone());
     let mut policy = crate::speculative::DraftPolicy::new(policy);
     let (tokens, _, stats) = crate::speculative::generate_speculative(
         dec,
@@ -538,7 +536,6 @@ async fn speculative_async<B: crate::Backend>(
         prompt,
         n,
         &mut sampler,
-        &mut draft_sampler,
         &|_| false,
         &mut |_| true,
         &mut |_| {},

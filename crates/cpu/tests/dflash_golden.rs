@@ -70,7 +70,6 @@ fn dflash_v1_matches_the_pytorch_reference() {
         &prompt,
         n_new,
         &mut Sampler::new(SamplingParams::greedy()),
-        &mut Sampler::new(SamplingParams::greedy()),
         &|_| false,
         &mut |_| true,
         &mut |r| rounds.push(r.accepted as u64 + 1),

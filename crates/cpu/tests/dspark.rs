@@ -193,7 +193,7 @@ fn p_min_stops_at_the_first_unconfident_row() {
     let p_min = confs[2] + 1e-6;
     let stop = confs.iter().position(|&c| c < p_min).unwrap();
     d.p_min = p_min;
-    let draft = block_on(d.propose(&[9, 2, 33, 14, 12], 16, None)).unwrap();
+    let draft = block_on(d.propose(&[9, 2, 33, 14, 12], 16)).unwrap();
     assert_eq!(draft.tokens, tokens[..stop]);
 }
 
@@ -287,17 +287,9 @@ fn dspark_and_d2t_rejections() {
     };
     let mut d = load(&t, synthetic_dspark(&s, &no_head, 5).bytes).unwrap();
     prefill(&t, &mut d, &[1, 2, 3]);
-    assert_eq!(
-        block_on(d.propose(&[1, 2, 3], 4, None))
-            .unwrap()
-            .tokens
-            .len(),
-        4
-    );
+    assert_eq!(block_on(d.propose(&[1, 2, 3], 4)).unwrap().tokens.len(), 4);
     d.p_min = 0.5;
-    let err = block_on(d.propose(&[1, 2, 3], 4, None))
-        .unwrap_err()
-        .to_string();
+    let err = block_on(d.propose(&[1, 2, 3], 4)).unwrap_err().to_string();
     assert!(err.contains("set p_min 0"), "{err}");
     // d2t validation.
     let v1 = |map: Vec<i64>| synthetic_dflash_d2t(&s, &map, 6).bytes;

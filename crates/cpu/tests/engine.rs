@@ -27,6 +27,7 @@ const N: usize = 24;
 enum Kind {
     Greedy,
     Sampled(u64),
+    SampledDFlash(u64),
     Ngram,
     DraftModel,
     DFlash,
@@ -72,7 +73,7 @@ fn prompt(i: usize, n_vocab: usize) -> Vec<u32> {
 fn sequence<'a>(m: &Models, kind: Kind, prompt: &[u32]) -> Sequence<'a, CpuBackend> {
     let n_ctx = prompt.len() + N + 16;
     let params = match kind {
-        Kind::Sampled(seed) => SamplingParams {
+        Kind::Sampled(seed) | Kind::SampledDFlash(seed) => SamplingParams {
             temperature: 0.9,
             seed,
             ..SamplingParams::greedy()
@@ -83,7 +84,7 @@ fn sequence<'a>(m: &Models, kind: Kind, prompt: &[u32]) -> Sequence<'a, CpuBacke
         Held::owned(m.target.new_state(n_ctx, 16)),
         prompt,
         N,
-        Held::owned(Sampler::new(params.clone())),
+        Held::owned(Sampler::new(params)),
         |_| false,
     );
     let drafter: Box<dyn Drafter<CpuBackend>> = match kind {
@@ -92,12 +93,13 @@ fn sequence<'a>(m: &Models, kind: Kind, prompt: &[u32]) -> Sequence<'a, CpuBacke
         Kind::DraftModel => Box::new(
             DraftModelDrafter::new(m.draft.clone(), m.target.config.n_vocab, n_ctx).unwrap(),
         ),
-        Kind::DFlash => Box::new(DFlashDrafter::new(m.dflash.clone(), n_ctx, 16)),
+        Kind::DFlash | Kind::SampledDFlash(_) => {
+            Box::new(DFlashDrafter::new(m.dflash.clone(), n_ctx, 16))
+        }
     };
     seq.with_drafter(
         Held::Owned(drafter),
         Held::owned(DraftPolicy::new(PolicyConfig::default())),
-        Held::owned(Sampler::new(params)),
     )
 }
 
@@ -120,6 +122,7 @@ fn sequences_stepped_together_give_the_tokens_of_each_alone() {
         Kind::DraftModel,
         Kind::DFlash,
         Kind::DFlash,
+        Kind::SampledDFlash(5),
         Kind::Greedy,
     ];
     let want: Vec<Vec<u32>> = kinds
@@ -127,6 +130,18 @@ fn sequences_stepped_together_give_the_tokens_of_each_alone() {
         .enumerate()
         .map(|(i, &k)| alone(&m, sequence(&m, k, &prompt(i, n_vocab))))
         .collect();
+    // A seed draws the same tokens with a drafter as without.
+    let sampled = kinds
+        .iter()
+        .position(|k| matches!(k, Kind::SampledDFlash(_)))
+        .unwrap();
+    assert_eq!(
+        want[sampled],
+        alone(
+            &m,
+            sequence(&m, Kind::Sampled(5), &prompt(sampled, n_vocab))
+        )
+    );
 
     let mut engine = Engine::new(m.target.clone());
     // The last one joins after a few steps, as a server's request would.

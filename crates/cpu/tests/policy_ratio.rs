@@ -70,7 +70,6 @@ fn speculative(
 ) -> (f64, Vec<u32>) {
     let mut state = target.new_state(prompt.len() + TOKENS + 16, 256);
     let mut sampler = Sampler::new(SamplingParams::greedy());
-    let mut draft_sampler = Sampler::new(SamplingParams::greedy());
     let mut policy = DraftPolicy::new(PolicyConfig::default());
     let (tokens, _, stats) = block_on(generate_speculative(
         target,
@@ -80,7 +79,6 @@ fn speculative(
         prompt,
         TOKENS,
         &mut sampler,
-        &mut draft_sampler,
         &|_| false,
         &mut |_| true,
         &mut |_| {},

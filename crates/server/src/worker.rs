@@ -8,7 +8,7 @@ use crate::metrics::Metrics;
 use blockdraft_core::engine::{Engine, Event, Held, Sequence};
 use blockdraft_core::generate::{StopReason, TextStream};
 use blockdraft_core::model::Decoder;
-use blockdraft_core::sampling::{Sampler, SamplingParams};
+use blockdraft_core::sampling::Sampler;
 use blockdraft_core::speculative::{DraftPolicy, PolicyConfig, SharedDrafter, SpecStats};
 use blockdraft_core::tokenizer::Tokenizer;
 use blockdraft_core::Backend;
@@ -157,14 +157,9 @@ impl<B: Backend> Worker<B> {
                 .for_sequence(n_vocab, n_ctx, MAX_BATCH)
                 .map_err(|e| fail(e.to_string()))?;
             if let Some(drafter) = drafter {
-                let draft_sampler = Sampler::new(SamplingParams {
-                    seed: req.sampling.seed ^ 0x5eed_d4af,
-                    ..req.sampling.clone()
-                });
                 seq = seq.with_drafter(
                     Held::Owned(drafter),
                     Held::owned(DraftPolicy::new(self.policy)),
-                    Held::owned(draft_sampler),
                 );
             }
         }

@@ -8,7 +8,7 @@ use blockdraft_core::backend::KvType;
 use blockdraft_core::chat_template::{ChatTemplate, TemplateError};
 use blockdraft_core::generate::{ends_in_a_loop, generate, StopReason, TextStream};
 use blockdraft_core::model::{Decoder, ModelConfig, StreamedModel};
-use blockdraft_core::sampling::{Sampler, SamplingParams};
+use blockdraft_core::sampling::Sampler;
 use blockdraft_core::speculative::{
     generate_speculative, DraftPolicy, PolicyConfig, SharedDrafter,
 };
@@ -255,11 +255,6 @@ impl<B: Backend> Session<B> {
                     n_max: req.draft_max,
                     ..PolicyConfig::default()
                 });
-                // A separate RNG stream for drafters that sample.
-                let mut draft_sampler = Sampler::new(SamplingParams {
-                    seed: req.sampling.seed ^ 0x5eed_d4af,
-                    ..req.sampling.clone()
-                });
                 let (tokens, reason, st) = generate_speculative(
                     &self.decoder,
                     &mut state,
@@ -268,7 +263,6 @@ impl<B: Backend> Session<B> {
                     &prompt,
                     max_tokens,
                     &mut sampler,
-                    &mut draft_sampler,
                     &is_eog,
                     &mut on_token,
                     &mut |_| {},

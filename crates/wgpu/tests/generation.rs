@@ -134,7 +134,7 @@ fn device_drafts_equal_host_drafts_for_every_variant() {
             block_on(d.observe(&history, 0, Some(taps.output()))).unwrap();
             for anchor in [7u32, 40, 2] {
                 history.push(anchor);
-                let host = block_on(d.propose(&history, 7, None)).unwrap().tokens;
+                let host = block_on(d.propose(&history, 7)).unwrap().tokens;
                 let mut round = be.tensor(8, 2);
                 let n = d
                     .propose_on_device(&history, 7, &mut round)

@@ -44,10 +44,7 @@ fn decode(dec: &Decoder<WgpuBackend>, prompt: &[u32], n: usize) -> (Vec<u32>, Ve
     ))
     .expect("plain decoding");
     let mut state = dec.try_new_state(n_ctx, CLI_BATCH).expect("a state");
-    let (mut s, mut d) = (
-        Sampler::new(SamplingParams::greedy()),
-        Sampler::new(SamplingParams::greedy()),
-    );
+    let mut s = Sampler::new(SamplingParams::greedy());
     let mut policy = DraftPolicy::new(PolicyConfig::fixed(7));
     let spec = block_on(generate_speculative(
         dec,
@@ -57,7 +54,6 @@ fn decode(dec: &Decoder<WgpuBackend>, prompt: &[u32], n: usize) -> (Vec<u32>, Ve
         prompt,
         n,
         &mut s,
-        &mut d,
         &|_| false,
         &mut |_| true,
         &mut |_| {},

@@ -4,12 +4,12 @@ use super::median;
 use crate::args::{at_least, f32_in, usize_in};
 use crate::drafter::DraftArgs;
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use blockdraft_core::chat_template::ContentTokens;
 use blockdraft_core::generate::{ends_in_a_loop, generate, TextStream};
 use blockdraft_core::sampling::limits;
 use blockdraft_core::sampling::{Sampler, SamplingParams};
-use blockdraft_core::speculative::{generate_speculative, DraftPolicy};
+use blockdraft_core::speculative::{generate_speculative, DraftPolicy, SharedDrafter};
 use blockdraft_core::Backend;
 use blockdraft_core::ModelError;
 use serde_json::json;
@@ -148,7 +148,12 @@ fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
         repeat_last_n: args.repeat_last_n,
         seed,
     };
-    let spec = match &args.draft.draft {
+    // Loaded and warmed up once: every timed run gets a fresh sequence.
+    let drafter = match &args.draft.draft {
+        Some(_) => Some(crate::drafter::shared(&args.draft, &loaded)?),
+        None => None,
+    };
+    let spec = match &drafter {
         Some(d) => Some(decode(
             &loaded,
             &args,
@@ -180,7 +185,7 @@ fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
         spec_tps.push(s.decode_tps);
         plain_tps.push(p.decode_tps);
         for i in 1..args.compare_runs {
-            let draft = args.draft.draft.as_deref();
+            let draft = drafter.as_ref();
             let time = |d| decode(&loaded, &args, &prompt, n_ctx, &params, d, false);
             if i % 2 == 1 {
                 plain_tps.push(time(None)?.decode_tps);
@@ -277,7 +282,7 @@ fn decode<B: Backend>(
     prompt: &[u32],
     n_ctx: usize,
     params: &SamplingParams,
-    draft: Option<&str>,
+    draft: Option<&SharedDrafter<B>>,
     stream: bool,
 ) -> Result<Outcome> {
     let tok = &loaded.tokenizer;
@@ -335,13 +340,11 @@ fn decode<B: Backend>(
             );
             (tokens, st.decode_tokens_per_second(), stats, summary)
         }
-        Some(_) => {
-            let mut drafter = crate::drafter::build(&args.draft, loaded, n_ctx, max_batch)?;
+        Some(shared) => {
+            let mut drafter = shared
+                .for_sequence(loaded.decoder.config.n_vocab, n_ctx, max_batch)?
+                .context("no --draft given")?;
             let mut policy = DraftPolicy::new(args.draft.policy());
-            let mut draft_sampler = Sampler::new(SamplingParams {
-                seed: params.seed ^ 0x5eed_d4af,
-                ..params.clone()
-            });
             let (tokens, reason, st) = pollster::block_on(generate_speculative(
                 &loaded.decoder,
                 &mut state,
@@ -350,7 +353,6 @@ fn decode<B: Backend>(
                 prompt,
                 args.n_predict,
                 &mut sampler,
-                &mut draft_sampler,
                 &is_eog,
                 &mut on_token,
                 &mut |_| {},

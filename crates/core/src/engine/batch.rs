@@ -5,8 +5,7 @@ use super::{Engine, Event};
 use crate::backend::{check_device, Backend};
 use crate::error::ModelError;
 use crate::model::{DecoderState, Taps};
-use crate::speculative::verifier::verdict_from_rows;
-use crate::speculative::{Draft, RoundStats};
+use crate::speculative::RoundStats;
 use web_time::Instant;
 
 impl<B: Backend> Sequence<'_, B> {
@@ -121,9 +120,11 @@ impl<B: Backend> Engine<B> {
             let rows = be.read(batch.logits()).await;
             let width = rows.len() / n;
             members
-                .iter_mut()
+                .iter()
                 .zip(rows.chunks_exact(width))
-                .map(|(s, row)| choose(s, row, target.config.n_vocab))
+                // As alone: a speculative sequence's plain step samples as
+                // its verifier would an empty draft.
+                .map(|(s, row)| s.sampler.sample(&row[..target.config.n_vocab], &s.history))
                 .collect()
         };
         check_device(be)?;
@@ -153,24 +154,6 @@ impl<B: Backend> Engine<B> {
         }
         Ok(())
     }
-}
-
-/// The token after `seq`'s row of a batched pass, chosen as it would be
-/// alone: by its sampler without a drafter, by the verifier's rule (an
-/// empty draft) with one.
-fn choose<B: Backend>(seq: &mut Sequence<'_, B>, row: &[f32], n_vocab: usize) -> u32 {
-    if seq.spec.is_none() {
-        return seq.sampler.sample(row, &seq.history);
-    }
-    let draft = Draft::default();
-    verdict_from_rows(
-        &row[..n_vocab],
-        n_vocab,
-        &seq.history,
-        &draft,
-        &mut seq.sampler,
-    )
-    .tokens[0]
 }
 
 /// What a plain step of a speculative sequence records: the drafter sees

@@ -127,11 +127,10 @@ async fn step_alone<B: Backend>(
 
 /// Generates up to `max_tokens` tokens after `prompt` with speculative
 /// decoding: one [`Sequence`] driven alone, on the caller's state, drafter,
-/// policy and samplers. At temperature 0 the output is token-identical to
+/// policy and sampler. At temperature 0 the output is token-identical to
 /// [`crate::generate::generate`]; at temperature > 0 it follows the
-/// target's distribution. `draft_sampler` (a separate RNG stream) lets
-/// drafters sample at temperature > 0. `on_round` sees each round's
-/// statistics as it happens.
+/// target's distribution, and a seed gives the text plain decoding gives.
+/// `on_round` sees each round's statistics as it happens.
 #[allow(clippy::too_many_arguments)]
 pub async fn generate_speculative<'a, B: Backend>(
     target: &Decoder<B>,
@@ -141,7 +140,6 @@ pub async fn generate_speculative<'a, B: Backend>(
     prompt: &[u32],
     max_tokens: usize,
     sampler: &'a mut Sampler,
-    draft_sampler: &'a mut Sampler,
     is_eog: &'a dyn Fn(u32) -> bool,
     on_token: &mut dyn FnMut(u32) -> bool,
     on_round: &mut dyn FnMut(&RoundStats),
@@ -153,11 +151,7 @@ pub async fn generate_speculative<'a, B: Backend>(
         Held::Borrowed(sampler),
         is_eog,
     )
-    .with_drafter(
-        Held::Borrowed(drafter),
-        Held::Borrowed(policy),
-        Held::Borrowed(draft_sampler),
-    );
+    .with_drafter(Held::Borrowed(drafter), Held::Borrowed(policy));
     let (tokens, reason) = seq.run_alone(target, on_token, on_round).await?;
     Ok((tokens, reason, seq.stats().clone()))
 }

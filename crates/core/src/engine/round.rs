@@ -101,21 +101,16 @@ impl<B: Backend> Sequence<'_, B> {
             let choices: Vec<u32> = ids.iter().skip(1).step_by(2).copied().collect();
             let draft = Draft {
                 tokens: batch[1..].to_vec(),
-                probs: None,
             };
             let verdict = verify_greedy(&choices, &draft.tokens);
             (batch, draft, verdict, draft_seconds, tv)
         } else {
             let mut draft = if want > 0 {
-                let s = (!sampler.params.is_greedy()).then_some(&mut *spec.draft_sampler);
-                spec.drafter.propose(history, want, s).await?
+                spec.drafter.propose(history, want).await?
             } else {
                 Default::default()
             };
             draft.tokens.truncate(want);
-            if let Some(p) = draft.probs.as_mut() {
-                p.truncate(want);
-            }
             if draft.tokens.len() < n_min {
                 draft = Default::default();
             }
@@ -172,7 +167,7 @@ pub(super) async fn verdict_on_host<B: Backend>(
     logits: &B::Tensor,
     history: &[u32],
     draft: &Draft,
-    sampler: &mut crate::sampling::Sampler,
+    sampler: &crate::sampling::Sampler,
     n_vocab: usize,
 ) -> Verdict {
     if sampler.params.is_greedy() && sampler.params.repeat_penalty == 1.0 {

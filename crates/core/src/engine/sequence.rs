@@ -24,8 +24,6 @@ pub(super) enum Phase {
 pub(super) struct Speculation<'a, B: Backend> {
     pub(super) drafter: Held<'a, dyn Drafter<B> + 'a>,
     pub(super) policy: Held<'a, DraftPolicy>,
-    /// A separate RNG stream for drafters that sample.
-    pub(super) draft_sampler: Held<'a, Sampler>,
     /// The target's hidden states the drafter reads, from the last pass.
     pub(super) taps: Option<Taps<B>>,
     /// Whether rounds keep their ids on the device (one readback each).
@@ -94,19 +92,17 @@ impl<'a, B: Backend> Sequence<'a, B> {
 
     /// Speculative decoding with `drafter` under `policy`: at temperature
     /// 0 the tokens are those of plain decoding, above it they follow the
-    /// target's distribution. `draft_sampler` (its own RNG stream) lets
-    /// drafters sample.
+    /// target's distribution, and a seed gives the text plain decoding
+    /// gives.
     pub fn with_drafter(
         mut self,
         drafter: Held<'a, dyn Drafter<B> + 'a>,
         policy: Held<'a, DraftPolicy>,
-        draft_sampler: Held<'a, Sampler>,
     ) -> Self {
         self.stats.drafter = drafter.kind().to_string();
         self.spec = Some(Speculation {
             drafter,
             policy,
-            draft_sampler,
             taps: None,
             on_device: false,
             round: None,
@@ -301,7 +297,7 @@ impl<'a, B: Backend> Sequence<'a, B> {
             }
         }
         let picked = self.picked.get_or_insert_with(|| be.tensor(1, 1));
-        let first = next_token(be, &mut self.state, &mut self.sampler, prompt, picked).await;
+        let first = next_token(be, &mut self.state, &self.sampler, prompt, picked).await;
         check_device(be)?;
         self.stats.prefill_seconds = t0.elapsed().as_secs_f64();
         self.decode_started = Some(Instant::now());
@@ -321,14 +317,7 @@ impl<'a, B: Backend> Sequence<'a, B> {
         let last = *self.history.last().expect("history holds the prompt");
         target.forward(&mut self.state, &[last], LogitRows::Last, true, None)?;
         let picked = self.picked.get_or_insert_with(|| be.tensor(1, 1));
-        let token = next_token(
-            be,
-            &mut self.state,
-            &mut self.sampler,
-            &self.history,
-            picked,
-        )
-        .await;
+        let token = next_token(be, &mut self.state, &self.sampler, &self.history, picked).await;
         check_device(be)?;
         self.emit(&[token], events);
         Ok(())

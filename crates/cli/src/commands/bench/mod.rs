@@ -546,7 +546,6 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
             &prompt,
             n,
             &mut greedy(),
-            &mut greedy(),
             &|_| false,
             &mut |_| !interrupt::requested(),
             &mut |r| rounds.push(r.clone()),

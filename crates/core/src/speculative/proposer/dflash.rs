@@ -35,7 +35,7 @@ use crate::error::ModelError;
 use crate::model::{
     Architecture, Decoder, DecoderState, FileTensors, LayerHook, LogitRows, ModelConfig,
 };
-use crate::sampling::{argmax, Sampler};
+use crate::sampling::argmax;
 use blockdraft_gguf::GgufFile;
 use std::sync::Arc;
 
@@ -382,7 +382,7 @@ impl<B: Backend> DFlashModel<B> {
         let taps = self.decoder.backend.tensor(1, width);
         let mut drafter = DFlashDrafter::new(self.clone(), block + 2, block);
         drafter.observe(&[0], 0, Some(&taps)).await?;
-        drafter.propose(&[0], block, None).await?;
+        drafter.propose(&[0], block).await?;
         Ok(())
     }
 }
@@ -880,12 +880,7 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
         self.inject_pending()
     }
 
-    async fn propose(
-        &mut self,
-        history: &[u32],
-        n_max: usize,
-        mut sampler: Option<&mut Sampler>,
-    ) -> Result<Draft, ModelError> {
+    async fn propose(&mut self, history: &[u32], n_max: usize) -> Result<Draft, ModelError> {
         let Some(&anchor) = history.last() else {
             return Ok(Draft::default());
         };
@@ -900,13 +895,9 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
         if n == 0 {
             return Ok(Draft::default());
         }
-        // DFlash2 walks its lattice greedily at any temperature (as
-        // llama.cpp does); without draft probabilities the verifier
-        // accepts by matching the target's samples.
         if let Some(lattice) = self.block_lattice(anchor, n).await? {
             return Ok(Draft {
                 tokens: self.walk(&lattice, anchor, self.p_min),
-                probs: None,
             });
         }
         // DSpark stops on its confidence head inside the walk instead.
@@ -915,22 +906,12 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
         } else {
             self.p_min
         };
-        let mut probs = Vec::new();
-        let pick = &mut |row: &[f32]| match sampler.as_deref_mut() {
-            Some(s) if !s.params.is_greedy() => {
-                let dist = s.distribution(row);
-                let token = dist.sample(&mut s.rng);
-                probs.push(dist);
-                Some(token)
-            }
-            _ => {
-                let best = argmax(row);
-                (p_min <= 0.0 || top_probability(row, best) >= p_min).then_some(best)
-            }
+        let pick = &mut |row: &[f32]| {
+            let best = argmax(row);
+            (p_min <= 0.0 || top_probability(row, best) >= p_min).then_some(best)
         };
         let (tokens, _) = self.draft_block(anchor, n, pick).await?;
-        let probs = (!probs.is_empty()).then_some(probs);
-        Ok(Draft { tokens, probs })
+        Ok(Draft { tokens })
     }
 
     fn propose_on_device(

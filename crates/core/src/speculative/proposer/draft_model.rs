@@ -5,7 +5,6 @@ use super::{Draft, Drafter};
 use crate::backend::Backend;
 use crate::error::ModelError;
 use crate::model::{Decoder, DecoderState, LogitRows};
-use crate::sampling::Sampler;
 use std::sync::Arc;
 
 /// Most tokens one catch-up feeds: after a long gap (speculation off) the
@@ -147,29 +146,15 @@ impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
         self.unseen(history, upto, window).len()
     }
 
-    async fn propose(
-        &mut self,
-        history: &[u32],
-        n_max: usize,
-        mut sampler: Option<&mut Sampler>,
-    ) -> Result<Draft, ModelError> {
+    async fn propose(&mut self, history: &[u32], n_max: usize) -> Result<Draft, ModelError> {
         let n_max = self.feed_unseen(history, n_max)?;
         if n_max == 0 {
             return Ok(Draft::default());
         }
         let be = &*self.model.backend;
         let mut tokens = Vec::with_capacity(n_max);
-        let mut probs = Vec::new();
         loop {
-            let next = match sampler.as_deref_mut() {
-                Some(s) if !s.params.is_greedy() => {
-                    let dist = s.distribution(&be.read(self.state.logits()).await);
-                    let t = dist.sample(&mut s.rng);
-                    probs.push(dist);
-                    t
-                }
-                _ => be.argmax(self.state.logits()).await[0],
-            };
+            let next = be.argmax(self.state.logits()).await[0];
             tokens.push(next);
             if tokens.len() == n_max {
                 break;
@@ -177,8 +162,7 @@ impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
             self.model
                 .forward(&mut self.state, &[next], LogitRows::Last, true, None)?;
         }
-        let probs = (probs.len() == tokens.len()).then_some(probs);
-        Ok(Draft { tokens, probs })
+        Ok(Draft { tokens })
     }
 
     fn propose_on_device(

@@ -22,15 +22,13 @@ pub use shared::SharedDrafter;
 
 use crate::backend::Backend;
 use crate::error::ModelError;
-use crate::sampling::{Distribution, Sampler};
 
 /// Tokens proposed for one round.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Draft {
+    /// The drafter's most likely tokens, at any temperature: the verifier
+    /// accepts by matching the target's samples ([`super::verifier`]).
     pub tokens: Vec<u32>,
-    /// The distribution each token was drawn from, when the drafter sampled
-    /// (enables exact rejection sampling at temperature > 0).
-    pub probs: Option<Vec<Distribution>>,
 }
 
 /// `propose` and `observe` may read back from the device, so they are
@@ -89,15 +87,9 @@ pub trait Drafter<B: Backend>: Send {
     }
 
     /// Drafts up to `n_max` tokens following `history` (every committed
-    /// token; the last one is not yet in the target's cache). With
-    /// `sampler`, a drafter that can sample from its own distribution does
-    /// so and returns it.
-    async fn propose(
-        &mut self,
-        history: &[u32],
-        n_max: usize,
-        sampler: Option<&mut Sampler>,
-    ) -> Result<Draft, ModelError>;
+    /// token; the last one is not yet in the target's cache): its most
+    /// likely ones, at any temperature.
+    async fn propose(&mut self, history: &[u32], n_max: usize) -> Result<Draft, ModelError>;
 
     /// Greedy drafting that never leaves the device: drafts up to `n_max`
     /// tokens after `history` as f32 ids down column 0 of `round` from row

@@ -5,7 +5,6 @@
 use super::{Draft, Drafter};
 use crate::backend::Backend;
 use crate::error::ModelError;
-use crate::sampling::Sampler;
 
 pub struct NgramDrafter {
     /// Longest suffix tried first.
@@ -56,15 +55,9 @@ impl<B: Backend> Drafter<B> for NgramDrafter {
         "ngram"
     }
 
-    async fn propose(
-        &mut self,
-        history: &[u32],
-        n_max: usize,
-        _: Option<&mut Sampler>,
-    ) -> Result<Draft, ModelError> {
+    async fn propose(&mut self, history: &[u32], n_max: usize) -> Result<Draft, ModelError> {
         Ok(Draft {
             tokens: self.lookup(history, n_max),
-            probs: None,
         })
     }
 }

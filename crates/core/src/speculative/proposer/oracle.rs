@@ -34,12 +34,7 @@ impl<B: Backend> Drafter<B> for OracleDrafter {
         "oracle"
     }
 
-    async fn propose(
-        &mut self,
-        history: &[u32],
-        n_max: usize,
-        _: Option<&mut crate::sampling::Sampler>,
-    ) -> Result<Draft, ModelError> {
+    async fn propose(&mut self, history: &[u32], n_max: usize) -> Result<Draft, ModelError> {
         let from = history.len().min(self.sequence.len());
         let to = (from + n_max).min(self.sequence.len());
         let tokens = self.sequence[from..to]
@@ -52,10 +47,7 @@ impl<B: Backend> Drafter<B> for OracleDrafter {
                 }
             })
             .collect();
-        Ok(Draft {
-            tokens,
-            probs: None,
-        })
+        Ok(Draft { tokens })
     }
 }
 
@@ -97,14 +89,9 @@ impl<B: Backend> Drafter<B> for ForcedDrafter<B> {
         self.inner.lag(history)
     }
 
-    async fn propose(
-        &mut self,
-        history: &[u32],
-        n_max: usize,
-        sampler: Option<&mut crate::sampling::Sampler>,
-    ) -> Result<Draft, ModelError> {
-        self.inner.propose(history, n_max, sampler).await?;
-        Drafter::<B>::propose(&mut self.oracle, history, n_max, None).await
+    async fn propose(&mut self, history: &[u32], n_max: usize) -> Result<Draft, ModelError> {
+        self.inner.propose(history, n_max).await?;
+        Drafter::<B>::propose(&mut self.oracle, history, n_max).await
     }
 
     fn rollback(&mut self, len: usize) {
