@@ -5,7 +5,7 @@ use crate::load::{open_gguf, Loaded};
 use anyhow::{Context, Result};
 use blockdraft_core::model::ModelConfig;
 use blockdraft_core::sampling::Bounds;
-use blockdraft_core::speculative::{DFlashModel, Drafter, PolicyConfig, SharedDrafter};
+use blockdraft_core::speculative::{DFlashModel, PolicyConfig, SharedDrafter};
 use blockdraft_core::testing::{synthetic_dflash, SyntheticDFlash, SyntheticDims};
 use blockdraft_core::Backend;
 use blockdraft_gguf::{GgmlType, GgufFile};
@@ -95,20 +95,6 @@ pub fn shared<B: Backend>(args: &DraftArgs, target: &Loaded<B>) -> Result<Shared
     };
     pollster::block_on(drafter.warm_up()).context("the drafter's warm-up pass failed")?;
     Ok(drafter)
-}
-
-/// The drafter of `--draft` for one sequence of `target` with caches of
-/// `n_ctx` positions.
-pub fn build<B: Backend>(
-    args: &DraftArgs,
-    target: &Loaded<B>,
-    n_ctx: usize,
-    max_batch: usize,
-) -> Result<Box<dyn Drafter<B>>> {
-    let n_vocab = target.decoder.config.n_vocab;
-    shared(args, target)?
-        .for_sequence(n_vocab, n_ctx, max_batch)?
-        .context("no --draft given")
 }
 
 /// A random DFlash drafter shaped like a real one for `target`: `layers`

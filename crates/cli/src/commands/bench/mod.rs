@@ -499,6 +499,8 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
     let max_batch = 256;
     let greedy = || Sampler::new(SamplingParams::greedy());
 
+    // Weights loaded and warmed up once; each run gets a fresh sequence.
+    let shared = crate::drafter::shared(&args.draft, loaded)?;
     // Plain and speculative runs alternate, so that drift in the machine's
     // speed (frequency, neighbours) weighs on both sides of the ratio.
     let mut plain_runs = Vec::new();
@@ -526,7 +528,9 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
         }
         sequence = prompt.iter().chain(&plain_tokens).copied().collect();
 
-        let mut drafter = crate::drafter::build(&args.draft, loaded, n_ctx, max_batch)?;
+        let mut drafter = shared
+            .for_sequence(dec.config.n_vocab, n_ctx, max_batch)?
+            .context("no --draft given")?;
         if let Some(tau) = args.forced_tau {
             let e = error_rate_for_tau(tau, args.draft.draft_max);
             let oracle = OracleDrafter::new(sequence.clone(), e, dec.config.n_vocab, rep as u64);
