@@ -4,7 +4,8 @@ loopback with SmolLM2 and its shipped DFlash drafter:
 
 - chat and completions, streamed and not: greedy text equals
   `blockdraft run --temp 0` for the same prompt; the same seed gives the same
-  sampled text, with the drafter and without;
+  sampled text, with the drafter and without; presence and frequency
+  penalties give `run`'s text with the same penalties;
 - load: 32 concurrent streaming clients x 3 requests each; every reply
   complete and equal to its single-request text; prints aggregate tokens/s
   and p50/p99 time to first token;
@@ -32,8 +33,8 @@ PROMPTS = [
 ]
 
 
-def run_text(prompt, n, chat=True):
-    args = [BIN, "run", "-m", MODEL, "-p", prompt, "-n", str(n), "--temp", "0", "--json", "-t", "2"]
+def run_text(prompt, n, chat=True, extra=()):
+    args = [BIN, "run", "-m", MODEL, "-p", prompt, "-n", str(n), "--temp", "0", "--json", "-t", "2", *extra]
     if chat:
         args.append("--chat")
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
@@ -98,6 +99,12 @@ def main():
         plain = client.completions.create(model=model, prompt=raw, max_tokens=16, temperature=0.9, seed=11,
                                           extra_body={"speculative": False}).choices[0].text
         check(a == plain, "the drafter does not change a seeded sample")
+        penalized = client.completions.create(model=model, prompt=raw, max_tokens=24, temperature=0,
+                                              frequency_penalty=1.5, presence_penalty=0.5).choices[0].text
+        check(penalized == run_text(raw, 24, chat=False,
+                                    extra=("--frequency-penalty", "1.5", "--presence-penalty", "0.5",
+                                           "--repeat-last-n", "64")),
+              "penalties equal run --frequency-penalty --presence-penalty")
 
         # Load: 32 streaming clients x 3 requests.
         ttft, failures, tokens = [], [], [0]

@@ -89,7 +89,17 @@ interface CommonParams {
    * (off). 1.1 keeps small models from looping.
    */
   repeat_penalty?: number;
-  /** Default 64. */
+  /**
+   * Subtracted once from the logit of every token among the last
+   * `repeat_last_n` (OpenAI's presence penalty), -2..=2; default 0 (off).
+   */
+  presence_penalty?: number;
+  /**
+   * Subtracted from a token's logit per occurrence among the last
+   * `repeat_last_n` (OpenAI's frequency penalty), -2..=2; default 0 (off).
+   */
+  frequency_penalty?: number;
+  /** How many recent tokens the penalties look at; default 64. */
   repeat_last_n?: number;
   /** Seeds the sampler (same seed, same text). */
   seed?: number;

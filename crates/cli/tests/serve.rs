@@ -291,10 +291,11 @@ fn requests_streams_errors_and_cancellation() {
         (chat_with("n", json!(2)), 400, "n"),
         (chat_with("logprobs", json!(true)), 400, "logprobs"),
         (
-            chat_with("frequency_penalty", json!(0.5)),
+            chat_with("frequency_penalty", json!(2.5)),
             400,
             "frequency_penalty",
         ),
+        (chat_with("presence_penalty", json!("lots")), 400, ""),
         (
             chat_with("tools", json!([{"type": "function"}])),
             400,

@@ -15,7 +15,13 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// 1.0 disables.
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalty looks at.
+    /// Subtracted from the logit of every token of the window (OpenAI's
+    /// `presence_penalty`; 0.0 disables).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per occurrence in the window
+    /// (OpenAI's `frequency_penalty`; 0.0 disables).
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at.
     pub repeat_last_n: usize,
     pub seed: u64,
 }
@@ -28,6 +34,8 @@ impl Default for SamplingParams {
             top_p: 0.95,
             min_p: 0.05,
             repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             repeat_last_n: 64,
             seed: 0,
         }
@@ -104,6 +112,9 @@ pub mod limits {
     /// 1 disables; below 1 it rewards repeats (the text loops), far above
     /// it forbids every common word.
     pub const REPEAT_PENALTY: Bounds<f32> = Bounds { lo: 1.0, hi: 2.0 };
+    /// OpenAI's bounds; negative values reward repeats.
+    pub const PRESENCE_PENALTY: Bounds<f32> = Bounds { lo: -2.0, hi: 2.0 };
+    pub const FREQUENCY_PENALTY: Bounds<f32> = Bounds { lo: -2.0, hi: 2.0 };
     /// Any window: one longer than the history is the whole history.
     pub const REPEAT_LAST_N: Bounds<usize> = Bounds {
         lo: 0,
@@ -123,7 +134,24 @@ impl SamplingParams {
             "repeat_penalty",
             limits::REPEAT_PENALTY.check(self.repeat_penalty),
         )?;
+        named(
+            "presence_penalty",
+            limits::PRESENCE_PENALTY.check(self.presence_penalty),
+        )?;
+        named(
+            "frequency_penalty",
+            limits::FREQUENCY_PENALTY.check(self.frequency_penalty),
+        )?;
         Ok(())
+    }
+
+    /// Whether any penalty changes logits (over a window of at least one
+    /// token).
+    pub fn penalizes(&self) -> bool {
+        self.repeat_last_n > 0
+            && (self.repeat_penalty != 1.0
+                || self.presence_penalty != 0.0
+                || self.frequency_penalty != 0.0)
     }
 
     pub fn greedy() -> Self {
@@ -236,6 +264,22 @@ pub fn penalize(logits: &mut [f32], recent: &[u32], penalty: f32) {
     }
 }
 
+/// OpenAI's additive penalties on `logits` for the tokens of `recent`:
+/// `presence` once for each distinct token, `frequency` once per
+/// occurrence (as llama.cpp applies them, after the repetition penalty).
+pub fn penalize_additive(logits: &mut [f32], recent: &[u32], presence: f32, frequency: f32) {
+    if presence == 0.0 && frequency == 0.0 {
+        return;
+    }
+    let mut seen = recent.to_vec();
+    seen.sort_unstable();
+    for run in seen.chunk_by(|a, b| a == b) {
+        if let Some(l) = logits.get_mut(run[0] as usize) {
+            *l -= presence + frequency * run.len() as f32;
+        }
+    }
+}
+
 /// Chooses tokens from rows of logits as [`SamplingParams`] say. It holds
 /// no stream: the draw after `history` takes the number of
 /// `(seed, history.len() − 1)`, the position of the token the row follows.
@@ -255,11 +299,14 @@ impl Sampler {
         seeded_uniform(self.params.seed, position as u64)
     }
 
-    /// Applies the repetition penalty to `logits` for the last
-    /// `repeat_last_n` tokens of `history` ([`penalize`]).
+    /// Applies the penalties to `logits` for the last `repeat_last_n`
+    /// tokens of `history`: the repetition penalty ([`penalize`]), then
+    /// presence and frequency ([`penalize_additive`]).
     pub fn penalize(&self, logits: &mut [f32], history: &[u32]) {
-        let start = history.len().saturating_sub(self.params.repeat_last_n);
-        penalize(logits, &history[start..], self.params.repeat_penalty);
+        let p = &self.params;
+        let window = &history[history.len().saturating_sub(p.repeat_last_n)..];
+        penalize(logits, window, p.repeat_penalty);
+        penalize_additive(logits, window, p.presence_penalty, p.frequency_penalty);
     }
 
     /// The distribution tokens are drawn from at temperature > 0, after
@@ -317,7 +364,7 @@ impl Sampler {
     /// Picks the token after `history` from its row of logits.
     pub fn sample(&self, logits: &[f32], history: &[u32]) -> u32 {
         let u = self.uniform(history.len().saturating_sub(1));
-        if self.params.repeat_penalty == 1.0 {
+        if !self.params.penalizes() {
             if self.params.is_greedy() {
                 return argmax(logits);
             }
@@ -352,9 +399,11 @@ pub fn seeded_uniform(seed: u64, counter: u64) -> f32 {
 /// ([`crate::Backend::penalize`], then argmax or
 /// [`crate::Backend::sample_to`]): at temperature > 0 top-p only over a
 /// top-k (the nucleus needs the sorted candidates, which a device sorts
-/// only for a top-k).
+/// only for a top-k), and without presence or frequency penalties (a
+/// device applies the repetition penalty only).
 pub fn samples_on_device(p: &SamplingParams) -> bool {
-    p.is_greedy() || p.top_k > 0 || p.top_p >= 1.0
+    let additive = p.repeat_last_n > 0 && (p.presence_penalty != 0.0 || p.frequency_penalty != 0.0);
+    !additive && (p.is_greedy() || p.top_k > 0 || p.top_p >= 1.0)
 }
 
 /// Index among `values` (the candidates, in order) that seeded sampling
@@ -606,6 +655,32 @@ mod tests {
         );
         let draft = Bounds { lo: 1, hi: 64 };
         assert!(draft.check(64).is_ok() && draft.check(0).is_err());
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_subtract_per_token_and_per_occurrence() {
+        let s = Sampler::new(SamplingParams {
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            repeat_penalty: 2.0,
+            repeat_last_n: 4,
+            ..SamplingParams::greedy()
+        });
+        let mut logits = [1.0f32, 4.0, -1.0, 3.0];
+        // Window [1, 1, 2, 3]: token 0 is outside it (its occurrence is older).
+        s.penalize(&mut logits, &[0, 1, 1, 2, 3]);
+        // Token 1: 4 / 2 − 0.5 − 2 · 0.25; token 2: −1 · 2 − 0.5 − 0.25.
+        assert_eq!(logits, [1.0, 1.0, -2.75, 0.75]);
+        assert!(s.params.penalizes());
+        assert!(
+            !samples_on_device(&s.params),
+            "a device has no additive penalty"
+        );
+        let off = SamplingParams {
+            repeat_last_n: 0,
+            ..s.params.clone()
+        };
+        assert!(!off.penalizes() && samples_on_device(&off));
     }
 
     #[test]

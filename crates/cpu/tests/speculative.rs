@@ -15,8 +15,9 @@ use blockdraft_core::speculative::{
 };
 use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
-    greedy_plain, greedy_speculative, synthetic_decoder, synthetic_dflash, synthetic_dflash2,
-    synthetic_dflash2_d2t, synthetic_dfly, SyntheticDFlash, SyntheticDFlash2, SyntheticDims,
+    greedy_plain, greedy_speculative, sampled_plain, sampled_speculative, synthetic_decoder,
+    synthetic_dflash, synthetic_dflash2, synthetic_dflash2_d2t, synthetic_dfly, SyntheticDFlash,
+    SyntheticDFlash2, SyntheticDims,
 };
 use blockdraft_core::ModelError;
 use blockdraft_cpu::CpuBackend;
@@ -74,6 +75,57 @@ fn ngram_greedy_is_identical_to_plain() {
         any_accepted,
         "the repetitive prompts should let n-gram drafts through"
     );
+}
+
+/// Every penalty (repetition, presence, frequency) applies to each verify
+/// row with the drafts before it as context: greedy and seeded sampling
+/// give plain decoding's tokens with drafts that are all accepted.
+#[test]
+fn penalized_speculative_decoding_equals_plain() {
+    let Some(path) = common::model(SMOLLM2) else {
+        return;
+    };
+    let t = load(&path);
+    let n_vocab = t.dec.config.n_vocab;
+    let prompt = &prompts(n_vocab)[1];
+    let penalized = SamplingParams {
+        repeat_penalty: 1.2,
+        presence_penalty: 0.7,
+        frequency_penalty: 0.4,
+        repeat_last_n: 32,
+        ..SamplingParams::greedy()
+    };
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        seed: 3,
+        ..penalized.clone()
+    };
+    for params in [penalized, sampled] {
+        let want = sampled_plain(&t.dec, prompt, 32, &params);
+        let unpenalized = SamplingParams {
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            ..params.clone()
+        };
+        assert_ne!(
+            want,
+            sampled_plain(&t.dec, prompt, 32, &unpenalized),
+            "{params:?}"
+        );
+        let sequence: Vec<u32> = prompt.iter().chain(&want).copied().collect();
+        let mut oracle = OracleDrafter::new(sequence, 0.0, n_vocab, 1);
+        let (got, stats) = sampled_speculative(
+            &t.dec,
+            &mut oracle,
+            prompt,
+            32,
+            &params,
+            PolicyConfig::fixed(5),
+        );
+        assert_eq!(got, want, "{params:?}");
+        assert!(stats.accepted > 20, "{params:?}: {stats:?}");
+    }
 }
 
 #[test]

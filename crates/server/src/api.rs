@@ -225,16 +225,6 @@ pub fn parse(bytes: &[u8], endpoint: Endpoint, cx: &Context<'_>) -> Result<GenRe
     {
         return Err(unsupported("logit_bias", "logit_bias"));
     }
-    for (param, v) in [
-        ("frequency_penalty", body.frequency_penalty),
-        ("presence_penalty", body.presence_penalty),
-    ] {
-        if v.is_some_and(|v| v != 0.0) {
-            let mut e = unsupported(param, param);
-            e.message += " (repeat_penalty is: 1 disables, 1.1 is common)";
-            return Err(e);
-        }
-    }
     let prompt = match endpoint {
         Endpoint::Chat => chat_prompt(body.messages.as_deref(), body.prompt.is_some(), cx)?,
         Endpoint::Completions => {
@@ -309,6 +299,18 @@ pub fn parse(bytes: &[u8], endpoint: Endpoint, cx: &Context<'_>) -> Result<GenRe
             body.repeat_penalty,
             1.0,
             limits::REPEAT_PENALTY,
+        )?,
+        presence_penalty: range(
+            "presence_penalty",
+            body.presence_penalty,
+            0.0,
+            limits::PRESENCE_PENALTY,
+        )?,
+        frequency_penalty: range(
+            "frequency_penalty",
+            body.frequency_penalty,
+            0.0,
+            limits::FREQUENCY_PENALTY,
         )?,
         repeat_last_n,
         seed: match body.seed {

@@ -21,6 +21,11 @@ struct Raw {
     min_p: Option<f32>,
     /// Penalty of tokens among the last `repeat_last_n` (1 disables).
     repeat_penalty: Option<f32>,
+    /// Subtracted once from the logit of each token among the last
+    /// `repeat_last_n` (OpenAI's; 0 disables).
+    presence_penalty: Option<f32>,
+    /// Subtracted per occurrence among the last `repeat_last_n` (0 disables).
+    frequency_penalty: Option<f32>,
     repeat_last_n: Option<usize>,
     seed: Option<u64>,
     #[serde(default)]
@@ -115,6 +120,16 @@ impl Request {
                 raw.repeat_penalty.unwrap_or(1.0),
                 limits::REPEAT_PENALTY,
             )?,
+            presence_penalty: check_range(
+                "presence_penalty",
+                raw.presence_penalty.unwrap_or(0.0),
+                limits::PRESENCE_PENALTY,
+            )?,
+            frequency_penalty: check_range(
+                "frequency_penalty",
+                raw.frequency_penalty.unwrap_or(0.0),
+                limits::FREQUENCY_PENALTY,
+            )?,
             repeat_last_n: limits::REPEAT_LAST_N
                 .check(raw.repeat_last_n.unwrap_or(64))
                 .map_err(|e| ApiError::invalid(format!("repeat_last_n {e}")))?,
@@ -160,6 +175,13 @@ mod tests {
             (r.sampling.repeat_penalty, r.sampling.repeat_last_n),
             (1.1, 32)
         );
+        let r =
+            Request::from_json(r#"{"prompt":"hi","presence_penalty":-0.5,"frequency_penalty":1}"#)
+                .unwrap();
+        assert_eq!(
+            (r.sampling.presence_penalty, r.sampling.frequency_penalty),
+            (-0.5, 1.0)
+        );
         let chat = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":4}"#;
         assert!(matches!(
             Request::from_json(chat).unwrap().prompt,
@@ -179,6 +201,8 @@ mod tests {
             r#"{"prompt":"a","repeat_penalty":0}"#,
             r#"{"prompt":"a","repeat_penalty":-1.1}"#,
             r#"{"prompt":"a","repeat_last_n":-1}"#,
+            r#"{"prompt":"a","presence_penalty":2.5}"#,
+            r#"{"prompt":"a","frequency_penalty":"high"}"#,
             r#"{"prompt":"a","draft_max":65}"#,
             r#"{"prompt":"a","draft_max":0}"#,
             r#"{"prompt":"a","max_tokens":0}"#,

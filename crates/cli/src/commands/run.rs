@@ -41,7 +41,17 @@ pub struct Args {
     #[arg(long = "repeat-penalty", default_value_t = 1.0,
           value_parser = f32_in(limits::REPEAT_PENALTY))]
     pub repeat_penalty: f32,
-    /// How many recent tokens the repeat penalty looks at.
+    /// Subtracted once from the logit of every token among the last
+    /// --repeat-last-n, -2..=2 (OpenAI's presence penalty); 0 disables.
+    #[arg(long = "presence-penalty", default_value_t = 0.0,
+          value_parser = f32_in(limits::PRESENCE_PENALTY), allow_hyphen_values = true)]
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit per occurrence among the last
+    /// --repeat-last-n, -2..=2 (OpenAI's frequency penalty); 0 disables.
+    #[arg(long = "frequency-penalty", default_value_t = 0.0,
+          value_parser = f32_in(limits::FREQUENCY_PENALTY), allow_hyphen_values = true)]
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at.
     #[arg(long = "repeat-last-n", default_value_t = 64,
           value_parser = usize_in(limits::REPEAT_LAST_N))]
     pub repeat_last_n: usize,
@@ -145,6 +155,8 @@ fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
         top_p: args.top_p,
         min_p: args.min_p,
         repeat_penalty: args.repeat_penalty,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
         repeat_last_n: args.repeat_last_n,
         seed,
     };

@@ -113,7 +113,7 @@ impl<B: Backend> Engine<B> {
         self.batched_steps += n;
         let greedy = members
             .iter()
-            .all(|s| s.sampler.params.is_greedy() && s.sampler.params.repeat_penalty == 1.0);
+            .all(|s| s.sampler.params.is_greedy() && !s.sampler.params.penalizes());
         let choices = if greedy {
             be.argmax(batch.logits()).await
         } else {
