@@ -209,7 +209,7 @@ fn requests_streams_errors_and_cancellation() {
     let Some(model) = smollm2() else {
         return;
     };
-    let server = Server::start(&model, &["--parallel", "4"]);
+    let server = Server::start(&model, &["--parallel", "4", "--body-timeout", "2"]);
     assert_eq!(server.request("GET", "/health", &[], "").status, 200);
     let models = server.request("GET", "/v1/models", &[], "").json();
     assert_eq!(models["data"][0]["id"], "smollm2-135m-instruct-q4_1");
@@ -339,6 +339,22 @@ fn requests_streams_errors_and_cancellation() {
         }
     }
     assert_eq!(server.request("GET", "/v1/nothing", &[], "").status, 404);
+
+    // A client that stops sending its body: 408 after --body-timeout.
+    let mut slow = TcpStream::connect(&server.addr).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let t0 = Instant::now();
+    slow.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro",
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    let _ = slow.read_to_end(&mut raw);
+    let r = Response::parse(&raw);
+    assert_eq!(r.status, 408, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "request_timeout", "{}", r.body);
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
 
     // Clients that leave mid-stream: their sequences are cancelled.
     for _ in 0..4 {

@@ -5,8 +5,9 @@ use crate::api::{self, ApiError, Endpoint, GenRequest};
 use crate::metrics::Metrics;
 use crate::worker::{Done, Job, Output, Worker};
 use crate::{Model, Options};
+use axum::body::Body;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -23,6 +24,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::StreamExt;
 
 /// What every handler reads.
 struct Shared {
@@ -81,11 +83,12 @@ pub async fn run<B: Backend>(
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics_text))
+        // Outermost first: the key is checked before any body is read.
+        .route_layer(middleware::from_fn_with_state(shared.clone(), read_body))
         .route_layer(middleware::from_fn_with_state(shared.clone(), authenticate))
         .route("/health", get(health))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(shared.clone(), cors))
-        .layer(DefaultBodyLimit::max(options.max_body_bytes))
         .with_state(shared.clone());
     let listener = tokio::net::TcpListener::bind((options.host.as_str(), options.port)).await?;
     on_listening(listener.local_addr()?);
@@ -148,6 +151,55 @@ async fn authenticate(State(s): State<AppState>, req: Request, next: Next) -> Re
         }
     }
     next.run(req).await
+}
+
+/// Reads a request's whole body before its handler runs, within the
+/// body timeout and the size limit: a client that sends it too slowly gets
+/// 408, one whose body is too large 413, and neither holds a connection
+/// open for longer.
+async fn read_body(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let limit = s.options.max_body_bytes;
+    let deadline = tokio::time::Instant::now() + s.options.body_timeout;
+    let mut frames = body.into_data_stream();
+    let mut bytes = Vec::new();
+    let refused = loop {
+        match tokio::time::timeout_at(deadline, frames.next()).await {
+            Ok(None) => break None,
+            Ok(Some(Ok(chunk))) if bytes.len() + chunk.len() <= limit => {
+                bytes.extend_from_slice(&chunk)
+            }
+            Ok(Some(Ok(_))) => {
+                break Some(
+                    ApiError::invalid(None, format!("the request body is over {limit} bytes"))
+                        .with_code(413, "request_too_large"),
+                )
+            }
+            Ok(Some(Err(e))) => {
+                break Some(
+                    ApiError::invalid(None, format!("cannot read the request body: {e}"))
+                        .with_code(400, "bad_body"),
+                )
+            }
+            Err(_) => {
+                let secs = s.options.body_timeout.as_secs_f64();
+                break Some(
+                    ApiError::invalid(
+                        None,
+                        format!("the request body did not arrive within {secs} s"),
+                    )
+                    .with_code(408, "request_timeout"),
+                );
+            }
+        }
+    };
+    if let Some(e) = refused {
+        s.metrics.request();
+        s.metrics.rejected();
+        return error_response(&e);
+    }
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
 }
 
 async fn cors(State(s): State<AppState>, req: Request, next: Next) -> Response {
@@ -219,25 +271,13 @@ async fn generate(
     endpoint: Endpoint,
 ) -> Response {
     s.metrics.request();
+    // read_body has the whole body in memory already.
     let body = match body {
         Ok(b) => b,
         Err(e) => {
             s.metrics.rejected();
-            let status = e.status().as_u16();
-            let code = if status == 413 {
-                "request_too_large"
-            } else {
-                "bad_body"
-            };
-            let msg = if status == 413 {
-                format!(
-                    "the request body is over {} bytes",
-                    s.options.max_body_bytes
-                )
-            } else {
-                format!("cannot read the request body: {e}")
-            };
-            return error_response(&ApiError::invalid(None, msg).with_code(status, code));
+            let e = ApiError::invalid(None, format!("cannot read the request body: {e}"));
+            return error_response(&e.with_code(400, "bad_body"));
         }
     };
     let cx = api::Context {

@@ -53,6 +53,8 @@ pub struct Options {
     pub max_tokens: usize,
     /// A request still running after this is finished (`length`).
     pub request_timeout: Duration,
+    /// A request whose body has not arrived after this gets 408.
+    pub body_timeout: Duration,
 }
 
 impl Default for Options {
@@ -68,6 +70,7 @@ impl Default for Options {
             max_body_bytes: 4 << 20,
             max_tokens: 4096,
             request_timeout: Duration::from_secs(600),
+            body_timeout: Duration::from_secs(30),
         }
     }
 }

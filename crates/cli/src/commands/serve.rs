@@ -36,6 +36,9 @@ pub struct Args {
     /// Seconds a request may run; then it ends with finish_reason `length`.
     #[arg(long = "timeout", default_value_t = 600, value_parser = at_least(1))]
     pub timeout: usize,
+    /// Seconds a client may take to send a request's body; then 408.
+    #[arg(long = "body-timeout", default_value_t = 30, value_parser = at_least(1))]
+    pub body_timeout: usize,
     /// Require `Authorization: Bearer KEY` on /v1/* and /metrics.
     #[arg(long = "api-key")]
     pub api_key: Option<String>,
@@ -94,6 +97,7 @@ impl Job for Args {
             max_body_bytes: self.max_body,
             max_tokens: self.max_tokens,
             request_timeout: Duration::from_secs(self.timeout as u64),
+            body_timeout: Duration::from_secs(self.body_timeout as u64),
         };
         let model = Model {
             name,
