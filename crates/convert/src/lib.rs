@@ -79,6 +79,23 @@ pub enum OutType {
     F16,
     /// Q8_0 for 2-D matrices whose rows are a multiple of 32 long, F32 otherwise.
     Q8_0,
+    /// Q4_0 likewise: for a reduced vocabulary's head, whose rows are the
+    /// target's (a file of many rows then stays small).
+    Q4_0,
+}
+
+impl OutType {
+    /// The GGUF type of a matrix of ggml `dims` (innermost first).
+    fn matrix(self, dims: &[u64]) -> GgmlType {
+        let blocks = dims.len() == 2 && dims[0].is_multiple_of(32);
+        match self {
+            OutType::F32 => GgmlType::F32,
+            OutType::F16 => GgmlType::F16,
+            OutType::Q8_0 if blocks => GgmlType::Q8_0,
+            OutType::Q4_0 if blocks => GgmlType::Q4_0,
+            OutType::Q8_0 | OutType::Q4_0 => GgmlType::F32,
+        }
+    }
 }
 
 /// The target's geometry, from its GGUF or its HF `config.json`.
@@ -212,6 +229,8 @@ enum Kind {
     Exact,
     /// A matrix in the requested output type.
     Matrix,
+    /// A reduced vocabulary's head, in the head's output type.
+    Head,
 }
 
 struct Planned {
@@ -371,12 +390,24 @@ pub struct Converted {
     pub n_tensors: usize,
 }
 
-/// Converts the checkpoint in `hf_dir` for `target`. `progress(done, total)`
-/// is called after each tensor.
+/// Converts the checkpoint in `hf_dir` for `target`, its matrices as
+/// `out`. `progress(done, total)` is called after each tensor.
 pub fn convert(
     hf_dir: &Path,
     target: TargetGeometry,
     out: OutType,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Converted> {
+    convert_with_head(hf_dir, target, out, out, progress)
+}
+
+/// [`convert`], with a reduced vocabulary's head (`output.weight`) as
+/// `head`.
+pub fn convert_with_head(
+    hf_dir: &Path,
+    target: TargetGeometry,
+    out: OutType,
+    head: OutType,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Converted> {
     let config = Config(read_json(&hf_dir.join("config.json"))?);
@@ -415,13 +446,10 @@ pub fn convert(
     for (i, p) in plan.iter().enumerate() {
         let values = weights.f32(&p.src)?;
         let dims: Vec<u64> = p.shape.iter().rev().map(|&d| d as u64).collect();
-        let ty = match (p.kind, out) {
-            (Kind::Exact, _) | (Kind::Matrix, OutType::F32) => GgmlType::F32,
-            (Kind::Matrix, OutType::F16) => GgmlType::F16,
-            (Kind::Matrix, OutType::Q8_0) if dims.len() == 2 && dims[0].is_multiple_of(32) => {
-                GgmlType::Q8_0
-            }
-            (Kind::Matrix, OutType::Q8_0) => GgmlType::F32,
+        let ty = match p.kind {
+            Kind::Exact => GgmlType::F32,
+            Kind::Matrix => out.matrix(&dims),
+            Kind::Head => head.matrix(&dims),
         };
         match ty {
             GgmlType::F32 => writer.add_f32_tensor(p.dst.clone(), &dims, &values)?,
@@ -660,7 +688,7 @@ fn metadata_and_plan(
             "lm_head.weight".into(),
             "output.weight".into(),
             &[rows, h],
-            Kind::Matrix,
+            Kind::Head,
         );
     }
     for i in 0..n_layer {
@@ -801,5 +829,25 @@ fn codebook(w: &Weights, base: &str) -> String {
         suffixed
     } else {
         base.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_types_need_rows_of_whole_blocks() {
+        for (out, ty) in [
+            (OutType::F32, GgmlType::F32),
+            (OutType::F16, GgmlType::F16),
+            (OutType::Q8_0, GgmlType::Q8_0),
+            (OutType::Q4_0, GgmlType::Q4_0),
+        ] {
+            assert_eq!(out.matrix(&[896, 12288]), ty);
+        }
+        // Rows of 48 and vectors: no blocks.
+        assert_eq!(OutType::Q4_0.matrix(&[48, 61]), GgmlType::F32);
+        assert_eq!(OutType::Q8_0.matrix(&[896]), GgmlType::F32);
     }
 }

@@ -4,7 +4,9 @@
 //! DFlash2 and DFly block logits equal those of the same weights written directly
 //! as GGUF by `blockdraft_core::testing`, and every validation refuses.
 
-use blockdraft_convert::{convert, ConvertError, OutType, TargetGeometry, Variant};
+use blockdraft_convert::{
+    convert, convert_with_head, ConvertError, OutType, TargetGeometry, Variant,
+};
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
 use blockdraft_core::sampling::Rng;
 use blockdraft_core::speculative::DFlashDrafter;
@@ -283,6 +285,15 @@ fn reduced_vocabulary_equals_the_directly_written_gguf_and_is_checked() {
     let ids = |f: &GgufFile| f.tensor_data("d2t").unwrap().as_bytes().to_vec();
     assert_eq!(ids(&converted), ids(&direct));
     assert_eq!(block_logits(&t, &converted), block_logits(&t, &direct));
+    // The head in its own type, the rest as asked: rows of 48 are not
+    // whole blocks of 32, so the head falls back to F32 and the logits stay
+    // the direct file's (the Q4_0 rule itself: the unit tests of OutType).
+    let c = convert_with_head(&dir, TARGET, OutType::F16, OutType::Q4_0, &mut |_, _| {}).unwrap();
+    let file = GgufFile::from_bytes(c.writer.to_bytes().unwrap()).unwrap();
+    assert_eq!(file.tensor("output.weight").unwrap().ty, GgmlType::F32);
+    assert_eq!(file.tensor("fc.weight").unwrap().ty, GgmlType::F16);
+    assert_eq!(ids(&file), ids(&direct));
+    block_logits(&t, &file);
     // A repeated id, one beyond the vocabulary: refused, naming d2t.
     for bad in [[0i64, 3, 3, 9, 17, 42, 60], [0, 3, 5, 9, 17, 42, 61]] {
         write_d2t_checkpoint(&dir, &bad, &m);
@@ -446,7 +457,8 @@ fn half_sources_and_output_types() {
                 (1, _) | (_, OutType::F32) => GgmlType::F32,
                 (_, OutType::F16) => GgmlType::F16,
                 (_, OutType::Q8_0) if h.shape[1] % 32 == 0 => GgmlType::Q8_0,
-                (_, OutType::Q8_0) => GgmlType::F32,
+                (_, OutType::Q4_0) if h.shape[1] % 32 == 0 => GgmlType::Q4_0,
+                (_, OutType::Q8_0 | OutType::Q4_0) => GgmlType::F32,
             };
             assert_eq!(info.ty, expected_ty, "{name}");
             let expected = match expected_ty {

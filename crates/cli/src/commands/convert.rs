@@ -1,7 +1,7 @@
 //! `blockdraft convert`: an HF DFlash/DFlash2/DFly drafter checkpoint to GGUF.
 
 use anyhow::{Context, Result};
-use blockdraft_convert::{convert, OutType, TargetGeometry};
+use blockdraft_convert::{convert_with_head, OutType, TargetGeometry};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -12,6 +12,19 @@ pub enum Type {
     F16,
     #[value(name = "q8_0")]
     Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
+}
+
+impl From<Type> for OutType {
+    fn from(t: Type) -> OutType {
+        match t {
+            Type::F32 => OutType::F32,
+            Type::F16 => OutType::F16,
+            Type::Q8_0 => OutType::Q8_0,
+            Type::Q4_0 => OutType::Q4_0,
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -28,15 +41,16 @@ pub struct Args {
     /// Type of the matrices (norms, conv bases and layer_fusion stay F32).
     #[arg(long = "type", value_enum, default_value = "f16")]
     pub ty: Type,
+    /// Type of a reduced vocabulary's head (default: --type). Its rows are
+    /// the target's; q4_0 halves what a wide head adds to the file.
+    #[arg(long = "head-type", value_enum)]
+    pub head_ty: Option<Type>,
 }
 
 pub fn run(args: Args) -> Result<()> {
     let target = TargetGeometry::read(&args.target).context("cannot read the target")?;
-    let out = match args.ty {
-        Type::F32 => OutType::F32,
-        Type::F16 => OutType::F16,
-        Type::Q8_0 => OutType::Q8_0,
-    };
+    let out = OutType::from(args.ty);
+    let head = args.head_ty.map_or(out, OutType::from);
     let bar = if std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(0);
         bar.set_style(
@@ -47,7 +61,7 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         ProgressBar::hidden()
     };
-    let converted = convert(&args.hf_dir, target, out, &mut |done, total| {
+    let converted = convert_with_head(&args.hf_dir, target, out, head, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })
@@ -124,6 +138,7 @@ mod tests {
             target,
             output: output.clone(),
             ty: Type::Q8_0,
+            head_ty: None,
         })
         .unwrap();
         let file = GgufFile::open(&output).unwrap();
