@@ -137,7 +137,7 @@ pub(crate) async fn next_token<B: Backend>(
         be.sample_to(state.logits(), p, counter, picked, 0, 0);
         return be.read(picked).await[0] as u32;
     }
-    if p.is_greedy() && !p.penalizes() {
+    if p.picks_argmax() {
         return be.argmax(state.logits()).await[0];
     }
     sampler.sample(&be.read(state.logits()).await, history)

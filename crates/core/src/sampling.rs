@@ -148,10 +148,17 @@ impl SamplingParams {
     /// Whether any penalty changes logits (over a window of at least one
     /// token).
     pub fn penalizes(&self) -> bool {
-        self.repeat_last_n > 0
-            && (self.repeat_penalty != 1.0
-                || self.presence_penalty != 0.0
-                || self.frequency_penalty != 0.0)
+        self.penalizes_additively() || (self.repeat_last_n > 0 && self.repeat_penalty != 1.0)
+    }
+
+    /// Whether the presence or frequency penalty changes logits.
+    pub fn penalizes_additively(&self) -> bool {
+        self.repeat_last_n > 0 && (self.presence_penalty != 0.0 || self.frequency_penalty != 0.0)
+    }
+
+    /// Whether the token is the row's argmax: greedy, without penalties.
+    pub fn picks_argmax(&self) -> bool {
+        self.is_greedy() && !self.penalizes()
     }
 
     pub fn greedy() -> Self {
@@ -254,12 +261,19 @@ pub fn penalize(logits: &mut [f32], recent: &[u32], penalty: f32) {
     if penalty == 1.0 {
         return;
     }
-    let mut seen = recent.to_vec();
-    seen.sort_unstable();
-    seen.dedup();
-    for id in seen {
-        if let Some(l) = logits.get_mut(id as usize) {
-            *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
+    for_each_count(logits, recent, |l, _| {
+        *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
+    });
+}
+
+/// Calls `f` with the logit of each distinct token of `recent` (ids beyond
+/// `logits` are skipped) and how often the token occurs.
+fn for_each_count(logits: &mut [f32], recent: &[u32], mut f: impl FnMut(&mut f32, usize)) {
+    let mut sorted = recent.to_vec();
+    sorted.sort_unstable();
+    for run in sorted.chunk_by(|a, b| a == b) {
+        if let Some(l) = logits.get_mut(run[0] as usize) {
+            f(l, run.len());
         }
     }
 }
@@ -271,13 +285,9 @@ pub fn penalize_additive(logits: &mut [f32], recent: &[u32], presence: f32, freq
     if presence == 0.0 && frequency == 0.0 {
         return;
     }
-    let mut seen = recent.to_vec();
-    seen.sort_unstable();
-    for run in seen.chunk_by(|a, b| a == b) {
-        if let Some(l) = logits.get_mut(run[0] as usize) {
-            *l -= presence + frequency * run.len() as f32;
-        }
-    }
+    for_each_count(logits, recent, |l, count| {
+        *l -= presence + frequency * count as f32;
+    });
 }
 
 /// Chooses tokens from rows of logits as [`SamplingParams`] say. It holds
@@ -363,19 +373,20 @@ impl Sampler {
 
     /// Picks the token after `history` from its row of logits.
     pub fn sample(&self, logits: &[f32], history: &[u32]) -> u32 {
-        let u = self.uniform(history.len().saturating_sub(1));
-        if !self.params.penalizes() {
-            if self.params.is_greedy() {
-                return argmax(logits);
-            }
-            return self.distribution(logits).sample(u);
-        }
-        let mut penalized = logits.to_vec();
-        self.penalize(&mut penalized, history);
+        let penalized;
+        let row = if self.params.penalizes() {
+            let mut row = logits.to_vec();
+            self.penalize(&mut row, history);
+            penalized = row;
+            &penalized
+        } else {
+            logits
+        };
         if self.params.is_greedy() {
-            return argmax(&penalized);
+            return argmax(row);
         }
-        self.distribution(&penalized).sample(u)
+        let u = self.uniform(history.len().saturating_sub(1));
+        self.distribution(row).sample(u)
     }
 }
 
@@ -402,8 +413,7 @@ pub fn seeded_uniform(seed: u64, counter: u64) -> f32 {
 /// only for a top-k), and without presence or frequency penalties (a
 /// device applies the repetition penalty only).
 pub fn samples_on_device(p: &SamplingParams) -> bool {
-    let additive = p.repeat_last_n > 0 && (p.presence_penalty != 0.0 || p.frequency_penalty != 0.0);
-    !additive && (p.is_greedy() || p.top_k > 0 || p.top_p >= 1.0)
+    !p.penalizes_additively() && (p.is_greedy() || p.top_k > 0 || p.top_p >= 1.0)
 }
 
 /// Index among `values` (the candidates, in order) that seeded sampling

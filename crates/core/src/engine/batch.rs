@@ -111,9 +111,7 @@ impl<B: Backend> Engine<B> {
         }
         self.batched_passes += 1;
         self.batched_steps += n;
-        let greedy = members
-            .iter()
-            .all(|s| s.sampler.params.is_greedy() && !s.sampler.params.penalizes());
+        let greedy = members.iter().all(|s| s.sampler.params.picks_argmax());
         let choices = if greedy {
             be.argmax(batch.logits()).await
         } else {

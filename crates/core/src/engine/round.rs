@@ -170,7 +170,7 @@ pub(super) async fn verdict_on_host<B: Backend>(
     sampler: &crate::sampling::Sampler,
     n_vocab: usize,
 ) -> Verdict {
-    if sampler.params.is_greedy() && !sampler.params.penalizes() {
+    if sampler.params.picks_argmax() {
         return verify_greedy(&be.argmax(logits).await, &draft.tokens);
     }
     verdict_from_rows(&be.read(logits).await, n_vocab, history, draft, sampler)
