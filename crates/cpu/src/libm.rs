@@ -10,46 +10,48 @@
 //! multiply-adds of glibc's FMA build, the one x86-64 CPUs with AVX2 run;
 //! they equal it on all 2^32 inputs (checked once; the tests sample).
 
+/// Table entries of `expf`: `2^(i/N)`.
+const N: f64 = 32.0;
+/// `2^(i/32)` (nearest f64) minus `i << 47`, so that adding `k << 47`
+/// applies `2^(k/32)`'s integer part `2^(k >> 5)` to the exponent field.
+static EXPF_TABLE: [u64; 32] = [
+    0x3ff0000000000000,
+    0x3fefd9b0d3158574,
+    0x3fefb5586cf9890f,
+    0x3fef9301d0125b51,
+    0x3fef72b83c7d517b,
+    0x3fef54873168b9aa,
+    0x3fef387a6e756238,
+    0x3fef1e9df51fdee1,
+    0x3fef06fe0a31b715,
+    0x3feef1a7373aa9cb,
+    0x3feedea64c123422,
+    0x3feece086061892d,
+    0x3feebfdad5362a27,
+    0x3feeb42b569d4f82,
+    0x3feeab07dd485429,
+    0x3feea47eb03a5585,
+    0x3feea09e667f3bcd,
+    0x3fee9f75e8ec5f74,
+    0x3feea11473eb0187,
+    0x3feea589994cce13,
+    0x3feeace5422aa0db,
+    0x3feeb737b0cdc5e5,
+    0x3feec49182a3f090,
+    0x3feed503b23e255d,
+    0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47,
+    0x3fef199bdd85529c,
+    0x3fef3720dcef9069,
+    0x3fef5818dcfba487,
+    0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da,
+    0x3fefd0765b6e4540,
+];
+
 /// `exp(x)` as glibc's `expf`: `x = k/32 + r`, `exp(x) = 2^(k/32) · p(r)`
 /// with a table of `2^(i/32)` and a degree-3 polynomial.
 pub fn expf(x: f32) -> f32 {
-    const N: f64 = 32.0;
-    /// `2^(i/32)` (nearest f64) minus `i << 47`, so that adding `k << 47`
-    /// applies `2^(k/32)`'s integer part `2^(k >> 5)` to the exponent field.
-    const TABLE: [u64; 32] = [
-        0x3ff0000000000000,
-        0x3fefd9b0d3158574,
-        0x3fefb5586cf9890f,
-        0x3fef9301d0125b51,
-        0x3fef72b83c7d517b,
-        0x3fef54873168b9aa,
-        0x3fef387a6e756238,
-        0x3fef1e9df51fdee1,
-        0x3fef06fe0a31b715,
-        0x3feef1a7373aa9cb,
-        0x3feedea64c123422,
-        0x3feece086061892d,
-        0x3feebfdad5362a27,
-        0x3feeb42b569d4f82,
-        0x3feeab07dd485429,
-        0x3feea47eb03a5585,
-        0x3feea09e667f3bcd,
-        0x3fee9f75e8ec5f74,
-        0x3feea11473eb0187,
-        0x3feea589994cce13,
-        0x3feeace5422aa0db,
-        0x3feeb737b0cdc5e5,
-        0x3feec49182a3f090,
-        0x3feed503b23e255d,
-        0x3feee89f995ad3ad,
-        0x3feeff76f2fb5e47,
-        0x3fef199bdd85529c,
-        0x3fef3720dcef9069,
-        0x3fef5818dcfba487,
-        0x3fef7c97337b9b5f,
-        0x3fefa4afa2a490da,
-        0x3fefd0765b6e4540,
-    ];
     const INV_LN2_N: f64 = std::f64::consts::LOG2_E * N;
     // 1.5 · 2^52: adding it rounds to an integer held in the low mantissa bits.
     const SHIFT: f64 = 6755399441055744.0;
@@ -77,11 +79,60 @@ pub fn expf(x: f32) -> f32 {
     let kd = INV_LN2_N.mul_add(xd, SHIFT);
     let ki = kd.to_bits();
     let r = INV_LN2_N.mul_add(xd, -(kd - SHIFT));
-    let scale = f64::from_bits(TABLE[(ki % 32) as usize].wrapping_add(ki << 47));
+    let scale = f64::from_bits(EXPF_TABLE[(ki % 32) as usize].wrapping_add(ki << 47));
     let p = c0.mul_add(r, c1);
     let y = c2.mul_add(r, 1.0);
     let y = p.mul_add(r * r, y);
     (y * scale) as f32
+}
+
+/// [`expf`] of eight values at once with AVX-512 F, the same operations
+/// lane by lane (so the same bits); lanes with `|x| >= 88`, infinities or
+/// NaN take the scalar path.
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub unsafe fn expf8_avx512(x: &mut [f32; 8]) {
+    use std::arch::x86_64::*;
+    const INV_LN2_N: f64 = std::f64::consts::LOG2_E * N;
+    const SHIFT: f64 = 6755399441055744.0;
+    let c0 = _mm512_set1_pd(f64::from_bits(0x3fac6af84b912394) / (N * N * N));
+    let c1 = _mm512_set1_pd(f64::from_bits(0x3fcebfce50fac4f3) / (N * N));
+    let c2 = _mm512_set1_pd(f64::from_bits(0x3fe62e42ff0c52d6) / N);
+    let (inv_ln2_n, shift) = (_mm512_set1_pd(INV_LN2_N), _mm512_set1_pd(SHIFT));
+
+    let xs = _mm256_loadu_ps(x.as_ptr());
+    let xd = _mm512_cvtps_pd(xs);
+    let kd = _mm512_fmadd_pd(inv_ln2_n, xd, shift);
+    let ki = _mm512_castpd_si512(kd);
+    let r = _mm512_fmsub_pd(inv_ln2_n, xd, _mm512_sub_pd(kd, shift));
+    let index = _mm512_and_si512(ki, _mm512_set1_epi64(31));
+    let table = _mm512_i64gather_epi64::<8>(index, EXPF_TABLE.as_ptr() as *const i64);
+    let scale = _mm512_castsi512_pd(_mm512_add_epi64(table, _mm512_slli_epi64::<47>(ki)));
+    let p = _mm512_fmadd_pd(c0, r, c1);
+    let y = _mm512_fmadd_pd(c2, r, _mm512_set1_pd(1.0));
+    let y = _mm512_fmadd_pd(p, _mm512_mul_pd(r, r), y);
+    _mm256_storeu_ps(x.as_mut_ptr(), _mm512_cvtpd_ps(_mm512_mul_pd(y, scale)));
+    // Lanes whose exponent field says |x| >= 88 (or inf/NaN).
+    let top = _mm256_and_si256(
+        _mm256_srli_epi32::<20>(_mm256_castps_si256(xs)),
+        _mm256_set1_epi32(0x7ff),
+    );
+    let special = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(
+        top,
+        _mm256_set1_epi32(0x42a),
+    )));
+    if special != 0 {
+        let xa: [f32; 8] = std::mem::transmute(xs);
+        for (i, (o, &xi)) in x.iter_mut().zip(&xa).enumerate() {
+            if special & (1 << i) != 0 {
+                *o = expf(xi);
+            }
+        }
+    }
 }
 
 /// `(sin(x), cos(x))` as glibc's `sinf` and `cosf` (one evaluation serves
@@ -272,5 +323,29 @@ mod tests {
             hash, 12526507981400468583,
             "hash of expf and sincosf over the sample"
         );
+    }
+
+    /// Eight lanes at a time, the scalar function's bits, special inputs
+    /// mixed among ordinary ones.
+    #[test]
+    fn expf8_equals_expf() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !crate::kernels::x86::has_avx512f() {
+                eprintln!("SKIPPED libm::tests::expf8_equals_expf: the CPU lacks AVX-512 F");
+                return;
+            }
+            let sample: Vec<f32> = inputs().collect();
+            for lanes in sample.chunks(8) {
+                let mut x = [0.5f32; 8];
+                x[..lanes.len()].copy_from_slice(lanes);
+                let want = x.map(expf);
+                // SAFETY: AVX-512 F checked above.
+                unsafe { expf8_avx512(&mut x) };
+                for (got, want) in x.iter().zip(&want) {
+                    assert!(same(*got, *want), "{got:e} vs {want:e} in {lanes:?}");
+                }
+            }
+        }
     }
 }

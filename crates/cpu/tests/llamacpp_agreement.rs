@@ -11,7 +11,7 @@
 //! follows bit for bit, and its defaults (`llama-server -m MODEL`: flash
 //! attention on, f16 KV cache; `greedy-<model>-default.json`), which an f16
 //! cache follows bit for bit (the CPU backend's f16 attention is llama.cpp's
-//! flash attention, `crates/cpu/src/attention.rs`). Across the two (the
+//! flash attention, `crates/cpu/src/attention/flash.rs`). Across the two (the
 //! f16 cache on the precise traces) only the forced-decoding metric is
 //! held, at floors under what llama.cpp's own two configurations allow.
 //! The precise traces in detail: llama.cpp quantizes activations

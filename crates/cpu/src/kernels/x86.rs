@@ -16,6 +16,17 @@ pub(crate) fn has_avx2() -> bool {
     })
 }
 
+/// AVX-512 F (Skylake-SP, Ice Lake, Zen 4 and later), unless
+/// `BLOCKDRAFT_NO_AVX512=1` asks for the AVX2 build.
+pub(crate) fn has_avx512f() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        has_avx2()
+            && std::env::var_os("BLOCKDRAFT_NO_AVX512").is_none()
+            && is_x86_feature_detected!("avx512f")
+    })
+}
+
 /// AVX-512 F/BW/VL with VNNI (Zen 4, Sapphire Rapids and later), unless
 /// `BLOCKDRAFT_NO_AVX512=1` asks for the AVX2 build.
 pub(crate) fn has_avx512_vnni() -> bool {
