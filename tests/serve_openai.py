@@ -5,7 +5,8 @@ loopback with SmolLM2 and its shipped DFlash drafter:
 - chat and completions, streamed and not: greedy text equals
   `blockdraft run --temp 0` for the same prompt; the same seed gives the same
   sampled text, with the drafter and without; presence and frequency
-  penalties give `run`'s text with the same penalties;
+  penalties give `run`'s text with the same penalties; logprobs (one entry
+  per token, greedy's the most likely, their bytes the text) change no token;
 - load: 32 concurrent streaming clients x 3 requests each; every reply
   complete and equal to its single-request text; prints aggregate tokens/s
   and p50/p99 time to first token;
@@ -86,6 +87,17 @@ def main():
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         check(text == want[PROMPTS[1]], "streamed chat equals run --chat --temp 0")
         check(chunks[-1].usage is not None and chunks[-1].usage.total_tokens > 24, "the last chunk carries usage")
+
+        lp = client.chat.completions.create(model=model, messages=[{"role": "user", "content": PROMPTS[0]}],
+                                            max_tokens=24, temperature=0, logprobs=True, top_logprobs=3)
+        entries = lp.choices[0].logprobs.content
+        check(lp.choices[0].message.content == want[PROMPTS[0]], "asking for logprobs changes no token")
+        check(len(entries) == 24 and all(len(e.top_logprobs) == 3 for e in entries),
+              "one logprobs entry per token, three alternatives each")
+        check(all(e.top_logprobs[0].logprob == e.logprob <= 0 for e in entries),
+              "greedy's token is the most likely one")
+        check(bytes(b for e in entries for b in e.bytes).decode("utf-8", "replace") == want[PROMPTS[0]],
+              "the entries' bytes spell the text")
 
         raw = "The capital of France is"
         c = client.completions.create(model=model, prompt=raw, max_tokens=12, temperature=0)

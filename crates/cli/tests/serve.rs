@@ -249,6 +249,61 @@ fn requests_streams_errors_and_cancellation() {
         run_text(&model, raw, 12, false)
     );
 
+    // Log-probabilities: one entry per token, greedy's token the most
+    // likely, whole and streamed alike, the text unchanged (with the
+    // drafter verifying, as here, they are plain decoding's).
+    let mut body = chat(PROMPTS[0], 24, false);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(3);
+    let r = server.post("/v1/chat/completions", &body).json();
+    assert_eq!(r["choices"][0]["message"]["content"], want[0]);
+    let content = r["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 24, "{r}");
+    let mut joined = Vec::new();
+    for e in content {
+        let (lp, top) = (
+            e["logprob"].as_f64().unwrap(),
+            e["top_logprobs"].as_array().unwrap(),
+        );
+        assert_eq!(top.len(), 3, "{e}");
+        assert_eq!(top[0]["logprob"].as_f64().unwrap(), lp, "{e}");
+        assert!(
+            lp <= 0.0 && top[1]["logprob"].as_f64().unwrap() <= lp,
+            "{e}"
+        );
+        let bytes: Vec<u8> = serde_json::from_value(e["bytes"].clone()).unwrap();
+        joined.extend(bytes);
+    }
+    assert_eq!(String::from_utf8_lossy(&joined), want[0]);
+    body["stream"] = json!(true);
+    let streamed: Vec<Value> = server
+        .post("/v1/chat/completions", &body)
+        .events()
+        .iter()
+        .filter(|e| e.as_str() != "[DONE]")
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .flat_map(|c| {
+            c["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(&streamed, content);
+    let r = server.post(
+        "/v1/completions",
+        &json!({"prompt": raw, "max_tokens": 6, "temperature": 0, "logprobs": 2}),
+    );
+    let lp = &r.json()["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 6, "{}", r.body);
+    assert_eq!(
+        lp["top_logprobs"][0].as_object().unwrap().len(),
+        2,
+        "{}",
+        r.body
+    );
+    assert_eq!(lp["text_offset"][0], 0, "{}", r.body);
+
     // Sampling: the same seed gives the same text.
     let sampled = json!({"prompt": raw, "max_tokens": 16, "temperature": 0.9, "seed": 7});
     let a = server.post("/v1/completions", &sampled).json();
@@ -289,7 +344,15 @@ fn requests_streams_errors_and_cancellation() {
         (chat_with("temperature", json!(3.5)), 400, "temperature"),
         (chat_with("temperature", json!("hot")), 400, ""),
         (chat_with("n", json!(2)), 400, "n"),
-        (chat_with("logprobs", json!(true)), 400, "logprobs"),
+        (chat_with("logprobs", json!("yes")), 400, "logprobs"),
+        (chat_with("top_logprobs", json!(2)), 400, "top_logprobs"),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}],
+                   "logprobs": true, "top_logprobs": 21})
+            .to_string(),
+            400,
+            "top_logprobs",
+        ),
         (
             chat_with("frequency_penalty", json!(2.5)),
             400,

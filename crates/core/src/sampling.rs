@@ -390,6 +390,65 @@ impl Sampler {
     }
 }
 
+/// Most alternatives a token's log-probabilities list (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// A chosen token's log-probability under the target's distribution (the
+/// softmax of its raw logits: before penalties, temperature and
+/// truncation, as OpenAI and llama-server report them), with the most
+/// likely tokens of that row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub token: u32,
+    pub logprob: f32,
+    /// Up to the requested count, most likely first (ties by id).
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprobs {
+    /// From `logits` (one row, the vocabulary), for `token` and the `top`
+    /// most likely tokens. Non-finite logits count as impossible.
+    pub fn from_logits(logits: &[f32], token: u32, top: usize) -> Self {
+        let max = logits
+            .iter()
+            .copied()
+            .filter(|l| l.is_finite())
+            .fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = logits
+            .iter()
+            .filter(|l| l.is_finite())
+            .map(|&l| ((l - max) as f64).exp())
+            .sum();
+        let log_z = max as f64 + sum.ln();
+        let logprob = |l: f32| {
+            if l.is_finite() {
+                (l as f64 - log_z) as f32
+            } else {
+                f32::NEG_INFINITY
+            }
+        };
+        let mut best: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        let top = top.min(MAX_TOP_LOGPROBS).min(best.len());
+        let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if top > 0 && top < best.len() {
+            best.select_nth_unstable_by(top - 1, order);
+        }
+        best.truncate(top);
+        best.sort_by(order);
+        TokenLogprobs {
+            token,
+            logprob: logits
+                .get(token as usize)
+                .map_or(f32::NEG_INFINITY, |&l| logprob(l)),
+            top: best.into_iter().map(|(i, l)| (i, logprob(l))).collect(),
+        }
+    }
+}
+
 /// The uniform in [0, 1) that seeded sampling draws for `(seed, counter)`,
 /// on the host and on devices (`shaders/sample.wgsl` computes the same
 /// bits): a counter-based generator, so a device draws each row's number
@@ -701,5 +760,30 @@ mod tests {
         });
         assert_eq!(s.sample(&[3.0, 2.0], &[0]), 1);
         assert_eq!(s.sample(&[3.0, 2.0], &[]), 0);
+    }
+
+    #[test]
+    fn token_logprobs_are_the_raw_softmax() {
+        let logits = [1.0, 3.0, f32::NEG_INFINITY, 2.0, 3.0];
+        let lp = TokenLogprobs::from_logits(&logits, 3, 3);
+        let z: f64 = [1.0f64, 3.0, 2.0, 3.0].iter().map(|l| l.exp()).sum();
+        let want = |l: f64| (l - z.ln()) as f32;
+        assert_eq!(lp.token, 3);
+        assert!((lp.logprob - want(2.0)).abs() < 1e-6, "{lp:?}");
+        // Most likely first, ties by id; the impossible token never listed
+        // before a possible one.
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, [1, 4, 3]);
+        assert!((lp.top[0].1 - want(3.0)).abs() < 1e-6);
+        let none = TokenLogprobs::from_logits(&logits, 2, 0);
+        assert_eq!(none.logprob, f32::NEG_INFINITY);
+        assert!(none.top.is_empty());
+        // At most the OpenAI limit, and no more than the vocabulary.
+        assert_eq!(TokenLogprobs::from_logits(&logits, 0, 99).top.len(), 5);
+        let wide: Vec<f32> = (0..100).map(|i| i as f32 * 0.01).collect();
+        assert_eq!(
+            TokenLogprobs::from_logits(&wide, 0, 99).top.len(),
+            MAX_TOP_LOGPROBS
+        );
     }
 }

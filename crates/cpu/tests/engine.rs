@@ -5,8 +5,8 @@
 //! shares the models' weights, and making one uploads none.
 
 use blockdraft_core::engine::{Engine, Event, Held, Sequence};
-use blockdraft_core::model::Decoder;
-use blockdraft_core::sampling::{Sampler, SamplingParams};
+use blockdraft_core::model::{Decoder, LogitRows};
+use blockdraft_core::sampling::{Sampler, SamplingParams, TokenLogprobs};
 use blockdraft_core::speculative::{
     DFlashDrafter, DFlashModel, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter,
     PolicyConfig, SharedDrafter,
@@ -166,7 +166,7 @@ fn sequences_stepped_together_give_the_tokens_of_each_alone() {
                 Event::Token(t) => got[i].push(t),
                 Event::Finished(_) => finished[i] = true,
                 Event::Failed(e) => panic!("sequence {i} ({:?}): {e}", kinds[i]),
-                Event::Round(_) => {}
+                Event::Round(_) | Event::Logprobs(_) => {}
             }
         }
     }
@@ -231,4 +231,109 @@ fn shared_drafters_load_from_gguf_by_kind() {
         Err(e) => panic!("wrong error: {e}"),
         Ok(d) => panic!("a {} drafter of another vocabulary loaded", d.kind()),
     }
+}
+
+/// Each token of sequences stepped together, with the log-probabilities
+/// reported just before it.
+fn scored_together(
+    m: &Models,
+    seqs: &mut [Sequence<'_, CpuBackend>],
+) -> Vec<Vec<(u32, TokenLogprobs)>> {
+    let mut engine = Engine::new(m.target.clone());
+    let mut got = vec![Vec::new(); seqs.len()];
+    let mut pending: Vec<Option<TokenLogprobs>> = vec![None; seqs.len()];
+    while !seqs.iter().all(Sequence::is_finished) {
+        for (i, event) in block_on(engine.step(seqs)).unwrap() {
+            match event {
+                Event::Logprobs(lp) => {
+                    assert!(pending[i].replace(lp).is_none(), "two in a row");
+                }
+                Event::Token(t) => {
+                    let lp = pending[i].take().expect("log-probabilities before a token");
+                    assert_eq!(lp.token, t);
+                    got[i].push((t, lp));
+                }
+                Event::Failed(e) => panic!("sequence {i}: {e}"),
+                Event::Round(_) | Event::Finished(_) => {}
+            }
+        }
+    }
+    got
+}
+
+/// Log-probabilities are the target's own (its logits' softmax at each
+/// position, the most likely tokens first), the same whatever drafts the
+/// tokens and whether a step is batched, and asking for them changes no
+/// token.
+#[test]
+fn logprobs_are_the_targets_whatever_drafts_the_tokens() {
+    let m = models();
+    let n_vocab = m.target.config.n_vocab;
+    let kinds = [
+        Kind::Greedy,
+        Kind::DFlash,
+        Kind::Ngram,
+        Kind::Sampled(3),
+        Kind::SampledDFlash(3),
+    ];
+    let p = prompt(2, n_vocab);
+    let alone: Vec<Vec<(u32, TokenLogprobs)>> = kinds
+        .iter()
+        .map(|&k| {
+            let seq = sequence(&m, k, &p).with_logprobs(4);
+            scored_together(&m, &mut [seq]).remove(0)
+        })
+        .collect();
+    let mut together: Vec<Sequence<'_, CpuBackend>> = kinds
+        .iter()
+        .map(|&k| sequence(&m, k, &p).with_logprobs(4))
+        .collect();
+    let together = scored_together(&m, &mut together);
+    let tokens = |s: &[(u32, TokenLogprobs)]| s.iter().map(|x| x.0).collect::<Vec<_>>();
+    for (i, kind) in kinds.iter().enumerate() {
+        assert_eq!(
+            tokens(&alone[i]),
+            tokens_alone(&m, *kind, &p),
+            "{kind:?}: the tokens of a sequence without log-probabilities"
+        );
+        assert_eq!(alone[i], together[i], "{kind:?}: stepped with others");
+    }
+    // Speculation reports plain decoding's figures, bit for bit.
+    assert_eq!(alone[1], alone[0], "DFlash vs plain greedy");
+    assert_eq!(alone[2], alone[0], "n-gram vs plain greedy");
+    assert_eq!(alone[4], alone[3], "DFlash vs plain sampling");
+
+    // Against the target's logits over the whole text in one pass.
+    let greedy = &alone[0];
+    let mut text = p.clone();
+    text.extend(greedy.iter().map(|x| x.0));
+    let mut state = m.target.new_state(text.len(), text.len());
+    m.target
+        .forward(
+            &mut state,
+            &text[..text.len() - 1],
+            LogitRows::All,
+            true,
+            None,
+        )
+        .unwrap();
+    let rows = block_on(m.target.backend.read(state.logits()));
+    for (i, (t, lp)) in greedy.iter().enumerate() {
+        let row = &rows[(p.len() - 1 + i) * n_vocab..][..n_vocab];
+        let want = TokenLogprobs::from_logits(row, *t, 4);
+        assert!(
+            (lp.logprob - want.logprob).abs() < 1e-4,
+            "token {i}: {lp:?} vs {want:?}"
+        );
+        assert_eq!(lp.top.len(), 4);
+        // Greedy picks the most likely token.
+        assert_eq!((lp.top[0].0, lp.top[0].1), (*t, lp.logprob));
+        assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1));
+        assert!(lp.logprob <= 0.0);
+    }
+}
+
+/// The tokens of a sequence of `kind` without log-probabilities, alone.
+fn tokens_alone(m: &Models, kind: Kind, p: &[u32]) -> Vec<u32> {
+    alone(m, sequence(m, kind, p))
 }

@@ -2,7 +2,7 @@
 //! and the error object every failure is answered with.
 
 use blockdraft_core::chat_template::{ChatMessage, ChatTemplate, ContentTokens};
-use blockdraft_core::sampling::{limits, Bounds, SamplingParams};
+use blockdraft_core::sampling::{limits, Bounds, SamplingParams, MAX_TOP_LOGPROBS};
 use blockdraft_core::tokenizer::Tokenizer;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -155,6 +155,9 @@ pub struct GenRequest {
     pub stream: bool,
     pub include_usage: bool,
     pub speculative: Option<bool>,
+    /// Log-probabilities of each token with this many alternatives
+    /// (chat's `logprobs: true` + `top_logprobs`, completions' `logprobs`).
+    pub logprobs: Option<usize>,
 }
 
 /// What checking a body needs to know about the server.
@@ -204,9 +207,7 @@ pub fn parse(bytes: &[u8], endpoint: Endpoint, cx: &Context<'_>) -> Result<GenRe
         v.as_ref()
             .is_some_and(|v| !v.is_null() && v != &json!(false))
     };
-    if asks(&body.logprobs) || asks(&body.top_logprobs) {
-        return Err(unsupported("logprobs", "logprobs"));
-    }
+    let logprobs = logprobs_request(endpoint, &body.logprobs, &body.top_logprobs)?;
     if body.tools.as_ref().is_some_and(|t| t != &json!([])) || asks(&body.tool_choice) {
         return Err(unsupported("tools", "tool calling"));
     }
@@ -354,7 +355,63 @@ pub fn parse(bytes: &[u8], endpoint: Endpoint, cx: &Context<'_>) -> Result<GenRe
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         speculative: body.speculative,
+        logprobs,
     })
+}
+
+/// How many alternatives each token's log-probabilities list, if asked:
+/// chat takes `logprobs: true` and `top_logprobs: 0..=20`, completions
+/// `logprobs: 0..=20` (the alternatives' count).
+fn logprobs_request(
+    endpoint: Endpoint,
+    logprobs: &Option<Value>,
+    top_logprobs: &Option<Value>,
+) -> Result<Option<usize>, ApiError> {
+    let count = |param: &'static str, v: &Value| match v.as_u64() {
+        Some(n) if n as usize <= MAX_TOP_LOGPROBS => Ok(n as usize),
+        _ => Err(ApiError::invalid(
+            Some(param),
+            format!("{param} must be an integer within 0..={MAX_TOP_LOGPROBS}, got {v}"),
+        )),
+    };
+    fn given(v: &Option<Value>) -> Option<&Value> {
+        v.as_ref().filter(|v| !v.is_null())
+    }
+    match endpoint {
+        Endpoint::Chat => {
+            let asked = match given(logprobs) {
+                None => false,
+                Some(Value::Bool(b)) => *b,
+                Some(v) => {
+                    return Err(ApiError::invalid(
+                        Some("logprobs"),
+                        format!("logprobs must be a boolean, got {v}"),
+                    ))
+                }
+            };
+            match (asked, given(top_logprobs)) {
+                (false, None) => Ok(None),
+                (false, Some(_)) => Err(ApiError::invalid(
+                    Some("top_logprobs"),
+                    "top_logprobs needs logprobs: true",
+                )),
+                (true, None) => Ok(Some(0)),
+                (true, Some(v)) => count("top_logprobs", v).map(Some),
+            }
+        }
+        Endpoint::Completions => {
+            if given(top_logprobs).is_some() {
+                return Err(ApiError::invalid(
+                    Some("top_logprobs"),
+                    "completions take the count in logprobs; top_logprobs is chat's",
+                ));
+            }
+            match given(logprobs) {
+                None | Some(Value::Bool(false)) => Ok(None),
+                Some(v) => count("logprobs", v).map(Some),
+            }
+        }
+    }
 }
 
 fn chat_prompt(

@@ -3,7 +3,7 @@
 
 use crate::api::{self, ApiError, Endpoint, GenRequest};
 use crate::metrics::Metrics;
-use crate::worker::{Done, Job, Output, Worker};
+use crate::worker::{Done, Job, Output, Piece, Scored, Worker};
 use crate::{Model, Options};
 use axum::body::Body;
 use axum::body::Bytes;
@@ -339,6 +339,7 @@ async fn generate(
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         endpoint,
+        logprobs: req.logprobs.is_some(),
     };
     if req.stream {
         stream(reply, req, outputs)
@@ -353,6 +354,8 @@ struct Reply {
     model: String,
     created: u64,
     endpoint: Endpoint,
+    /// The request asked for log-probabilities.
+    logprobs: bool,
 }
 
 impl Reply {
@@ -364,8 +367,23 @@ impl Reply {
         }
     }
 
-    /// One choice: chat `message`/`delta` or completion `text`.
-    fn choice(&self, text: Option<&str>, chunk: bool, first: bool, finish: Option<&str>) -> Value {
+    /// One choice: chat `message`/`delta` or completion `text`, with the
+    /// log-probabilities of its tokens when asked (`offset`: where the
+    /// text starts in the completion, for completions' `text_offset`).
+    fn choice(
+        &self,
+        text: Option<&str>,
+        scored: &[Scored],
+        offset: usize,
+        chunk: bool,
+        first: bool,
+        finish: Option<&str>,
+    ) -> Value {
+        let logprobs = if self.logprobs {
+            self.logprobs_object(scored, offset)
+        } else {
+            Value::Null
+        };
         match self.endpoint {
             Endpoint::Chat => {
                 let key = if chunk { "delta" } else { "message" };
@@ -376,10 +394,57 @@ impl Reply {
                 if let Some(t) = text {
                     msg.insert("content".into(), json!(t));
                 }
-                json!({"index": 0, key: msg, "finish_reason": finish})
+                json!({"index": 0, key: msg, "logprobs": logprobs, "finish_reason": finish})
             }
             Endpoint::Completions => {
-                json!({"index": 0, "text": text.unwrap_or(""), "finish_reason": finish, "logprobs": null})
+                json!({"index": 0, "text": text.unwrap_or(""), "finish_reason": finish, "logprobs": logprobs})
+            }
+        }
+    }
+
+    /// OpenAI's log-probabilities object of each endpoint: chat's
+    /// `content` entries, or completions' parallel lists.
+    fn logprobs_object(&self, scored: &[Scored], offset: usize) -> Value {
+        // JSON has no infinity; OpenAI reports an impossible token so.
+        let lp = |l: f32| {
+            if l.is_finite() {
+                l.max(-9999.0)
+            } else {
+                -9999.0
+            }
+        };
+        match self.endpoint {
+            Endpoint::Chat => {
+                let entry = |p: &Piece, l: f32| json!({"token": p.text, "logprob": lp(l), "bytes": p.bytes});
+                let content: Vec<Value> = scored
+                    .iter()
+                    .map(|s| {
+                        let mut e = entry(&s.token, s.logprob);
+                        e["top_logprobs"] = s.top.iter().map(|(p, l)| entry(p, *l)).collect();
+                        e
+                    })
+                    .collect();
+                json!({"content": content, "refusal": null})
+            }
+            Endpoint::Completions => {
+                let mut at = offset;
+                let offsets: Vec<usize> = scored
+                    .iter()
+                    .map(|s| {
+                        let here = at;
+                        at += s.token.text.chars().count();
+                        here
+                    })
+                    .collect();
+                json!({
+                    "tokens": scored.iter().map(|s| s.token.text.clone()).collect::<Vec<_>>(),
+                    "token_logprobs": scored.iter().map(|s| lp(s.logprob)).collect::<Vec<_>>(),
+                    "top_logprobs": scored.iter().map(|s| {
+                        s.top.iter().map(|(p, l)| (p.text.clone(), json!(lp(*l))))
+                            .collect::<serde_json::Map<_, _>>()
+                    }).collect::<Vec<_>>(),
+                    "text_offset": offsets,
+                })
             }
         }
     }
@@ -413,13 +478,17 @@ fn usage(done: &Done) -> Value {
 }
 
 async fn whole(reply: Reply, mut outputs: mpsc::UnboundedReceiver<Output>) -> Response {
-    let mut text = String::new();
+    let (mut text, mut scored) = (String::new(), Vec::new());
     while let Some(o) = outputs.recv().await {
         match o {
-            Output::Text(t) => text.push_str(&t),
+            Output::Text(t, s) => {
+                text.push_str(&t);
+                scored.extend(s);
+            }
             Output::Failed(e) => return error_response(&ApiError::server(e)),
             Output::Done(done) => {
-                let choice = reply.choice(Some(&text), false, true, Some(done.finish_reason));
+                let finish = Some(done.finish_reason);
+                let choice = reply.choice(Some(&text), &scored, 0, false, true, finish);
                 return json_response(
                     200,
                     &reply.envelope(false, vec![choice], Some(usage(&done))),
@@ -438,10 +507,13 @@ fn stream(reply: Reply, req: GenRequest, mut outputs: mpsc::UnboundedReceiver<Ou
     tokio::spawn(async move {
         let send = |v: Value| tx.send(Ok(Event::default().data(v.to_string()))).is_ok();
         let mut first = true;
+        // Characters sent so far (completions' `text_offset`).
+        let mut offset = 0;
         while let Some(o) = outputs.recv().await {
             let ok = match o {
-                Output::Text(t) => {
-                    let choice = reply.choice(Some(&t), true, first, None);
+                Output::Text(t, scored) => {
+                    let choice = reply.choice(Some(&t), &scored, offset, true, first, None);
+                    offset += t.chars().count();
                     first = false;
                     send(reply.envelope(true, vec![choice], None))
                 }
@@ -450,7 +522,8 @@ fn stream(reply: Reply, req: GenRequest, mut outputs: mpsc::UnboundedReceiver<Ou
                     break;
                 }
                 Output::Done(done) => {
-                    let choice = reply.choice(None, true, first, Some(done.finish_reason));
+                    let finish = Some(done.finish_reason);
+                    let choice = reply.choice(None, &[], offset, true, first, finish);
                     let mut ok = send(reply.envelope(true, vec![choice], None));
                     if req.include_usage {
                         ok &= send(reply.envelope(true, vec![], Some(usage(&done))));

@@ -22,10 +22,38 @@ const MAX_BATCH: usize = 256;
 /// What a request hears from the worker.
 #[derive(Debug)]
 pub enum Output {
-    /// Text as it is generated (stop strings held back and cut).
-    Text(String),
+    /// Text as it is generated (stop strings held back and cut), with the
+    /// log-probabilities of the tokens it completes, when asked.
+    Text(String, Vec<Scored>),
     Done(Done),
     Failed(String),
+}
+
+/// A token as a client sees it: its text (invalid UTF-8, as in a
+/// character split across tokens, replaced) and its bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Piece {
+    pub text: String,
+    pub bytes: Vec<u8>,
+}
+
+impl Piece {
+    fn of(tokenizer: &Tokenizer, id: u32) -> Piece {
+        let bytes = tokenizer.token_to_piece(id);
+        Piece {
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+            bytes,
+        }
+    }
+}
+
+/// A generated token's log-probability and the most likely tokens of its
+/// row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scored {
+    pub token: Piece,
+    pub logprob: f32,
+    pub top: Vec<(Piece, f32)>,
 }
 
 /// A request's end: why, and its figures.
@@ -56,6 +84,8 @@ struct Running<'t> {
     stopped: bool,
     timed_out: bool,
     failed: bool,
+    /// Log-probabilities of tokens whose text is not sent yet.
+    scored: Vec<Scored>,
 }
 
 pub struct Worker<B: Backend> {
@@ -151,6 +181,9 @@ impl<B: Backend> Worker<B> {
             Held::owned(Sampler::new(req.sampling.clone())),
             move |t| eog.is_eog(t),
         );
+        if let Some(top) = req.logprobs {
+            seq = seq.with_logprobs(top);
+        }
         if req.speculative != Some(false) {
             let n_vocab = self.decoder.config.n_vocab;
             let drafter = (self.drafter)
@@ -172,6 +205,7 @@ impl<B: Backend> Worker<B> {
             stopped: false,
             timed_out: false,
             failed: false,
+            scored: Vec::new(),
         };
         Ok((seq, running))
     }
@@ -207,7 +241,8 @@ impl<B: Backend> Worker<B> {
                     match r.text.push(t) {
                         Ok((text, hit)) => {
                             if !text.is_empty() {
-                                let _ = r.out.send(Output::Text(text));
+                                let scored = std::mem::take(&mut r.scored);
+                                let _ = r.out.send(Output::Text(text, scored));
                             }
                             r.stopped = hit;
                         }
@@ -225,7 +260,19 @@ impl<B: Backend> Worker<B> {
                         .out
                         .send(Output::Failed(format!("generation failed: {e}")));
                 }
-                Event::Token(_) | Event::Round(_) | Event::Finished(_) => {}
+                Event::Logprobs(lp) if !r.stopped && !r.failed => {
+                    let tk = &*self.tokenizer;
+                    r.scored.push(Scored {
+                        token: Piece::of(tk, lp.token),
+                        logprob: lp.logprob,
+                        top: lp
+                            .top
+                            .iter()
+                            .map(|&(id, l)| (Piece::of(tk, id), l))
+                            .collect(),
+                    });
+                }
+                Event::Token(_) | Event::Logprobs(_) | Event::Round(_) | Event::Finished(_) => {}
             }
         }
         let now = Instant::now();
@@ -252,8 +299,10 @@ impl<B: Backend> Worker<B> {
         }
         if !r.stopped {
             let tail = r.text.finish();
-            if !tail.is_empty() {
-                let _ = r.out.send(Output::Text(tail));
+            if !tail.is_empty() || !r.scored.is_empty() {
+                let _ = r
+                    .out
+                    .send(Output::Text(tail, std::mem::take(&mut r.scored)));
             }
         }
         let finish_reason = match seq.finish_reason() {

@@ -5,6 +5,7 @@ use super::{Engine, Event};
 use crate::backend::{check_device, Backend};
 use crate::error::ModelError;
 use crate::model::{DecoderState, Taps};
+use crate::sampling::TokenLogprobs;
 use crate::speculative::RoundStats;
 use web_time::Instant;
 
@@ -111,25 +112,37 @@ impl<B: Backend> Engine<B> {
         }
         self.batched_passes += 1;
         self.batched_steps += n;
-        let greedy = members.iter().all(|s| s.sampler.params.picks_argmax());
+        let greedy = members
+            .iter()
+            .all(|s| s.sampler.params.picks_argmax() && s.logprobs.is_none());
+        let mut logprobs: Vec<Vec<TokenLogprobs>> = vec![Vec::new(); n];
         let choices = if greedy {
             be.argmax(batch.logits()).await
         } else {
             let rows = be.read(batch.logits()).await;
             let width = rows.len() / n;
+            let n_vocab = target.config.n_vocab;
             members
                 .iter()
                 .zip(rows.chunks_exact(width))
-                // As alone: a speculative sequence's plain step samples as
-                // its verifier would an empty draft.
-                .map(|(s, row)| s.sampler.sample(&row[..target.config.n_vocab], &s.history))
+                .zip(&mut logprobs)
+                .map(|((s, row), scored)| {
+                    let row = &row[..n_vocab];
+                    // As alone: a speculative sequence's plain step samples
+                    // as its verifier would an empty draft.
+                    let token = s.sampler.sample(row, &s.history);
+                    if let Some(top) = s.logprobs {
+                        scored.push(TokenLogprobs::from_logits(row, token, top));
+                    }
+                    token
+                })
                 .collect()
         };
         check_device(be)?;
         let seconds = t0.elapsed().as_secs_f64();
 
-        for (row, ((seq, token), pos)) in members.iter_mut().zip(choices).zip(positions).enumerate()
-        {
+        let steps = members.iter_mut().zip(choices).zip(positions).zip(logprobs);
+        for (row, (((seq, token), pos), scored)) in steps.enumerate() {
             let index = together[row];
             let mut own = Vec::new();
             if let Err(e) = observe_plain_step(
@@ -146,7 +159,7 @@ impl<B: Backend> Engine<B> {
                 seq.fail();
                 own.push(Event::Failed(e));
             } else {
-                seq.emit(&[token], &mut own);
+                seq.emit(&[token], scored, &mut own);
             }
             events.extend(own.into_iter().map(|e| (index, e)));
         }

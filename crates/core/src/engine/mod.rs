@@ -27,7 +27,7 @@ use crate::backend::Backend;
 use crate::error::ModelError;
 use crate::generate::StopReason;
 use crate::model::{BatchState, Decoder, DecoderState, Taps};
-use crate::sampling::Sampler;
+use crate::sampling::{Sampler, TokenLogprobs};
 use crate::speculative::{DraftPolicy, Drafter, RoundStats, SpecStats};
 use std::sync::Arc;
 
@@ -36,6 +36,9 @@ use std::sync::Arc;
 pub enum Event {
     /// A token, in output order (an end-of-generation token is not one).
     Token(u32),
+    /// The log-probabilities of the token that follows, for a sequence
+    /// made [`Sequence::with_logprobs`].
+    Logprobs(TokenLogprobs),
     /// A speculative round's or a plain step's figures (sequences with a
     /// drafter only).
     Round(RoundStats),

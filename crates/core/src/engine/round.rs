@@ -10,6 +10,7 @@ use crate::backend::{check_device, Backend};
 use crate::error::ModelError;
 use crate::generate::penalize;
 use crate::model::{Decoder, LogitRows, Taps};
+use crate::sampling::TokenLogprobs;
 use crate::speculative::verifier::{verdict_from_rows, verify_greedy, Verdict};
 use crate::speculative::{Draft, RoundStats};
 use web_time::Instant;
@@ -48,6 +49,7 @@ impl<B: Backend> Sequence<'_, B> {
         };
         let catch_up_seconds = tc.elapsed().as_secs_f64();
         let td = Instant::now();
+        let mut logprobs = Vec::new();
         let device_draft = match &mut spec.round {
             None => None,
             Some(_) if want == 0 => Some(0),
@@ -121,15 +123,22 @@ impl<B: Backend> Sequence<'_, B> {
             batch.push(last);
             batch.extend_from_slice(&draft.tokens);
             target.forward(state, &batch, LogitRows::All, true, spec.taps.as_mut())?;
-            let verdict = verdict_on_host(
-                be,
-                state.logits(),
-                history,
-                &draft,
-                sampler,
-                target.config.n_vocab,
-            )
-            .await;
+            let n_vocab = target.config.n_vocab;
+            let verdict = match self.logprobs {
+                None => {
+                    verdict_on_host(be, state.logits(), history, &draft, sampler, n_vocab).await
+                }
+                Some(top) => {
+                    let rows = be.read(state.logits()).await;
+                    let verdict = verdict_from_rows(&rows, n_vocab, history, &draft, sampler);
+                    logprobs = rows
+                        .chunks_exact(n_vocab)
+                        .zip(&verdict.tokens)
+                        .map(|(row, &t)| TokenLogprobs::from_logits(row, t, top))
+                        .collect();
+                    verdict
+                }
+            };
             (batch, draft, verdict, draft_seconds, tv)
         };
         check_device(be)?;
@@ -154,7 +163,7 @@ impl<B: Backend> Sequence<'_, B> {
             probe: !draft.tokens.is_empty() && spec.policy.probing(),
         };
         self.record_round(want, round, events);
-        self.emit(&verdict.tokens, events);
+        self.emit(&verdict.tokens, logprobs, events);
         Ok(())
     }
 }

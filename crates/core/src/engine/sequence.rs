@@ -7,7 +7,7 @@ use crate::backend::{check_device, Backend};
 use crate::error::ModelError;
 use crate::generate::{next_token, prefill, GenerationStats, StopReason};
 use crate::model::{Decoder, DecoderState, LogitRows, Taps};
-use crate::sampling::{samples_on_device, Sampler};
+use crate::sampling::{samples_on_device, Sampler, TokenLogprobs};
 use crate::speculative::{DraftPolicy, Drafter, SpecStats};
 use web_time::Instant;
 
@@ -54,6 +54,9 @@ pub struct Sequence<'a, B: Backend> {
     decode_started: Option<Instant>,
     /// One sampled id, read back from the device.
     picked: Option<B::Tensor>,
+    /// How many alternatives each token's [`Event::Logprobs`] lists;
+    /// `None`: no log-probabilities.
+    pub(super) logprobs: Option<usize>,
 }
 
 impl<'a, B: Backend> Sequence<'a, B> {
@@ -87,7 +90,18 @@ impl<'a, B: Backend> Sequence<'a, B> {
             },
             decode_started: None,
             picked: None,
+            logprobs: None,
         }
+    }
+
+    /// Reports each token's log-probability and the `top` most likely
+    /// tokens of its row (at most [`crate::sampling::MAX_TOP_LOGPROBS`]) as
+    /// an [`Event::Logprobs`] before its [`Event::Token`]. Every row is
+    /// then read back to the host (no device-resident rounds); the tokens
+    /// are the same.
+    pub fn with_logprobs(mut self, top: usize) -> Self {
+        self.logprobs = Some(top.min(crate::sampling::MAX_TOP_LOGPROBS));
+        self
     }
 
     /// Speculative decoding with `drafter` under `policy`: at temperature
@@ -158,16 +172,25 @@ impl<'a, B: Backend> Sequence<'a, B> {
         }
     }
 
-    /// Emits `tokens` in order, finishing before an end-of-generation
-    /// token or after the last one `max_tokens` allows.
-    pub(super) fn emit(&mut self, tokens: &[u32], events: &mut Vec<Event>) {
+    /// Emits `tokens` in order (each after its log-probabilities, where
+    /// `logprobs` has them), finishing before an end-of-generation token or
+    /// after the last one `max_tokens` allows.
+    pub(super) fn emit(
+        &mut self,
+        tokens: &[u32],
+        logprobs: Vec<TokenLogprobs>,
+        events: &mut Vec<Event>,
+    ) {
+        let mut logprobs = logprobs.into_iter();
         for &t in tokens {
+            let scored = logprobs.next();
             if (self.is_eog)(t) {
                 self.close(StopReason::EndOfGeneration);
                 events.push(Event::Finished(StopReason::EndOfGeneration));
                 return;
             }
             self.history.push(t);
+            events.extend(scored.map(Event::Logprobs));
             events.push(Event::Token(t));
             if self.tokens().len() >= self.max_tokens {
                 self.close(StopReason::Length);
@@ -290,19 +313,20 @@ impl<'a, B: Backend> Sequence<'a, B> {
                 // accepted by target-sample matching, worth it only where
                 // readbacks cost something.
                 let p = &self.sampler.params;
-                spec.on_device = samples_on_device(p) && (p.is_greedy() || !be.host_memory());
+                spec.on_device = samples_on_device(p)
+                    && (p.is_greedy() || !be.host_memory())
+                    && self.logprobs.is_none();
                 if spec.on_device {
                     spec.round = Some((be.tensor(state.max_batch(), 2), be.tensor(1, 1)));
                 }
             }
         }
-        let picked = self.picked.get_or_insert_with(|| be.tensor(1, 1));
-        let first = next_token(be, &mut self.state, &self.sampler, prompt, picked).await;
+        let (first, logprobs) = self.choose(target).await;
         check_device(be)?;
         self.stats.prefill_seconds = t0.elapsed().as_secs_f64();
         self.decode_started = Some(Instant::now());
         self.phase = Phase::Decode;
-        self.emit(&[first], events);
+        self.emit(&[first], logprobs, events);
         Ok(())
     }
 
@@ -316,11 +340,25 @@ impl<'a, B: Backend> Sequence<'a, B> {
         let be = &*target.backend;
         let last = *self.history.last().expect("history holds the prompt");
         target.forward(&mut self.state, &[last], LogitRows::Last, true, None)?;
-        let picked = self.picked.get_or_insert_with(|| be.tensor(1, 1));
-        let token = next_token(be, &mut self.state, &self.sampler, &self.history, picked).await;
+        let (token, logprobs) = self.choose(target).await;
         check_device(be)?;
-        self.emit(&[token], events);
+        self.emit(&[token], logprobs, events);
         Ok(())
+    }
+
+    /// The token after the history from the state's last row of logits,
+    /// with its log-probabilities when the sequence reports them.
+    async fn choose(&mut self, target: &Decoder<B>) -> (u32, Vec<TokenLogprobs>) {
+        let be = &*target.backend;
+        let Some(top) = self.logprobs else {
+            let picked = self.picked.get_or_insert_with(|| be.tensor(1, 1));
+            let token = next_token(be, &mut self.state, &self.sampler, &self.history, picked).await;
+            return (token, Vec::new());
+        };
+        let rows = be.read(self.state.logits()).await;
+        let row = &rows[..target.config.n_vocab];
+        let token = self.sampler.sample(row, &self.history);
+        (token, vec![TokenLogprobs::from_logits(row, token, top)])
     }
 
     /// Drives it alone to the end: `on_token` sees each token and returns
@@ -354,7 +392,7 @@ impl<'a, B: Backend> Sequence<'a, B> {
                         }
                     }
                     Event::Round(r) => on_round(&r),
-                    Event::Finished(_) => {}
+                    Event::Logprobs(_) | Event::Finished(_) => {}
                     Event::Failed(e) => return Err(e),
                 }
             }
