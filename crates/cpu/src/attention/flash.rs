@@ -321,6 +321,13 @@ trait GroupSteps {
     fn load_key(&mut self, at: usize);
     /// `ggml_vec_dot_f16(k, q)` of the loaded key with head `h`'s query.
     fn score(&self, h: usize) -> f64;
+    /// Every head's score times `scale`, as an f32 (a kernel may reduce
+    /// the heads' dot products together, in each head's order).
+    fn scores(&self, n_heads: usize, scale: f32, out: &mut [f32; MAX_TASK_HEADS]) {
+        for (h, o) in out.iter_mut().enumerate().take(n_heads) {
+            *o = self.score(h) as f32 * scale;
+        }
+    }
     /// Head `h`: `acc = f16(acc * ms)`.
     fn rescale(&mut self, h: usize, ms: f32);
     /// Widens the value at cache offset `at` for every head.
@@ -346,10 +353,9 @@ fn online_softmax(steps: &mut impl GroupSteps, keys: KeyRange, scale: f32, state
     for j in keys.lo..keys.hi {
         let at = j * keys.stride + keys.offset;
         steps.load_key(at);
-        for (h, st) in state.iter().enumerate() {
-            let s = steps.score(h) as f32 * scale;
-            scores[h] = s;
-            exps[h] = if s > st.m { st.m - s } else { s - st.m };
+        steps.scores(state.len(), scale, &mut scores);
+        for (st, (&s, e)) in state.iter().zip(scores.iter().zip(&mut exps)) {
+            *e = if s > st.m { st.m - s } else { s - st.m };
         }
         steps.expf_each(&mut exps);
         for (h, st) in state.iter_mut().enumerate() {

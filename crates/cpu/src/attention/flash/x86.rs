@@ -208,6 +208,54 @@ impl GroupSteps for Avx512 {
         }
     }
 
+    /// With no tail past the 32-lane sums, the eight heads' sums are
+    /// reduced together: `lo + hi` of each head's eight lanes, then two
+    /// rounds of pairwise `hadd` across heads, which add the same pairs in
+    /// the same order as one head's reduction.
+    #[inline(always)]
+    fn scores(&self, n_heads: usize, scale: f32, out: &mut [f32; MAX_TASK_HEADS]) {
+        if !self.d.is_multiple_of(32) {
+            for (h, o) in out.iter_mut().enumerate().take(n_heads) {
+                *o = self.score(h) as f32 * scale;
+            }
+            return;
+        }
+        // SAFETY: see `flash_group_avx512`; q holds n_heads <= 8 heads.
+        unsafe {
+            let mut s4 = [_mm256_setzero_ps(); MAX_TASK_HEADS];
+            for (h, s4) in s4.iter_mut().enumerate().take(n_heads) {
+                let (q, k) = (self.q.add(h * self.d), self.row);
+                let mut sums = [_mm512_setzero_ps(); 2];
+                for i in (0..self.d).step_by(32) {
+                    for (c, s) in sums.iter_mut().enumerate() {
+                        let x = _mm512_loadu_ps(k.add(i + 16 * c));
+                        *s = _mm512_fmadd_ps(x, _mm512_loadu_ps(q.add(i + 16 * c)), *s);
+                    }
+                }
+                let pairs = _mm512_add_ps(sums[0], sums[1]);
+                *s4 = _mm256_add_ps(
+                    _mm512_castps512_ps256(pairs),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(pairs))),
+                );
+            }
+            // [lo4 + hi4 of head h | of head h + 1].
+            let fold = |a: __m256, b: __m256| {
+                _mm256_add_ps(
+                    _mm256_permute2f128_ps::<0x20>(a, b),
+                    _mm256_permute2f128_ps::<0x31>(a, b),
+                )
+            };
+            let t01 = fold(s4[0], s4[1]);
+            let t23 = fold(s4[2], s4[3]);
+            let t45 = fold(s4[4], s4[5]);
+            let t67 = fold(s4[6], s4[7]);
+            // Heads 0, 2, 4, 6 in the low half, 1, 3, 5, 7 in the high.
+            let dots = _mm256_hadd_ps(_mm256_hadd_ps(t01, t23), _mm256_hadd_ps(t45, t67));
+            let dots = _mm256_permutevar8x32_ps(dots, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(dots, _mm256_set1_ps(scale)));
+        }
+    }
+
     #[inline(always)]
     fn rescale(&mut self, h: usize, ms: f32) {
         // SAFETY: see `flash_group_avx512`; acc holds d elements per head, d % 16 == 0.
