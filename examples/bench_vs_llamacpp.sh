@@ -7,6 +7,8 @@
 #   verify   T(k)/T(1) for k = 1, 2, 4, 8, 16 rows after a 64-token context
 #            (llama-bench -p k -n 0 -d 64). blockdraft computes logits for all
 #            k rows, as a verify needs; llama-bench only for the last one.
+#   depth    tg64 after D tokens of context, for each D of DEPTHS
+#            (llama-bench -n 64 -d D; blockdraft bench --depth D).
 # Prints one table with medians and blockdraft/llama.cpp ratios, and the decode's
 # weight bytes per second against this machine's memory read bandwidth measured
 # beside it by `blockdraft bench`.
@@ -14,13 +16,15 @@
 # Usage: examples/bench_vs_llamacpp.sh [MODEL...]   (smollm2 qwen05 qwen15 gemma;
 #        default: smollm2 qwen05 qwen15)
 # Environment: LLAMA_BENCH (default: ../llama.cpp/build/bin/llama-bench beside
-#              the project), THREADS (default: "1 2"), REPS (default: 3).
+#              the project), THREADS (default: "1 2"), REPS (default: 3),
+#              DEPTHS (default: "4096"; "" skips them, e.g. "4096 16384").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 LLAMA_BENCH="${LLAMA_BENCH:-../llama.cpp/build/bin/llama-bench}"
 THREADS="${THREADS:-1 2}"
 REPS="${REPS:-3}"
+DEPTHS="${DEPTHS-4096}"
 KS="1,2,4,8,16"
 [ -x "$LLAMA_BENCH" ] || {
     echo "llama-bench not found at $LLAMA_BENCH (build llama.cpp beside the project or set LLAMA_BENCH)" >&2
@@ -44,12 +48,19 @@ for key in "${models[@]}"; do
             >"$out/$key.$t.ll.json" 2>/dev/null
         "$LLAMA_BENCH" -m "$m" -t "$t" -p "$KS" -n 0 -d 64 -r "$REPS" -o json \
             >"$out/$key.$t.llv.json" 2>/dev/null
+        if [ -n "$DEPTHS" ]; then
+            "$bd" bench -m "$m" -t "$t" -p 0 -n 64 -r "$REPS" --depth "${DEPTHS// /,}" --json \
+                >"$out/$key.$t.bdd.json"
+            "$LLAMA_BENCH" -m "$m" -t "$t" -p 0 -n 64 -d "${DEPTHS// /,}" -r "$REPS" -o json \
+                >"$out/$key.$t.lld.json" 2>/dev/null
+        fi
     done
 done
 
-python3 - "$out" "$KS" "${models[@]}" <<'EOF'
+python3 - "$out" "$KS" "$DEPTHS" "${models[@]}" <<'EOF'
 import json, statistics, sys
-out, ks, models = sys.argv[1], [int(k) for k in sys.argv[2].split(",")], sys.argv[3:]
+out, ks, models = sys.argv[1], [int(k) for k in sys.argv[2].split(",")], sys.argv[4:]
+depths = [int(d) for d in sys.argv[3].split()]
 threads = sorted({int(f.split(".")[1]) for f in __import__("os").listdir(out)})
 
 def llama_tps(rows, n_prompt, n_gen, depth=0):
@@ -73,6 +84,11 @@ for key in models:
         ll_t = {k: k / llama_tps(llv, k, 0, 64) for k in ks}
         for k in ks[1:]:
             rows.append((f"T({k})/T(1)", bd_t[k] / bd_t[1], ll_t[k] / ll_t[1]))
+        if depths:
+            bdd = {e["depth"]: e for e in json.load(open(f"{out}/{key}.{t}.bdd.json"))["depth"]}
+            lld = json.load(open(f"{out}/{key}.{t}.lld.json"))
+            for d in depths:
+                rows.append((f"tg64 @{d}", bdd[d]["decode_tokens_per_second"], llama_tps(lld, 0, 64, d)))
         for name, a, b in rows:
             print(f"{key:8} {t:>3} {name:10} {a:11.2f} {b:10.2f} {a / b:6.2f}")
         gbs, read = bd["decode_gb_per_second"], bd["memory_read_gb_per_second"]
