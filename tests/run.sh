@@ -26,10 +26,10 @@ else
     echo "SKIPPED: the OpenAI-client server test (set BLOCKDRAFT_SERVE_PYTHON to a python with tests/serve-requirements.txt; .ci/run does)"
 fi
 # The wasm32 simd128 and aarch64 NEON kernels against the scalar ones (and
-# glibc's expf, sinf and cosf bit for bit),
+# glibc's expf, sinf and cosf bit for bit, and the portable attention),
 # under Node's WASI and qemu-user.
 simd_tests=(kernels::tests::simd kernels::tests::results_independent kernels::tests::float
-    kernels::wasm kernels::neon libm::tests)
+    kernels::wasm kernels::neon libm::tests attention::)
 CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $PWD/tests/wasi/run.mjs" \
     cargo test -p blockdraft-cpu --lib --target wasm32-wasip1 -- "${simd_tests[@]}"
 # qemu's `max` CPU has sdot, so the NEON kernels take their dotprod build
