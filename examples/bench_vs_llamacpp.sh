@@ -18,6 +18,10 @@
 # Environment: LLAMA_BENCH (default: ../llama.cpp/build/bin/llama-bench beside
 #              the project), THREADS (default: "1 2"), REPS (default: 3),
 #              DEPTHS (default: "4096"; "" skips them, e.g. "4096 16384").
+# On a VM whose CPU lists AMX without enabling it, a GGML_NATIVE build of
+# llama.cpp dies with SIGILL in prompt passes: configure it with
+# -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
+# -DGGML_AVX512_VNNI=ON (and the other AVX-512 flags the CPU has) instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
