@@ -27,7 +27,7 @@
 //! advance side by side instead of one latency-bound chain at a time; the
 //! arithmetic of every head stays the sequence above.
 
-use super::SharedOut;
+use super::{visible_keys, SharedOut};
 use crate::kernels::{dot_f32, with_fma};
 use crate::libm::expf;
 use crate::pool::ThreadPool;
@@ -86,6 +86,17 @@ struct KeyRange {
     hi: usize,
 }
 
+/// What one task's pass over the keys reads: its heads' queries (rounded
+/// to f16), the cache, which keys, and the score scale.
+#[derive(Clone, Copy)]
+struct KeyPass<'a> {
+    q16: &'a [f32],
+    k: &'a [f16],
+    v: &'a [f16],
+    keys: KeyRange,
+    scale: f32,
+}
+
 /// One head's online-softmax state: the running maximum `M` and weight sum `S`.
 #[derive(Clone, Copy)]
 struct Running {
@@ -127,19 +138,7 @@ pub fn flash_attention_f16(
             && v.len() >= mask.kv_len * kv_cols
     );
     let threads = pool.n_threads();
-    let visible = |r: usize| {
-        let pos = mask.q_pos0 + r;
-        let hi = if mask.causal {
-            (pos + 1).min(mask.kv_len)
-        } else {
-            mask.kv_len
-        };
-        let lo = mask
-            .window
-            .map_or(0, |w| (pos + 1).saturating_sub(w))
-            .min(hi);
-        (lo, hi)
-    };
+    let visible = |r: usize| visible_keys(mask, r);
     let splits: Vec<Split> = (0..n_rows)
         .map(|r| Split::for_row(visible(r).1, threads))
         .collect();
@@ -207,7 +206,14 @@ pub fn flash_attention_f16(
                 let mut state = [Running::EMPTY; MAX_TASK_HEADS];
                 let state = &mut state[..n_heads];
                 if keys.lo < keys.hi {
-                    flash_group(&q16, k, v, keys, p.scale, &mut acc, state);
+                    let pass = KeyPass {
+                        q16: &q16,
+                        k,
+                        v,
+                        keys,
+                        scale: p.scale,
+                    };
+                    flash_group(pass, &mut acc, state);
                 }
                 for (h, (acc, st)) in acc.chunks_exact(d).zip(state.iter()).enumerate() {
                     let head = head0 + h;
@@ -286,32 +292,24 @@ fn merge_chunks(partials: &[f32], d: usize, out: &mut [f32]) {
     }
 }
 
-/// The heads of one task over `keys`: each head's unnormalised value sum
-/// into its `d` elements of `acc` (each an f16 value), its `M` and `S` into
-/// `state`. `q16` holds the heads' queries, already rounded to f16.
-fn flash_group(
-    q16: &[f32],
-    k: &[f16],
-    v: &[f16],
-    keys: KeyRange,
-    scale: f32,
-    acc: &mut [f32],
-    state: &mut [Running],
-) {
-    let d = q16.len() / state.len();
+/// The heads of one task over `pass.keys`: each head's unnormalised value
+/// sum into its `d` elements of `acc` (each an f16 value), its `M` and `S`
+/// into `state`.
+fn flash_group(pass: KeyPass, acc: &mut [f32], state: &mut [Running]) {
+    let d = pass.q16.len() / state.len();
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::x86::has_avx512f() && d.is_multiple_of(16) {
         // SAFETY: AVX-512 F (with AVX2, FMA and F16C) checked at run time;
         // the rows lie within k and v, whole groups of 16.
-        return unsafe { x86::flash_group_avx512(q16, k, v, keys, scale, acc, state) };
+        return unsafe { x86::flash_group_avx512(pass, acc, state) };
     }
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::x86::has_avx2() && d.is_multiple_of(8) {
         // SAFETY: AVX2, FMA and F16C checked at run time; the rows lie
         // within k and v (checked by `flash_attention_f16`), whole groups of 8.
-        return unsafe { x86::flash_group(q16, k, v, keys, scale, acc, state) };
+        return unsafe { x86::flash_group(pass, acc, state) };
     }
-    flash_group_portable(q16, k, v, keys, scale, acc, state)
+    flash_group_portable(pass, acc, state)
 }
 
 /// The per-key steps of a task, which each kernel provides in its own
@@ -344,7 +342,8 @@ trait GroupSteps {
 /// side: a new maximum rescales a head's accumulator, otherwise the key
 /// weighs `expf(s - M)`.
 #[inline(always)]
-fn online_softmax(steps: &mut impl GroupSteps, keys: KeyRange, scale: f32, state: &mut [Running]) {
+fn online_softmax(steps: &mut impl GroupSteps, pass: KeyPass, state: &mut [Running]) {
+    let (keys, scale) = (pass.keys, pass.scale);
     let mut scores = [0f32; MAX_TASK_HEADS];
     // The exponent each head needs for this key: `M - s` at a new maximum
     // (its `ms`), otherwise `s - M` (its `vs`).
@@ -431,26 +430,18 @@ impl GroupSteps for Portable<'_> {
     }
 }
 
-fn flash_group_portable(
-    q16: &[f32],
-    k: &[f16],
-    v: &[f16],
-    keys: KeyRange,
-    scale: f32,
-    acc: &mut [f32],
-    state: &mut [Running],
-) {
-    let d = q16.len() / state.len();
+fn flash_group_portable(pass: KeyPass, acc: &mut [f32], state: &mut [Running]) {
+    let d = pass.q16.len() / state.len();
     let mut steps = Portable {
-        q16,
-        k,
-        v,
+        q16: pass.q16,
+        k: pass.k,
+        v: pass.v,
         acc,
         d,
         row: vec![0f32; d],
         half: vec![f16::ZERO; d],
     };
-    online_softmax(&mut steps, keys, scale, state)
+    online_softmax(&mut steps, pass, state)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -651,11 +642,18 @@ mod tests {
             let q16: Vec<f32> = (0..n_heads * d)
                 .map(|_| f16::from_f32(rnd() * 2.0).to_f32())
                 .collect();
-            let keys = KeyRange {
-                stride,
-                offset: d,
-                lo: 3,
-                hi: n_keys,
+            // Each kernel call gives its own heads' queries.
+            let base = KeyPass {
+                q16: &[],
+                k: &k,
+                v: &v,
+                keys: KeyRange {
+                    stride,
+                    offset: d,
+                    lo: 3,
+                    hi: n_keys,
+                },
+                scale: 0.7,
             };
             let run = |kernel: Kernel, heads: usize| {
                 let (mut acc, mut state) = (vec![0f32; n_heads * d], vec![Running::EMPTY; n_heads]);
@@ -671,7 +669,7 @@ mod tests {
                 (bits(&acc), bits(&sums))
             };
             let portable = |q: &[f32], acc: &mut [f32], st: &mut [Running]| {
-                flash_group_portable(q, &k, &v, keys, 0.7, acc, st)
+                flash_group_portable(KeyPass { q16: q, ..base }, acc, st)
             };
             let together = run(&portable, n_heads);
             assert_eq!(together, run(&portable, 1), "d {d}: grouped vs alone");
@@ -680,7 +678,7 @@ mod tests {
                 if crate::kernels::x86::has_avx2() {
                     let avx2 = |q: &[f32], acc: &mut [f32], st: &mut [Running]| {
                         // SAFETY: checked above; rows 3..37 of stride 2d hold offset d + d.
-                        unsafe { x86::flash_group(q, &k, &v, keys, 0.7, acc, st) }
+                        unsafe { x86::flash_group(KeyPass { q16: q, ..base }, acc, st) }
                     };
                     assert_eq!(together, run(&avx2, n_heads), "d {d}: AVX2 vs portable");
                     assert_eq!(together, run(&avx2, 1), "d {d}: AVX2 alone");
@@ -690,7 +688,7 @@ mod tests {
                 if d.is_multiple_of(16) && crate::kernels::x86::has_avx512f() {
                     let avx512 = |q: &[f32], acc: &mut [f32], st: &mut [Running]| {
                         // SAFETY: checked above; rows 3..37 of stride 2d hold offset d + d.
-                        unsafe { x86::flash_group_avx512(q, &k, &v, keys, 0.7, acc, st) }
+                        unsafe { x86::flash_group_avx512(KeyPass { q16: q, ..base }, acc, st) }
                     };
                     assert_eq!(
                         together,

@@ -40,6 +40,22 @@ struct HeadTask<'a> {
     out: &'a mut [f32],
 }
 
+/// The keys query row `row` sees, `lo..hi`: the causal and window masks
+/// applied (empty when it sees none).
+fn visible_keys(mask: AttentionMask, row: usize) -> (usize, usize) {
+    let pos = mask.q_pos0 + row;
+    let hi = if mask.causal {
+        (pos + 1).min(mask.kv_len)
+    } else {
+        mask.kv_len
+    };
+    let lo = mask
+        .window
+        .map_or(0, |w| (pos + 1).saturating_sub(w))
+        .min(hi);
+    (lo, hi)
+}
+
 /// Runs `task` for every (query row, head) pair on the pool, with FMA
 /// enabled where the CPU has it; a row that sees no key gives zeros.
 fn for_each_head(
@@ -66,16 +82,7 @@ fn for_each_head(
             #[inline(always)]
             || {
                 let (r, h) = (t / p.n_head, t % p.n_head);
-                let pos = mask.q_pos0 + r;
-                let hi = if mask.causal {
-                    (pos + 1).min(mask.kv_len)
-                } else {
-                    mask.kv_len
-                };
-                let lo = mask
-                    .window
-                    .map_or(0, |w| (pos + 1).saturating_sub(w))
-                    .min(hi);
+                let (lo, hi) = visible_keys(mask, r);
                 // SAFETY: this task alone writes out[r, h*head_dim .. (h+1)*head_dim].
                 let out = unsafe {
                     std::slice::from_raw_parts_mut(

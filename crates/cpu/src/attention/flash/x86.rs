@@ -6,7 +6,7 @@
 //! accumulators, reduced in the same order) and the exponentials of eight
 //! heads in one vector ([`expf8_avx512`]), for the same bits.
 
-use super::{online_softmax, GroupSteps, KeyRange, Running, MAX_TASK_HEADS};
+use super::{online_softmax, GroupSteps, KeyPass, Running, MAX_TASK_HEADS};
 use crate::libm::expf8_avx512;
 use half::f16;
 use std::arch::x86_64::*;
@@ -114,30 +114,22 @@ impl GroupSteps for Avx2 {
 }
 
 /// # Safety
-/// AVX2, FMA and F16C; `q16.len() == acc.len() == state.len() * d` with
-/// `d` a multiple of 8; rows `keys.lo..keys.hi` of `k` and `v` hold
+/// AVX2, FMA and F16C; `pass.q16.len() == acc.len() == state.len() * d`
+/// with `d` a multiple of 8; rows `keys.lo..keys.hi` of `k` and `v` hold
 /// `keys.offset + d` elements at `keys.stride` apart.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn flash_group(
-    q16: &[f32],
-    k: &[f16],
-    v: &[f16],
-    keys: KeyRange,
-    scale: f32,
-    acc: &mut [f32],
-    state: &mut [Running],
-) {
-    let d = q16.len() / state.len();
+pub(super) unsafe fn flash_group(pass: KeyPass, acc: &mut [f32], state: &mut [Running]) {
+    let d = pass.q16.len() / state.len();
     let mut row = vec![0f32; d];
     let mut steps = Avx2 {
-        q: q16.as_ptr(),
-        k: k.as_ptr(),
-        v: v.as_ptr(),
+        q: pass.q16.as_ptr(),
+        k: pass.k.as_ptr(),
+        v: pass.v.as_ptr(),
         acc: acc.as_mut_ptr(),
         row: row.as_mut_ptr(),
         d,
     };
-    online_softmax(&mut steps, keys, scale, state)
+    online_softmax(&mut steps, pass, state)
 }
 
 /// [`GroupSteps`] with AVX-512 F; only ever inlined into
@@ -295,28 +287,20 @@ impl GroupSteps for Avx512 {
 }
 
 /// # Safety
-/// AVX-512 F, AVX2, FMA and F16C; `q16.len() == acc.len() == state.len() * d`
-/// with `d` a multiple of 16; rows `keys.lo..keys.hi` of `k` and `v` hold
+/// AVX-512 F, AVX2, FMA and F16C; `pass.q16.len() == acc.len() ==
+/// state.len() * d` with `d` a multiple of 16; rows `keys.lo..keys.hi` of `k` and `v` hold
 /// `keys.offset + d` elements at `keys.stride` apart.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(super) unsafe fn flash_group_avx512(
-    q16: &[f32],
-    k: &[f16],
-    v: &[f16],
-    keys: KeyRange,
-    scale: f32,
-    acc: &mut [f32],
-    state: &mut [Running],
-) {
-    let d = q16.len() / state.len();
+pub(super) unsafe fn flash_group_avx512(pass: KeyPass, acc: &mut [f32], state: &mut [Running]) {
+    let d = pass.q16.len() / state.len();
     let mut row = vec![0f32; d];
     let mut steps = Avx512 {
-        q: q16.as_ptr(),
-        k: k.as_ptr(),
-        v: v.as_ptr(),
+        q: pass.q16.as_ptr(),
+        k: pass.k.as_ptr(),
+        v: pass.v.as_ptr(),
         acc: acc.as_mut_ptr(),
         row: row.as_mut_ptr(),
         d,
     };
-    online_softmax(&mut steps, keys, scale, state)
+    online_softmax(&mut steps, pass, state)
 }
