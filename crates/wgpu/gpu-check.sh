@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The wgpu backend on a real GPU through Vulkan: the op suite and generation
+# tests against the CPU backend, the matmul kernels' times, and `bench` on
+# full-size models of the real shapes (prefill, decode, T(k)/T(1)).
+# Runs on the GPU machine (no Rust toolchain, no network) from the repo
+# root, on what crates/wgpu/gpu-pack.sh put in .gpu/, with the Vulkan loader
+# packages in .gl/ (see the device notes). Writes $OUT/wgpu-check.log.
+# Every step has a time limit and a failing step does not stop the rest.
+# A `blockdraft-base` binary in .gpu/ (an earlier build, packed by hand) is
+# benchmarked beside the new one, alternating, for a before/after table.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/wgpu-check}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/wgpu-check.log") 2>&1
+failed=()
+step() { # step NAME SECONDS CMD...
+    local name=$1 secs=$2
+    shift 2
+    echo "== $name ($(date +%T))"
+    timeout "$secs" "$@" || { echo "!! $name failed (exit $?)"; failed+=("$name"); }
+}
+
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json \
+    /etc/vulkan/icd.d/nvidia_icd.json; do
+    [ -f "$icd" ] && export VK_DRIVER_FILES=$icd && break
+done
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-none found}"
+nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total,clocks.max.sm,clocks.max.mem --format=csv
+
+W=/tmp/blockdraft-gpu
+mkdir -p "$W"
+for f in .gpu/*.xz; do
+    xz -dc "$f" >"$W/$(basename "$f" .xz)"
+done
+chmod +x "$W"/blockdraft* "$W"/skeleton "$W"/kernel_bench "$W"/wgpu-test-* 2>/dev/null
+# The real-model tests need models this machine does not have.
+export BLOCKDRAFT_SKIP_MODEL_TESTS=1
+models=()
+for s in "$W"/*.skeleton.gguf; do
+    full=${s%.skeleton.gguf}.gguf
+    "$W/skeleton" inflate "$s" "$full" && models+=("$full")
+done
+
+for t in "$W"/wgpu-test-*; do
+    step "$(basename "$t")" 150 "$t" --test-threads 2
+done
+step "kernel_bench (decode and verify shapes)" 40 "$W/kernel_bench" F16,Q8_0,Q4_K,Q6_K 1,8 4096x4096
+bins=("$W/blockdraft")
+[ -x "$W/blockdraft-base" ] && bins=("$W/blockdraft-base" "$W/blockdraft")
+for m in "${models[@]}"; do
+    for bin in "${bins[@]}"; do
+        step "bench wgpu $(basename "$m") with $(basename "$bin")" 60 \
+            "$bin" bench --backend wgpu -m "$m" -p 128 -n 128 -r 3 --verify-max 8
+    done
+done
+echo "== done ($(date +%T)); failed steps: ${failed[*]:-none}"
