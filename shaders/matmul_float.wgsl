@@ -15,12 +15,17 @@ struct Params {
     _pad0: u32,
     _pad1: u32,
     _pad2: u32,
+    epilogue: u32,   // EPILOGUE_* flags (matmul_rows.wgsl)
+    _pad3: u32,
+    _pad4: u32,
+    _pad5: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
 
 const F32: u32 = 0u;
 const F16: u32 = 1u;

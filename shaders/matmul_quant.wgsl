@@ -18,12 +18,17 @@ struct Params {
     row_bytes: u32,  // bytes of one weight row
     d_off: u32,      // activation scales (words into `act`)
     s_off: u32,      // activation sums: f32 per 32 (legacy), i32 per 16 (K)
+    epilogue: u32,   // EPILOGUE_* flags (matmul_rows.wgsl)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> act: array<u32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
 
 // Row r's contribution of weight unit `i`.
 fn unit_dot(ty: u32, u: Unit, r: u32, i: u32) -> f32 {

@@ -1,7 +1,7 @@
 // What the matmul kernels share beyond the weight type: which output
 // feature an invocation works on, and summing a feature's partial sums into
 // the outputs. The including file declares `p` (its first fields: rows,
-// cols, n, row0, out_cols) and `y`.
+// cols, n, row0, out_cols; and `epilogue`), `y` and `bias`.
 //
 // A workgroup of 64 invocations computes FEATURES = 64 / LANES output
 // features; the LANES invocations of a feature stride over its row and add
@@ -14,6 +14,7 @@
 // workgroup memory or barriers.
 
 #include "subgroup.wgsl"
+#include "gating.wgsl"
 
 const WG: u32 = 64u;
 override LANES: u32 = 16u;           // invocations per output feature (divides WG)
@@ -24,6 +25,34 @@ const NR: u32 = 8u;                  // activation rows per pass
 #else
 var<workgroup> partial: array<array<f32, WG>, NR>;
 #endif
+
+// What a stored sum gets on its way out (flags in `p.epilogue`): the
+// feature's bias added (a projection's bias), added to what `y` holds (a
+// residual stream), or as the up projection of a gated feed-forward,
+// multiplied by the activated gate (`bias` then holds the gate
+// projection's outputs, laid out as `y`). The same f32 operations as the
+// separate ops.
+const EPILOGUE_BIAS: u32 = 1u;
+const EPILOGUE_ACCUMULATE: u32 = 2u;
+const EPILOGUE_SWIGLU: u32 = 4u;
+const EPILOGUE_GEGLU: u32 = 8u;
+
+fn emit(i: u32, o: u32, sum: f32) {
+    var v = sum;
+    if (p.epilogue & EPILOGUE_BIAS) != 0u {
+        v += bias[p.row0 + o];
+    }
+    if (p.epilogue & EPILOGUE_SWIGLU) != 0u {
+        v = swiglu_of(bias[i], v);
+    }
+    if (p.epilogue & EPILOGUE_GEGLU) != 0u {
+        v = geglu_of(bias[i], v);
+    }
+    if (p.epilogue & EPILOGUE_ACCUMULATE) != 0u {
+        v = y[i] + v;
+    }
+    y[i] = v;
+}
 
 // An invocation's output feature `o` (absolute index in this weight part),
 // its lane among the feature's LANES, and the feature's slot `f` in the
@@ -59,7 +88,7 @@ fn store_rows(inv: Invocation, at: Place, acc: array<f32, NR>, g: u32, nr: u32) 
     }
     if live {
         for (var r = at.lane; r < nr; r += LANES) {
-            y[(g + r) * p.out_cols + p.row0 + at.o] = sums[r];
+            emit((g + r) * p.out_cols + p.row0 + at.o, at.o, sums[r]);
         }
     }
 #else
@@ -68,7 +97,7 @@ fn store_rows(inv: Invocation, at: Place, acc: array<f32, NR>, g: u32, nr: u32) 
         // lavapipe (LANES is an override, so this branch is uniform).
         if live {
             for (var r = 0u; r < nr; r++) {
-                y[(g + r) * p.out_cols + p.row0 + at.o] = acc[r];
+                emit((g + r) * p.out_cols + p.row0 + at.o, at.o, acc[r]);
             }
         }
         return;
@@ -87,7 +116,7 @@ fn store_rows(inv: Invocation, at: Place, acc: array<f32, NR>, g: u32, nr: u32) 
     }
     if live {
         for (var r = at.lane; r < nr; r += LANES) {
-            y[(g + r) * p.out_cols + p.row0 + at.o] = partial[r][at.f * LANES];
+            emit((g + r) * p.out_cols + p.row0 + at.o, at.o, partial[r][at.f * LANES]);
         }
     }
     workgroupBarrier();

@@ -1,6 +1,7 @@
 // Rotary position embedding, in place. The host supplies cos/sin per
-// (row, pair): the angles follow ggml's float sequence exactly there, and
-// shader sin/cos are imprecise for large arguments.
+// (position, pair) for a window of positions: the angles follow ggml's
+// float sequence exactly there, and shader sin/cos are imprecise for large
+// arguments.
 
 #include "common.wgsl"
 
@@ -11,13 +12,13 @@ struct Params {
     head_dim: u32,
     half_rot: u32,   // rotated pairs per head
     neox: u32,       // 1: pairs (i, i + half_rot); 0: (2i, 2i + 1)
-    _pad0: u32,
+    table_row0: u32, // the table row of row 0's position
     _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
-// Row r, pair i: cos at [2 (r half_rot + i)], sin after it.
+// Table row t, pair i: cos at [2 (t half_rot + i)], sin after it.
 @group(0) @binding(2) var<storage, read> cos_sin: array<f32>;
 
 @compute @workgroup_size(256)
@@ -38,7 +39,7 @@ fn rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         a = base + i;
         b = base + i + p.half_rot;
     }
-    let cs = 2u * (r * p.half_rot + i);
+    let cs = 2u * ((p.table_row0 + r) * p.half_rot + i);
     let c = cos_sin[cs];
     let s = cos_sin[cs + 1u];
     let x0 = x[a];

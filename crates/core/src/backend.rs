@@ -192,6 +192,54 @@ pub struct ConvParams {
     pub side: usize,
 }
 
+/// GPU time of one kernel, summed over its dispatches
+/// ([`Backend::take_kernel_timings`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelTiming {
+    pub kernel: String,
+    pub dispatches: u64,
+    pub gpu_ns: u64,
+    /// Bytes of the buffer ranges its dispatches bound: an upper bound of
+    /// what they moved (a KV cache is bound whole, read in part).
+    pub bytes_bound: u64,
+}
+
+/// One projection of [`Backend::matmul_many`].
+pub struct Projection<'a, B: Backend + ?Sized> {
+    pub weight: &'a B::Weight,
+    pub bias: Option<&'a B::Weight>,
+    pub out: &'a mut B::Tensor,
+}
+
+/// What a device backend has recorded: on a GPU each of these costs the
+/// host API time, which bounds small models more than the GPU does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommandCounts {
+    /// Kernel launches.
+    pub dispatches: u64,
+    /// Compute passes begun.
+    pub passes: u64,
+    /// Command buffers submitted.
+    pub submits: u64,
+    /// Bind groups (descriptor sets) created.
+    pub bind_groups: u64,
+    /// Results copied back to the host.
+    pub readbacks: u64,
+}
+
+impl CommandCounts {
+    /// The counts recorded after `earlier` was taken.
+    pub fn since(&self, earlier: &CommandCounts) -> CommandCounts {
+        CommandCounts {
+            dispatches: self.dispatches - earlier.dispatches,
+            passes: self.passes - earlier.passes,
+            submits: self.submits - earlier.submits,
+            bind_groups: self.bind_groups - earlier.bind_groups,
+            readbacks: self.readbacks - earlier.readbacks,
+        }
+    }
+}
+
 // `async fn` without a `Send` bound on purpose: the trait is used
 // generically only, and wasm's futures are not `Send`.
 #[allow(async_fn_in_trait)]
@@ -233,6 +281,67 @@ pub trait Backend: Send + Sync + 'static {
     fn matmul(&self, w: &Self::Weight, x: &Self::Tensor, out: &mut Self::Tensor);
     /// Adds a 1-D weight to every row.
     fn add_bias(&self, x: &mut Self::Tensor, bias: &Self::Weight);
+
+    /// The projections of one input (q|k|v, gate|up): for each,
+    /// `out = x · Wᵀ`, plus its bias if it has one. The default runs them
+    /// one by one; a backend may prepare `x` once for all of them (a GPU
+    /// quantizes it once) and add the bias as each product is stored.
+    fn matmul_many(&self, x: &Self::Tensor, projections: &mut [Projection<'_, Self>]) {
+        for p in projections {
+            self.matmul(p.weight, x, p.out);
+            if let Some(b) = p.bias {
+                self.add_bias(p.out, b);
+            }
+        }
+    }
+
+    /// A gated feed-forward's first half, `out = act(x · W_gateᵀ) ⊙
+    /// (x · W_upᵀ)`. The default runs both projections into `gate` and `up`
+    /// ([`Self::matmul_many`]), then [`Self::gated`]; a backend may apply
+    /// the activation as the up projection is stored (`up` then stays
+    /// unused).
+    #[allow(clippy::too_many_arguments)]
+    fn gated_projection(
+        &self,
+        act: GatedActivation,
+        x: &Self::Tensor,
+        w_gate: &Self::Weight,
+        w_up: &Self::Weight,
+        gate: &mut Self::Tensor,
+        up: &mut Self::Tensor,
+        out: &mut Self::Tensor,
+    ) {
+        self.matmul_many(
+            x,
+            &mut [
+                Projection {
+                    weight: w_gate,
+                    bias: None,
+                    out: gate,
+                },
+                Projection {
+                    weight: w_up,
+                    bias: None,
+                    out: up,
+                },
+            ],
+        );
+        self.gated(act, gate, up, out);
+    }
+
+    /// `acc += x · Wᵀ`, a residual branch's output projection. The default
+    /// computes the product in `scratch` and adds it; a backend may add it
+    /// as the product is stored (the same sums: f32 addition commutes).
+    fn matmul_accumulate(
+        &self,
+        w: &Self::Weight,
+        x: &Self::Tensor,
+        acc: &mut Self::Tensor,
+        scratch: &mut Self::Tensor,
+    ) {
+        self.matmul(w, x, scratch);
+        self.add(acc, scratch);
+    }
     /// RMS norm of every `group`-wide slice of each row, times `weight` (length `group`).
     fn rms_norm(
         &self,
@@ -310,6 +419,19 @@ pub trait Backend: Send + Sync + 'static {
     /// stays until the backend is dropped. Backends whose ops cannot fail
     /// this way return `None`. Generation checks it after every readback.
     fn device_error(&self) -> Option<BackendError> {
+        None
+    }
+
+    /// The commands a device backend has recorded since it started (see
+    /// [`CommandCounts`]); `None` for a backend that records none (the
+    /// CPU). `bench` prints them per decoded token.
+    fn command_counts(&self) -> Option<CommandCounts> {
+        None
+    }
+
+    /// Per-kernel GPU time since the last call, where the backend profiles
+    /// (wgpu with `BLOCKDRAFT_WGPU_PROFILE=1`); `None` otherwise.
+    fn take_kernel_timings(&self) -> Option<Vec<KernelTiming>> {
         None
     }
 

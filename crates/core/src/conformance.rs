@@ -5,8 +5,8 @@
 //! instantiates it for a backend.
 
 use crate::backend::{
-    AttentionMask, AttentionParams, Backend, ConvParams, GatedActivation, KvType, RopeParams,
-    RopeStyle, WeightSource,
+    AttentionMask, AttentionParams, Backend, ConvParams, GatedActivation, KvType, Projection,
+    RopeParams, RopeStyle, WeightSource,
 };
 use crate::sampling::{Rng, SamplingParams};
 use blockdraft_gguf::{quants, GgmlType, GgufFile, GgufWriter};
@@ -124,6 +124,111 @@ pub async fn matmul<B: Backend, R: Backend>(be: &B, reference: &R) {
                 matmul_tolerance(ty),
             );
         }
+    }
+}
+
+/// The fused compositions of the matmul: projections of one input with
+/// and without biases, across weight types that quantize the input alike
+/// (Q4_K, Q6_K) and differently (Q8_0, F16), a gated feed-forward's
+/// projections, and a product added to a residual stream.
+pub async fn matmul_fused<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let cols = 512;
+    let specs = [
+        (GgmlType::Q4_K, 48, true),
+        (GgmlType::Q6_K, 16, false),
+        (GgmlType::Q8_0, 40, true),
+        (GgmlType::F16, 24, false),
+    ];
+    let files: Vec<_> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, &(ty, rows, _))| weight_file(ty, rows, cols, 500 + i as u64))
+        .collect();
+    let biases: Vec<_> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, &(_, rows, _))| weight_file(GgmlType::F32, 1, rows, 600 + i as u64))
+        .collect();
+    let (w, wr): (Vec<_>, Vec<_>) = files
+        .iter()
+        .map(|f| (load(be, f), load(reference, f)))
+        .unzip();
+    let (b, br): (Vec<_>, Vec<_>) = biases
+        .iter()
+        .map(|f| (load(be, f), load(reference, f)))
+        .unzip();
+    for n in [1, 5, 16] {
+        let x = uniform(&mut Rng::new(50 + n as u64), n * cols, 2.0);
+        let (xt, xr) = (tensor(be, n, cols, &x), tensor(reference, n, cols, &x));
+        let mut outs: Vec<_> = specs.iter().map(|s| be.tensor(n, s.1)).collect();
+        let mut projections: Vec<_> = outs
+            .iter_mut()
+            .enumerate()
+            .map(|(i, out)| Projection {
+                weight: &w[i],
+                bias: specs[i].2.then_some(&b[i]),
+                out,
+            })
+            .collect();
+        be.matmul_many(&xt, &mut projections);
+        for (i, out) in outs.iter().enumerate() {
+            let mut want = reference.tensor(n, specs[i].1);
+            reference.matmul(&wr[i], &xr, &mut want);
+            if specs[i].2 {
+                reference.add_bias(&mut want, &br[i]);
+            }
+            assert_close(
+                &format!("matmul_many: {} of n={n}", specs[i].0),
+                &be.read(out).await,
+                &reference.read(&want).await,
+                matmul_tolerance(specs[i].0),
+            );
+        }
+        // act(x · W_gateᵀ) ⊙ (x · W_upᵀ), gate Q4_K and up Q6_K (one
+        // quantization of x), and the other way round for GeGLU.
+        for (act, g, u) in [
+            (GatedActivation::SwiGlu, 0, 1),
+            (GatedActivation::GeGlu, 1, 0),
+        ] {
+            let rows = specs[0].1.min(specs[1].1);
+            let gfile = weight_file(specs[g].0, rows, cols, 800 + g as u64);
+            let ufile = weight_file(specs[u].0, rows, cols, 800 + u as u64);
+            let (wg, wu) = (load(be, &gfile), load(be, &ufile));
+            let (wgr, wur) = (load(reference, &gfile), load(reference, &ufile));
+            let t = || be.tensor(n, rows);
+            let (mut gate, mut up, mut out) = (t(), t(), t());
+            be.gated_projection(act, &xt, &wg, &wu, &mut gate, &mut up, &mut out);
+            let t = || reference.tensor(n, rows);
+            let (mut gate, mut up, mut want) = (t(), t(), t());
+            reference.matmul(&wgr, &xr, &mut gate);
+            reference.matmul(&wur, &xr, &mut up);
+            reference.gated(act, &gate, &up, &mut want);
+            assert_close(
+                &format!("gated_projection {act:?} n={n}"),
+                &be.read(&out).await,
+                &reference.read(&want).await,
+                // GELU rounds its input to f16: a last-bit difference of
+                // the product may round it the other way.
+                2e-3,
+            );
+        }
+        // acc += x · Wᵀ for a W of `cols` outputs (a residual stream).
+        let file = weight_file(GgmlType::Q4_K, cols, cols, 700);
+        let (wa, wra) = (load(be, &file), load(reference, &file));
+        let start = uniform(&mut Rng::new(70 + n as u64), n * cols, 4.0);
+        let mut acc = tensor(be, n, cols, &start);
+        let mut scratch = be.tensor(n, cols);
+        be.matmul_accumulate(&wa, &xt, &mut acc, &mut scratch);
+        let mut want = tensor(reference, n, cols, &start);
+        let mut product = reference.tensor(n, cols);
+        reference.matmul(&wra, &xr, &mut product);
+        reference.add(&mut want, &product);
+        assert_close(
+            &format!("matmul_accumulate n={n}"),
+            &be.read(&acc).await,
+            &reference.read(&want).await,
+            matmul_tolerance(GgmlType::Q4_K),
+        );
     }
 }
 
@@ -768,13 +873,13 @@ pub async fn device_ids<B: Backend, R: Backend>(be: &B, reference: &R) {
 macro_rules! backend_conformance_tests {
     (async $attr:path, $backend:expr, $reference:expr) => {
         $crate::backend_conformance_tests!(@async $attr, $backend, $reference;
-            matmul, embed, rms_norm, rope, elementwise, copy_rows, attention, kv_f16, grouped_conv,
-            argmax, top_k, add_slices, selector_walk, penalize, sample_to, device_ids);
+            matmul, matmul_fused, embed, rms_norm, rope, elementwise, copy_rows, attention, kv_f16,
+            grouped_conv, argmax, top_k, add_slices, selector_walk, penalize, sample_to, device_ids);
     };
     ($backend:expr, $reference:expr) => {
         $crate::backend_conformance_tests!(@each $backend, $reference;
-            matmul, embed, rms_norm, rope, elementwise, copy_rows, attention, kv_f16, grouped_conv,
-            argmax, top_k, add_slices, selector_walk, penalize, sample_to, device_ids);
+            matmul, matmul_fused, embed, rms_norm, rope, elementwise, copy_rows, attention, kv_f16,
+            grouped_conv, argmax, top_k, add_slices, selector_walk, penalize, sample_to, device_ids);
     };
     (@each $backend:expr, $reference:expr; $($op:ident),*) => {
         $(

@@ -157,7 +157,11 @@ impl Gpu {
         let info = adapter.get_info();
         let limits = adapter.limits();
         // Fast paths are chosen at run time; no kernel requires these.
-        let features = adapter.features() & (wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP);
+        let mut wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
+        if crate::profile::requested() && adapter.features().contains(crate::profile::FEATURES) {
+            wanted |= crate::profile::FEATURES;
+        }
+        let features = adapter.features() & wanted;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("blockdraft"),

@@ -20,6 +20,7 @@
 //! `#if F16` variants are built instead ([`Tuning`]).
 
 mod device;
+mod profile;
 mod recorder;
 pub mod shaders;
 #[cfg(test)]
@@ -32,16 +33,17 @@ use weights::IdsLayout;
 pub use weights::WgpuWeight;
 
 use blockdraft_core::backend::{
-    AttentionMask, AttentionParams, Backend, BackendError, ConvParams, GatedActivation, KvType,
-    RopeParams, RopeStyle, WeightSource,
+    AttentionMask, AttentionParams, Backend, BackendError, CommandCounts, ConvParams,
+    GatedActivation, KernelTiming, KvType, Projection, RopeParams, RopeStyle, WeightSource,
 };
 use blockdraft_core::sampling::SamplingParams;
 use half::f16;
-use recorder::{Binding, Device};
+use recorder::{Binding, Device, Retired};
 use shaders::Kernel;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use weights::{ActLayout, ActQuant, Epilogue};
 
 /// A row-major f32 matrix in a GPU buffer.
 pub struct WgpuTensor {
@@ -51,6 +53,13 @@ pub struct WgpuTensor {
     capacity: usize,
     /// f32, or f16 two to a u32 (a KV cache, [`Backend::kv_tensor`]).
     ty: KvType,
+    retired: Retired,
+}
+
+impl Drop for WgpuTensor {
+    fn drop(&mut self) {
+        self.retired.retire(&self.buffer);
+    }
 }
 
 impl WgpuTensor {
@@ -78,12 +87,28 @@ pub struct WgpuBackend {
     /// Quantized activations of the current matmul (quantize.wgsl), grown
     /// to the largest call so far.
     act: Mutex<Option<wgpu::Buffer>>,
-    /// cos/sin tables by (pos0, rows, base bits, n_rot): shared by the q and
-    /// k rotations of every layer of a forward pass.
-    rope_tables: Mutex<HashMap<(usize, usize, u32, usize), wgpu::Buffer>>,
+    /// cos/sin tables by (base bits, n_rot), each for a window of
+    /// positions: the rotations of a model read one until the positions
+    /// leave it (the kernel is told where in it to start), so their bind
+    /// groups do not change per token.
+    rope_tables: Mutex<HashMap<(u32, usize), RopeTable>>,
     /// GGUF bytes of every weight uploaded ([`Backend::weight_bytes_loaded`]).
     loaded_bytes: AtomicU64,
 }
+
+struct RopeTable {
+    buffer: wgpu::Buffer,
+    /// Positions `start .. end`.
+    start: usize,
+    end: usize,
+}
+
+/// Positions a rope table is made for at least (about 1 MB at the widest
+/// rotation, 256), so decoding replaces it once per that many tokens.
+const ROPE_TABLE_POSITIONS: usize = 1024;
+/// Where a rope table's window starts: a multiple of this at or below the
+/// first position asked for.
+const ROPE_TABLE_ALIGN: usize = 256;
 
 /// Workgroups for `n` items of `per_group` each, as a 2-D grid when one
 /// dimension is not enough (the kernels use `group_index`).
@@ -119,6 +144,7 @@ impl WgpuBackend {
             cols,
             capacity,
             ty,
+            retired: self.dev.retired.clone(),
         }
     }
 
@@ -145,7 +171,7 @@ impl WgpuBackend {
             .max_storage_buffer_binding_size
             .min(gpu.limits.max_buffer_size);
         WgpuBackend {
-            dev: Device::new(gpu.device, gpu.queue, gpu.errors, tuning),
+            dev: Device::new(gpu.device, gpu.queue, gpu.errors, tuning, gpu.features),
             gpu_info,
             tuning,
             max_binding,
@@ -201,51 +227,125 @@ impl WgpuBackend {
             Some(b) if b.size() >= (n * 4) as u64 => b.clone(),
             _ => {
                 let b = self.dev.storage("ids", (n.max(256) * 4) as u64);
-                *ids = Some(b.clone());
+                if let Some(old) = ids.replace(b.clone()) {
+                    self.dev.retired.retire(&old);
+                }
                 b
             }
         }
     }
 
     /// The activation scratch, grown to hold `words` u32. Reusing it across
-    /// matmuls is safe: each dispatch is its own pass, ordered by wgpu.
+    /// matmuls is safe: WebGPU orders the dispatches that write and read it.
     fn act_buffer(&self, words: usize) -> wgpu::Buffer {
         let mut act = self.act.lock().unwrap();
         match &*act {
             Some(b) if b.size() >= (words * 4) as u64 => b.clone(),
             _ => {
                 let b = self.dev.storage("activations", (words * 4) as u64);
-                *act = Some(b.clone());
+                if let Some(old) = act.replace(b.clone()) {
+                    self.dev.retired.retire(&old);
+                }
                 b
             }
         }
     }
 
-    fn rope_table(&self, pos0: usize, rows: usize, p: &RopeParams) -> wgpu::Buffer {
-        let key = (pos0, rows, p.base.to_bits(), p.n_rot);
+    /// The cos/sin table of `p`'s base and rotation holding positions
+    /// `pos0 .. pos0 + rows`, and the position its first row is for.
+    fn rope_table(&self, pos0: usize, rows: usize, p: &RopeParams) -> (wgpu::Buffer, usize) {
+        let key = (p.base.to_bits(), p.n_rot);
         let mut tables = self.rope_tables.lock().unwrap();
-        if let Some(b) = tables.get(&key) {
-            return b.clone();
+        let end = pos0 + rows;
+        if let Some(t) = tables.get(&key).filter(|t| t.start <= pos0 && end <= t.end) {
+            return (t.buffer.clone(), t.start);
         }
+        let start = pos0 / ROPE_TABLE_ALIGN * ROPE_TABLE_ALIGN;
+        let end = start
+            + (end - start)
+                .max(ROPE_TABLE_POSITIONS)
+                .next_multiple_of(ROPE_TABLE_ALIGN);
         // ggml's sequence: theta_i = pos · scale^i by repeated f32 products.
         let theta_scale = p.base.powf(-2.0 / p.n_rot as f32);
         let half = p.n_rot / 2;
-        let mut cs = Vec::with_capacity(rows * half * 2);
-        for r in 0..rows {
-            let mut theta = (pos0 + r) as f32;
+        let mut cs = Vec::with_capacity((end - start) * half * 2);
+        for pos in start..end {
+            let mut theta = pos as f32;
             for _ in 0..half {
                 cs.push(theta.cos());
                 cs.push(theta.sin());
                 theta *= theta_scale;
             }
         }
-        // A forward pass uses one or two tables; older ones are stale.
-        if tables.len() >= 8 {
-            tables.clear();
+        let buffer = self.dev.storage_init("rope", bytemuck::cast_slice(&cs));
+        let table = RopeTable {
+            buffer: buffer.clone(),
+            start,
+            end,
+        };
+        if let Some(old) = tables.insert(key, table) {
+            self.dev.retired.retire(&old.buffer);
         }
-        let b = self.dev.storage_init("rope", bytemuck::cast_slice(&cs));
-        tables.insert(key, b.clone());
-        b
+        (buffer, start)
+    }
+
+    /// `out = x · wᵀ` then `epilogue`. `quantized` is the kind of `x`'s
+    /// quantization already in the activation scratch, if any: reused when
+    /// `w` reads the same kind, replaced otherwise.
+    fn project(
+        &self,
+        w: &WgpuWeight,
+        x: &WgpuTensor,
+        out: &mut WgpuTensor,
+        epilogue: Epilogue,
+        quantized: &mut Option<(ActQuant, ActLayout)>,
+    ) {
+        assert_eq!(x.cols, w.cols(), "matmul: x columns");
+        assert_eq!(
+            (out.rows, out.cols),
+            (x.rows, w.rows()),
+            "matmul: output shape"
+        );
+        if x.rows == 0 || w.rows() == 0 {
+            return;
+        }
+        let Some(kind) = w.act_quant() else {
+            w.matmul(
+                &self.dev,
+                x.binding(),
+                x.rows,
+                out.binding(),
+                None,
+                epilogue,
+            );
+            return;
+        };
+        let words = ActLayout::new(x.rows, x.cols).words;
+        let act = self.act_buffer(words);
+        let act = Binding::head(&act, words as u64 * 4);
+        let layout = match *quantized {
+            Some((k, layout)) if k == kind => layout,
+            _ => {
+                let layout = weights::quantize_activations(
+                    &self.dev,
+                    kind,
+                    x.binding(),
+                    x.rows,
+                    x.cols,
+                    act,
+                );
+                *quantized = Some((kind, layout));
+                layout
+            }
+        };
+        w.matmul(
+            &self.dev,
+            x.binding(),
+            x.rows,
+            out.binding(),
+            Some((act, layout)),
+            epilogue,
+        );
     }
 
     fn elementwise(
@@ -277,6 +377,22 @@ impl Backend for WgpuBackend {
 
     fn name(&self) -> String {
         format!("wgpu ({})", self.gpu_info)
+    }
+
+    fn command_counts(&self) -> Option<CommandCounts> {
+        let c = self.counters();
+        Some(CommandCounts {
+            dispatches: c.dispatches,
+            passes: c.passes,
+            submits: c.submits,
+            bind_groups: c.bind_groups,
+            readbacks: c.readbacks,
+        })
+    }
+
+    fn take_kernel_timings(&self) -> Option<Vec<KernelTiming>> {
+        let profiler = self.dev.profiler.as_ref()?;
+        Some(profiler.lock().unwrap().take())
     }
 
     fn device_error(&self) -> Option<BackendError> {
@@ -391,38 +507,43 @@ impl Backend for WgpuBackend {
     }
 
     fn matmul(&self, w: &WgpuWeight, x: &WgpuTensor, out: &mut WgpuTensor) {
-        assert_eq!(x.cols, w.cols(), "matmul: x columns");
-        assert_eq!(
-            (out.rows, out.cols),
-            (x.rows, w.rows()),
-            "matmul: output shape"
-        );
-        if x.rows == 0 || w.rows() == 0 {
-            return;
+        self.project(w, x, out, Epilogue::Store, &mut None);
+    }
+
+    fn matmul_many(&self, x: &WgpuTensor, projections: &mut [Projection<'_, Self>]) {
+        // One quantization of `x` serves every weight type that reads the
+        // same kind (Q4_K and Q6_K both read Q8_K blocks).
+        let mut quantized = None;
+        for p in projections {
+            let epilogue = p.bias.map_or(Epilogue::Store, Epilogue::Bias);
+            self.project(p.weight, x, p.out, epilogue, &mut quantized);
         }
-        match w.act_quant() {
-            None => w.matmul(&self.dev, x.binding(), x.rows, out.binding(), None),
-            Some(kind) => {
-                let words = weights::ActLayout::new(x.rows, x.cols).words;
-                let act = self.act_buffer(words);
-                let act = Binding::head(&act, words as u64 * 4);
-                let layout = weights::quantize_activations(
-                    &self.dev,
-                    kind,
-                    x.binding(),
-                    x.rows,
-                    x.cols,
-                    act,
-                );
-                w.matmul(
-                    &self.dev,
-                    x.binding(),
-                    x.rows,
-                    out.binding(),
-                    Some((act, layout)),
-                );
-            }
-        }
+    }
+
+    fn gated_projection(
+        &self,
+        act: GatedActivation,
+        x: &WgpuTensor,
+        w_gate: &WgpuWeight,
+        w_up: &WgpuWeight,
+        gate: &mut WgpuTensor,
+        _up: &mut WgpuTensor,
+        out: &mut WgpuTensor,
+    ) {
+        let mut quantized = None;
+        self.project(w_gate, x, gate, Epilogue::Store, &mut quantized);
+        let epilogue = Epilogue::Gated(act, gate.binding());
+        self.project(w_up, x, out, epilogue, &mut quantized);
+    }
+
+    fn matmul_accumulate(
+        &self,
+        w: &WgpuWeight,
+        x: &WgpuTensor,
+        acc: &mut WgpuTensor,
+        _scratch: &mut WgpuTensor,
+    ) {
+        self.project(w, x, acc, Epilogue::Accumulate, &mut None);
     }
 
     fn add_bias(&self, x: &mut WgpuTensor, bias: &WgpuWeight) {
@@ -462,7 +583,7 @@ impl Backend for WgpuBackend {
         if half == 0 || x.rows == 0 {
             return;
         }
-        let table = self.rope_table(pos0, x.rows, &p);
+        let (table, table_pos0) = self.rope_table(pos0, x.rows, &p);
         let params = [
             u(x.rows),
             u(x.cols),
@@ -470,7 +591,7 @@ impl Backend for WgpuBackend {
             u(p.head_dim),
             u(half),
             u32::from(p.style == RopeStyle::Neox),
-            0,
+            u(pos0 - table_pos0),
             0,
         ];
         self.dev.dispatch(

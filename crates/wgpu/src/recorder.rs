@@ -2,9 +2,19 @@
 //! nothing reaches the GPU until a readback (or an explicit flush) submits
 //! it. Kernel parameters and small host data (token ids, tensor writes) go
 //! through an upload arena that is copied to the GPU once per submit.
+//!
+//! What each dispatch costs the host is kept small, since small models are
+//! bound by it, not by the GPU (`../shared/notes/webgpu-perf.md`): one
+//! compute pass stays open across dispatches (WebGPU orders the dispatches
+//! inside a pass as it orders passes) and ends only for a copy or a submit;
+//! bind groups are cached by what they bind (the arena restarts at every
+//! submit, so a round of the same shape binds the same slots again and
+//! creates none); readback buffers are pooled.
 
 use crate::device::{DeviceErrors, Tuning};
+use crate::profile::Profiler;
 use crate::shaders::{Kernel, Pipelines, ShaderFeatures};
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +39,12 @@ pub struct Counters {
     /// Bytes of the largest buffer range bound to a kernel so far: tests
     /// check it against the adapter's `max_storage_buffer_binding_size`.
     pub largest_binding: u64,
+    /// Compute passes begun.
+    pub passes: u64,
+    /// Bind groups created (a cached one is not counted again).
+    pub bind_groups: u64,
+    /// Readback (staging) buffers created (a pooled one is reused).
+    pub staging_buffers: u64,
 }
 
 #[derive(Default)]
@@ -37,16 +53,63 @@ pub(crate) struct AtomicCounters {
     submits: AtomicU64,
     readbacks: AtomicU64,
     largest_binding: AtomicU64,
+    passes: AtomicU64,
+    bind_groups: AtomicU64,
+    staging_buffers: AtomicU64,
 }
 
 impl AtomicCounters {
     pub fn snapshot(&self) -> Counters {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         Counters {
-            dispatches: self.dispatches.load(Ordering::Relaxed),
-            submits: self.submits.load(Ordering::Relaxed),
-            readbacks: self.readbacks.load(Ordering::Relaxed),
-            largest_binding: self.largest_binding.load(Ordering::Relaxed),
+            dispatches: get(&self.dispatches),
+            submits: get(&self.submits),
+            readbacks: get(&self.readbacks),
+            largest_binding: get(&self.largest_binding),
+            passes: get(&self.passes),
+            bind_groups: get(&self.bind_groups),
+            staging_buffers: get(&self.staging_buffers),
         }
+    }
+
+    fn add(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Buffers whose owners (tensors, weights, tables) were dropped: the bind
+/// groups that hold them are evicted at the next dispatch, so a dropped
+/// sequence or model does not stay in GPU memory through the cache.
+#[derive(Clone, Default)]
+pub(crate) struct Retired(Arc<Mutex<Vec<wgpu::Buffer>>>);
+
+impl Retired {
+    pub fn retire(&self, buffer: &wgpu::Buffer) {
+        self.0.lock().unwrap().push(buffer.clone());
+    }
+
+    fn take(&self) -> Vec<wgpu::Buffer> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+/// Bind groups kept at most; past it the cache starts over (a model of the
+/// same round shape needs a few per dispatch of a round, far fewer).
+const MAX_BIND_GROUPS: usize = 16384;
+
+/// What a bind group binds: the kernel, its parameter slot and its buffer
+/// ranges.
+#[derive(PartialEq, Eq, Hash)]
+struct BindKey {
+    kernel: Kernel,
+    params: (wgpu::Buffer, u64),
+    buffers: Vec<(wgpu::Buffer, u64, Option<u64>)>,
+}
+
+impl BindKey {
+    /// (`dead` is short: the buffers dropped since the last dispatch.)
+    fn uses_any(&self, dead: &[wgpu::Buffer]) -> bool {
+        dead.contains(&self.params.0) || self.buffers.iter().any(|(b, ..)| dead.contains(b))
     }
 }
 
@@ -91,10 +154,18 @@ struct Chunk {
     host: Vec<u8>,
 }
 
+#[derive(Default)]
 pub(crate) struct Recorder {
     encoder: Option<wgpu::CommandEncoder>,
+    /// The open compute pass of `encoder`, if any.
+    pass: Option<wgpu::ComputePass<'static>>,
+    /// The pipeline the open pass has set last.
+    pass_kernel: Option<Kernel>,
     chunks: Vec<Chunk>,
     current: usize,
+    bind_groups: HashMap<BindKey, wgpu::BindGroup>,
+    /// Readback buffers not in use.
+    staging: Vec<wgpu::Buffer>,
 }
 
 /// The device side shared by every op.
@@ -106,6 +177,9 @@ pub(crate) struct Device {
     pub pipelines: Pipelines,
     pub counters: AtomicCounters,
     pub recorder: Mutex<Recorder>,
+    pub retired: Retired,
+    /// Kernel timestamps, when profiling (locked after `recorder`).
+    pub profiler: Option<Mutex<Profiler>>,
     /// Output features per workgroup of the matmuls (64 / LANES of
     /// matmul_rows.wgsl).
     pub matmul_features_per_group: usize,
@@ -117,6 +191,7 @@ impl Device {
         queue: wgpu::Queue,
         errors: DeviceErrors,
         tuning: Tuning,
+        device_features: wgpu::Features,
     ) -> Self {
         let lanes = tuning.matmul_lanes;
         let constants = ["matmul_quant.wgsl", "matmul_float.wgsl"]
@@ -126,17 +201,17 @@ impl Device {
             f16: tuning.f16,
         };
         Device {
-            device,
             errors,
-            queue,
             pipelines: Pipelines::new(features, constants.into_iter().collect()),
             matmul_features_per_group: 64 / lanes as usize,
             counters: AtomicCounters::default(),
-            recorder: Mutex::new(Recorder {
-                encoder: None,
-                chunks: Vec::new(),
-                current: 0,
-            }),
+            recorder: Mutex::new(Recorder::default()),
+            retired: Retired::default(),
+            profiler: device_features
+                .contains(crate::profile::FEATURES)
+                .then(|| Mutex::new(Profiler::new(&device, &queue))),
+            device,
+            queue,
         }
     }
 
@@ -188,57 +263,116 @@ impl Device {
     pub fn dispatch(&self, kernel: Kernel, params: &[u32], buffers: &[Binding], groups: [u32; 3]) {
         let pipeline = self.pipelines.get(&self.device, kernel);
         let mut rec = self.recorder.lock().unwrap();
+        let dead = self.retired.take();
+        if !dead.is_empty() {
+            rec.bind_groups.retain(|k, _| !k.uses_any(&dead));
+        }
         let (pbuf, poff) = rec.stage(&self.device, &self.errors, bytemuck::cast_slice(params));
-        let mut entries = Vec::with_capacity(buffers.len() + 1);
-        entries.push(wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &pbuf,
-                offset: poff,
-                size: wgpu::BufferSize::new(ALIGN),
-            }),
-        });
-        for (i, b) in buffers.iter().enumerate() {
+        for b in buffers {
             self.counters
                 .largest_binding
                 .fetch_max(b.bytes(), Ordering::Relaxed);
+        }
+        let key = BindKey {
+            kernel,
+            params: (pbuf, poff),
+            buffers: buffers
+                .iter()
+                .map(|b| (b.buffer.clone(), b.offset, b.size))
+                .collect(),
+        };
+        let bind_group = match rec.bind_groups.get(&key) {
+            Some(bg) => bg.clone(),
+            None => {
+                let bg = self.create_bind_group(&pipeline, &key);
+                if rec.bind_groups.len() >= MAX_BIND_GROUPS {
+                    rec.bind_groups.clear();
+                }
+                rec.bind_groups.insert(key, bg.clone());
+                bg
+            }
+        };
+        let same_pipeline = rec.pass.is_some() && rec.pass_kernel == Some(kernel);
+        let pass = rec.pass(&self.device, &self.counters);
+        if !same_pipeline {
+            pass.set_pipeline(&pipeline);
+        }
+        pass.set_bind_group(0, &bind_group, &[]);
+        let dispatch = |pass: &mut wgpu::ComputePass| {
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2])
+        };
+        match &self.profiler {
+            Some(p) => {
+                let bytes = buffers.iter().map(Binding::bytes).sum();
+                p.lock().unwrap().around(pass, kernel, bytes, dispatch)
+            }
+            None => dispatch(pass),
+        }
+        rec.pass_kernel = Some(kernel);
+        AtomicCounters::add(&self.counters.dispatches);
+    }
+
+    fn create_bind_group(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        key: &BindKey,
+    ) -> wgpu::BindGroup {
+        let mut entries = Vec::with_capacity(key.buffers.len() + 1);
+        entries.push(wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &key.params.0,
+                offset: key.params.1,
+                size: wgpu::BufferSize::new(ALIGN),
+            }),
+        });
+        for (i, (buffer, offset, size)) in key.buffers.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry {
                 binding: i as u32 + 1,
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: b.buffer,
-                    offset: b.offset,
-                    size: b.size.and_then(wgpu::BufferSize::new),
+                    buffer,
+                    offset: *offset,
+                    size: size.and_then(wgpu::BufferSize::new),
                 }),
             });
         }
-        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(kernel.entry),
+        AtomicCounters::add(&self.counters.bind_groups);
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(key.kernel.entry),
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
-        });
-        let enc = rec.encoder(&self.device);
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(kernel.entry),
-            timestamp_writes: None,
-        });
-        pass.set_pipeline(&pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
-        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-        drop(pass);
-        self.counters.dispatches.fetch_add(1, Ordering::Relaxed);
+        })
     }
 
     /// Records a copy of `bytes` into `dst` at `offset`, ordered with the
-    /// dispatches around it.
+    /// dispatches around it. With nothing recorded since the last submit,
+    /// the queue writes it directly (ordered the same way, and the pass of
+    /// the next dispatches need not be split for a copy).
     pub fn upload(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
         if bytes.is_empty() {
             return;
         }
         let mut rec = self.recorder.lock().unwrap();
+        if rec.encoder.is_none() {
+            if bytes.len() % 4 == 0 {
+                self.queue.write_buffer(dst, offset, bytes);
+            } else {
+                let mut padded = bytes.to_vec();
+                padded.resize(bytes.len().next_multiple_of(4), 0);
+                self.queue.write_buffer(dst, offset, &padded);
+            }
+            return;
+        }
         let (src, soff) = rec.stage(&self.device, &self.errors, bytes);
         let len = (bytes.len() as u64).next_multiple_of(4);
+        rec.end_pass();
         rec.encoder(&self.device)
             .copy_buffer_to_buffer(&src, soff, dst, offset, len);
+    }
+
+    #[cfg(test)]
+    pub fn cached_bind_groups(&self) -> usize {
+        self.recorder.lock().unwrap().bind_groups.len()
     }
 
     /// Submits everything recorded so far.
@@ -255,9 +389,16 @@ impl Device {
             }
         }
         rec.current = 0;
-        if let Some(enc) = rec.encoder.take() {
+        rec.end_pass();
+        if let Some(mut enc) = rec.encoder.take() {
+            if let Some(p) = &self.profiler {
+                p.lock().unwrap().resolve(&mut enc);
+            }
             self.queue.submit([enc.finish()]);
-            self.counters.submits.fetch_add(1, Ordering::Relaxed);
+            AtomicCounters::add(&self.counters.submits);
+            if let Some(p) = &self.profiler {
+                p.lock().unwrap().collect(&self.device);
+            }
         }
     }
 
@@ -265,18 +406,15 @@ impl Device {
     /// `offset`, waits for it, and returns them.
     pub async fn read_bytes(&self, src: &wgpu::Buffer, offset: u64, len: u64) -> Vec<u8> {
         let padded = len.max(4).next_multiple_of(4);
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size: padded,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        {
+        let staging = {
             let mut rec = self.recorder.lock().unwrap();
+            let staging = rec.staging_buffer(&self.device, &self.counters, padded);
+            rec.end_pass();
             rec.encoder(&self.device)
                 .copy_buffer_to_buffer(src, offset, &staging, 0, padded);
             self.submit(&mut rec);
-        }
+            staging
+        };
         let slice = staging.slice(..);
         let mapped = MapFuture::default();
         let done = mapped.clone();
@@ -300,7 +438,8 @@ impl Device {
         }
         let bytes = slice.get_mapped_range().expect("mapped")[..len as usize].to_vec();
         staging.unmap();
-        self.counters.readbacks.fetch_add(1, Ordering::Relaxed);
+        self.recorder.lock().unwrap().staging.push(staging);
+        AtomicCounters::add(&self.counters.readbacks);
         bytes
     }
 }
@@ -357,6 +496,57 @@ impl Future for MapFuture {
 }
 
 impl Recorder {
+    /// The open compute pass, begun if there is none.
+    fn pass(
+        &mut self,
+        device: &wgpu::Device,
+        counters: &AtomicCounters,
+    ) -> &mut wgpu::ComputePass<'static> {
+        if self.pass.is_none() {
+            let pass = self
+                .encoder(device)
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("blockdraft"),
+                    timestamp_writes: None,
+                })
+                // Held beside its encoder, which stays locked until the
+                // pass ends (`end_pass`).
+                .forget_lifetime();
+            self.pass = Some(pass);
+            self.pass_kernel = None;
+            AtomicCounters::add(&counters.passes);
+        }
+        self.pass.as_mut().expect("just begun")
+    }
+
+    /// Ends the open pass, so the encoder can record a copy or finish.
+    fn end_pass(&mut self) {
+        self.pass = None;
+        self.pass_kernel = None;
+    }
+
+    /// A readback buffer of at least `size` bytes: a pooled one (no more
+    /// than four times the size) or a new one.
+    fn staging_buffer(
+        &mut self,
+        device: &wgpu::Device,
+        counters: &AtomicCounters,
+        size: u64,
+    ) -> wgpu::Buffer {
+        let most = size.max(256).saturating_mul(4);
+        let fits = |b: &wgpu::Buffer| b.size() >= size && b.size() <= most;
+        if let Some(i) = self.staging.iter().position(fits) {
+            return self.staging.swap_remove(i);
+        }
+        AtomicCounters::add(&counters.staging_buffers);
+        device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: size.max(256),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
     fn encoder(&mut self, device: &wgpu::Device) -> &mut wgpu::CommandEncoder {
         self.encoder.get_or_insert_with(|| {
             device.create_command_encoder(&wgpu::CommandEncoderDescriptor {

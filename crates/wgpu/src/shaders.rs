@@ -12,6 +12,7 @@ use std::sync::Mutex;
 /// Every shader file, by name, as compiled into the binary.
 pub const SOURCES: &[(&str, &str)] = &[
     ("common.wgsl", include_str!("../../../shaders/common.wgsl")),
+    ("gating.wgsl", include_str!("../../../shaders/gating.wgsl")),
     (
         "elementwise.wgsl",
         include_str!("../../../shaders/elementwise.wgsl"),
@@ -83,6 +84,7 @@ pub const SOURCES: &[(&str, &str)] = &[
 /// Files that are only included by others, never compiled alone.
 const LIBRARIES: &[&str] = &[
     "common.wgsl",
+    "gating.wgsl",
     "attention_core.wgsl",
     "best.wgsl",
     "quant_blocks.wgsl",

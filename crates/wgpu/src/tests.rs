@@ -141,3 +141,26 @@ fn activation_quantization_is_bit_exact() {
         );
     }
 }
+
+/// A bind group holds its buffers: one whose tensor was dropped must leave
+/// the cache, or a finished sequence's memory would stay on the GPU.
+#[test]
+fn dropped_tensors_leave_the_bind_group_cache() {
+    let be = WgpuBackend::new().expect("a wgpu adapter");
+    let (mut kept, mut dropped) = (be.tensor(1, 8), be.tensor(1, 8));
+    for t in [&mut kept, &mut dropped] {
+        be.scale(t, 2.0);
+        be.flush();
+    }
+    assert_eq!(be.dev.cached_bind_groups(), 2);
+    be.scale(&mut kept, 2.0);
+    be.flush();
+    assert_eq!(
+        be.dev.cached_bind_groups(),
+        2,
+        "the same slot and tensor: cached"
+    );
+    drop(dropped);
+    be.scale(&mut kept, 2.0);
+    assert_eq!(be.dev.cached_bind_groups(), 1);
+}

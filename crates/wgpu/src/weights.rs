@@ -3,10 +3,10 @@
 //! into parts of whole rows; 1-D weights (norms, biases) are small and kept
 //! as f32.
 
-use crate::recorder::{Binding, Device};
+use crate::recorder::{Binding, Device, Retired};
 use crate::shaders::Kernel;
 use crate::{grid, u};
-use blockdraft_core::backend::{BackendError, WeightSource};
+use blockdraft_core::backend::{BackendError, GatedActivation, WeightSource};
 use blockdraft_gguf::GgmlType;
 
 /// Where `embed` finds its ids: u32 from the host (`stride` 1), or f32
@@ -23,6 +23,13 @@ struct Part {
     buffer: wgpu::Buffer,
     row0: usize,
     rows: usize,
+    retired: Retired,
+}
+
+impl Drop for Part {
+    fn drop(&mut self) {
+        self.retired.retire(&self.buffer);
+    }
 }
 
 pub struct WgpuWeight {
@@ -209,6 +216,7 @@ impl WgpuWeight {
                     buffer: dev.storage_init(src.name, bytemuck::cast_slice(&dense)),
                     row0: 0,
                     rows: 1,
+                    retired: dev.retired.clone(),
                 }],
             });
         }
@@ -235,6 +243,7 @@ impl WgpuWeight {
                     buffer: dev.storage_init(src.name, bytes),
                     row0,
                     rows: n,
+                    retired: dev.retired.clone(),
                 }
             })
             .collect();
@@ -318,9 +327,10 @@ impl WgpuWeight {
         }
     }
 
-    /// `y = x · selfᵀ` for `n` rows of `x`. Quantized types read the rows
-    /// from `act`, quantized by [`quantize_activations`] with the layout
-    /// given; float types read `x`.
+    /// `y = x · selfᵀ` for `n` rows of `x`, then `epilogue`. Quantized
+    /// types read the rows from `act`, quantized by
+    /// [`quantize_activations`] with the layout given; float types read
+    /// `x`.
     pub(crate) fn matmul(
         &self,
         dev: &Device,
@@ -328,8 +338,16 @@ impl WgpuWeight {
         n: usize,
         y: Binding,
         act: Option<(Binding, ActLayout)>,
+        epilogue: Epilogue,
     ) {
         let k = kernels(self.ty).expect("checked at load");
+        let flags = match epilogue {
+            Epilogue::Store => 0,
+            Epilogue::Bias(_) => EPILOGUE_BIAS,
+            Epilogue::Accumulate => EPILOGUE_ACCUMULATE,
+            Epilogue::Gated(GatedActivation::SwiGlu, _) => EPILOGUE_SWIGLU,
+            Epilogue::Gated(GatedActivation::GeGlu, _) => EPILOGUE_GEGLU,
+        };
         for part in &self.parts {
             let (params, input, groups) = match act {
                 None => (
@@ -339,6 +357,10 @@ impl WgpuWeight {
                         u(n),
                         u(part.row0),
                         u(self.rows),
+                        0,
+                        0,
+                        0,
+                        flags,
                         0,
                         0,
                         0,
@@ -356,17 +378,47 @@ impl WgpuWeight {
                         u(self.row_bytes()),
                         u(layout.d_off),
                         u(layout.s_off),
+                        flags,
+                        0,
+                        0,
+                        0,
                     ],
                     buf,
                     grid(part.rows, dev.matmul_features_per_group),
                 ),
             };
+            // Without a bias the kernel reads none: any small read-only
+            // range will do for its binding.
+            let bias = match epilogue {
+                Epilogue::Bias(b) => b.dense_binding(),
+                Epilogue::Gated(_, gate) => gate,
+                _ => Binding::head(&part.buffer, 4),
+            };
             dev.dispatch(
                 k.matmul,
                 &params,
-                &[Binding::whole(&part.buffer), input, y],
+                &[Binding::whole(&part.buffer), input, y, bias],
                 groups,
             );
         }
     }
 }
+
+/// What a matmul does with each output as it stores it
+/// (`matmul_rows.wgsl`).
+#[derive(Clone, Copy)]
+pub(crate) enum Epilogue<'a> {
+    Store,
+    /// Adds the feature's bias (a 1-D weight).
+    Bias(&'a WgpuWeight),
+    /// Adds the output to what `y` holds.
+    Accumulate,
+    /// Stores `act(gate) * output`: the up projection of a gated
+    /// feed-forward, `gate` its gate projection's outputs.
+    Gated(GatedActivation, Binding<'a>),
+}
+
+const EPILOGUE_BIAS: u32 = 1;
+const EPILOGUE_ACCUMULATE: u32 = 2;
+const EPILOGUE_SWIGLU: u32 = 4;
+const EPILOGUE_GEGLU: u32 = 8;

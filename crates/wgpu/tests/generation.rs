@@ -86,6 +86,41 @@ fn plain_decoding_submits_once_and_reads_back_once_per_token() {
     eprintln!("dispatches per decoded token (7 layers): {per_token:.1}");
 }
 
+/// What a decode step costs the host once warm: one compute pass for the
+/// whole step, one submit, no bind group or readback buffer created.
+#[test]
+fn warm_decode_steps_keep_one_pass_and_create_no_bind_groups() {
+    let m = synthetic_decoder("qwen2", SyntheticDims::default(), 22);
+    let file = GgufFile::from_bytes(m.bytes).unwrap();
+    let be = gpu();
+    let dec = load(&file, be.clone());
+    let mut state = dec.try_new_state(64, 16).unwrap();
+    dec.forward(&mut state, &[1, 2, 3, 4], LogitRows::Last, true, None)
+        .unwrap();
+    let mut next = block_on(be.argmax(state.logits()))[0];
+    let mut step = |state: &mut _| {
+        dec.forward(state, &[next], LogitRows::Last, true, None)
+            .unwrap();
+        next = block_on(be.argmax(state.logits()))[0];
+    };
+    for _ in 0..2 {
+        step(&mut state);
+    }
+    let before = be.counters();
+    let n = 16;
+    for _ in 0..n {
+        step(&mut state);
+    }
+    let c = be.counters();
+    assert_eq!(c.submits - before.submits, n, "{c:?}");
+    assert_eq!(c.passes - before.passes, n, "one pass per submit: {c:?}");
+    assert_eq!(
+        c.bind_groups, before.bind_groups,
+        "bind groups created: {c:?}"
+    );
+    assert_eq!(c.staging_buffers, before.staging_buffers, "{c:?}");
+}
+
 /// A tiny random drafter of every block variant for a synthetic target
 /// of `n_vocab` tokens.
 fn block_drafters(n_vocab: usize) -> [(&'static str, Vec<u8>); 4] {

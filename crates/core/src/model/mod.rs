@@ -12,12 +12,21 @@ pub use weights::{
 };
 
 use crate::backend::{
-    tensor_bytes, AttentionMask, AttentionParams, Backend, KvType, MemoryLimits, RopeParams,
+    tensor_bytes, AttentionMask, AttentionParams, Backend, KvType, MemoryLimits, Projection,
+    RopeParams,
 };
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
 use blockdraft_gguf::GgufFile;
 use std::sync::Arc;
+
+fn projection<'a, B: Backend>(
+    weight: &'a B::Weight,
+    bias: Option<&'a B::Weight>,
+    out: &'a mut B::Tensor,
+) -> Projection<'a, B> {
+    Projection { weight, bias, out }
+}
 
 /// Largest magnitude a tapped feature keeps (the f16 range).
 pub const TAP_LIMIT: f32 = 65504.0;
@@ -495,14 +504,14 @@ impl<B: Backend> Decoder<B> {
             if let Some(h) = hook.as_deref_mut() {
                 h.apply(be, il, HookPoint::AttnInput, &mut s.xn);
             }
-            be.matmul(&lw.wq, &s.xn, &mut s.q);
-            be.matmul(&lw.wk, &s.xn, &mut s.k);
-            be.matmul(&lw.wv, &s.xn, &mut s.v);
-            for (t, b) in [(&mut s.q, &lw.bq), (&mut s.k, &lw.bk), (&mut s.v, &lw.bv)] {
-                if let Some(b) = b {
-                    be.add_bias(t, b);
-                }
-            }
+            be.matmul_many(
+                &s.xn,
+                &mut [
+                    projection(&lw.wq, lw.bq.as_ref(), &mut s.q),
+                    projection(&lw.wk, lw.bk.as_ref(), &mut s.k),
+                    projection(&lw.wv, lw.bv.as_ref(), &mut s.v),
+                ],
+            );
             if let Some(qn) = &lw.q_norm {
                 be.rms_norm(&s.q, qn, cfg.head_dim, cfg.rms_eps, &mut s.tmp_q);
                 std::mem::swap(&mut s.q, &mut s.tmp_q);
@@ -512,33 +521,37 @@ impl<B: Backend> Decoder<B> {
                 std::mem::swap(&mut s.k, &mut s.tmp_k);
             }
             attend(il, s);
-            be.matmul(&lw.wo, &s.attn, &mut s.o);
-            if let Some(h) = hook.as_deref_mut() {
-                h.apply(be, il, HookPoint::AttnOutput, &mut s.o);
-            }
-            if let Some(pn) = &lw.post_attn_norm {
-                be.rms_norm(&s.o, pn, cfg.n_embd, cfg.rms_eps, &mut s.xn);
-                be.add(&mut s.x, &s.xn);
+            if hook.is_none() && lw.post_attn_norm.is_none() {
+                be.matmul_accumulate(&lw.wo, &s.attn, &mut s.x, &mut s.o);
             } else {
-                be.add(&mut s.x, &s.o);
+                be.matmul(&lw.wo, &s.attn, &mut s.o);
+                if let Some(h) = hook.as_deref_mut() {
+                    h.apply(be, il, HookPoint::AttnOutput, &mut s.o);
+                }
+                self.add_branch(s, lw.post_attn_norm.as_ref());
             }
             // Feed-forward.
             be.rms_norm(&s.x, &lw.ffn_norm, cfg.n_embd, cfg.rms_eps, &mut s.xn);
             if let Some(h) = hook.as_deref_mut() {
                 h.apply(be, il, HookPoint::FfnInput, &mut s.xn);
             }
-            be.matmul(&lw.w_gate, &s.xn, &mut s.gate);
-            be.matmul(&lw.w_up, &s.xn, &mut s.up);
-            be.gated(cfg.activation, &s.gate, &s.up, &mut s.hidden);
-            be.matmul(&lw.w_down, &s.hidden, &mut s.o);
-            if let Some(h) = hook.as_deref_mut() {
-                h.apply(be, il, HookPoint::FfnOutput, &mut s.o);
-            }
-            if let Some(pn) = &lw.post_ffn_norm {
-                be.rms_norm(&s.o, pn, cfg.n_embd, cfg.rms_eps, &mut s.xn);
-                be.add(&mut s.x, &s.xn);
+            be.gated_projection(
+                cfg.activation,
+                &s.xn,
+                &lw.w_gate,
+                &lw.w_up,
+                &mut s.gate,
+                &mut s.up,
+                &mut s.hidden,
+            );
+            if hook.is_none() && lw.post_ffn_norm.is_none() {
+                be.matmul_accumulate(&lw.w_down, &s.hidden, &mut s.x, &mut s.o);
             } else {
-                be.add(&mut s.x, &s.o);
+                be.matmul(&lw.w_down, &s.hidden, &mut s.o);
+                if let Some(h) = hook.as_deref_mut() {
+                    h.apply(be, il, HookPoint::FfnOutput, &mut s.o);
+                }
+                self.add_branch(s, lw.post_ffn_norm.as_ref());
             }
         }
         if let Some(t) = taps {
@@ -546,6 +559,18 @@ impl<B: Backend> Decoder<B> {
             // Drafters read taps as f16-range features: a "massive
             // activation" or a NaN must not poison their context.
             be.clamp_finite(&mut t.out, TAP_LIMIT);
+        }
+    }
+
+    /// Adds a residual branch's output `s.o` to `s.x`, through the
+    /// branch's post-norm where the architecture has one (Gemma 3).
+    fn add_branch(&self, s: &mut Scratch<B>, post_norm: Option<&B::Weight>) {
+        let (cfg, be) = (&self.config, &*self.backend);
+        if let Some(pn) = post_norm {
+            be.rms_norm(&s.o, pn, cfg.n_embd, cfg.rms_eps, &mut s.xn);
+            be.add(&mut s.x, &s.xn);
+        } else {
+            be.add(&mut s.x, &s.o);
         }
     }
 

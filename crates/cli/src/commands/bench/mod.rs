@@ -12,6 +12,7 @@ use crate::drafter::DraftArgs;
 use crate::interrupt::{self, Interrupted};
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use anyhow::{Context, Result};
+use blockdraft_core::backend::KernelTiming;
 use blockdraft_core::model::{Decoder, DecoderState, LogitRows};
 use blockdraft_core::sampling::{Bounds, Rng};
 use blockdraft_core::speculative::MAX_DRAFT;
@@ -165,6 +166,10 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
     let mut bandwidth = Vec::new();
+    // Device commands and kernel times per token of the last decode
+    // repetition.
+    let mut commands = None;
+    let mut kernels = None;
     for rep in 1..=args.reps {
         if interrupt::requested() {
             break;
@@ -185,9 +190,14 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
         }
         if args.n_gen > 0 {
             state.truncate(0);
+            let before = dec.backend.command_counts();
+            dec.backend.take_kernel_timings();
             if let Some(tps) = decode_rate(dec, &mut state, tokens[0], args.n_gen)? {
                 decode.push(tps);
                 let _ = write!(line, " decode {tps:.2} tok/s");
+                let after = dec.backend.command_counts();
+                commands = after.zip(before).map(|(a, b)| a.since(&b));
+                kernels = dec.backend.take_kernel_timings().map(|k| (k, tps));
             }
         }
         progress(line.trim_end_matches(','));
@@ -279,6 +289,13 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
             "decode_gb_per_second": gbps,
             "memory_read_gb_per_second": read_gbps,
             "decode_bandwidth_fraction": bandwidth_fraction,
+            "commands_per_decoded_token": commands.map(|c| json!({
+                "dispatches": c.dispatches as f64 / args.n_gen as f64,
+                "passes": c.passes as f64 / args.n_gen as f64,
+                "submits": c.submits as f64 / args.n_gen as f64,
+                "bind_groups_created": c.bind_groups as f64 / args.n_gen as f64,
+                "readbacks": c.readbacks as f64 / args.n_gen as f64,
+            })),
             "verify": curve_json(&verify),
             "parallel": parallel
                 .iter()
@@ -330,6 +347,22 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
             );
         }
     }
+    if let Some(c) = commands {
+        let per = |x: u64| x as f64 / args.n_gen as f64;
+        let _ = writeln!(
+            out,
+            "commands per decoded token: {:.1} dispatches ({:.1} per layer), {:.2} passes, {:.2} submits, {:.2} bind groups created, {:.2} readbacks",
+            per(c.dispatches),
+            per(c.dispatches) / cfg.n_layer as f64,
+            per(c.passes),
+            per(c.submits),
+            per(c.bind_groups),
+            per(c.readbacks)
+        );
+    }
+    if let Some((timings, tps)) = &kernels {
+        write_kernel_timings(&mut out, timings, *tps, args.n_gen);
+    }
     if let Some(t1) = t1 {
         let _ = writeln!(out, "verify   T(k)/T(1) at context {}:", args.verify_ctx);
         for (k, t) in &verify {
@@ -378,6 +411,41 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
 
 /// Tokens per second of `n_gen` greedy decode steps from `first` on, or
 /// `None` when Ctrl-C cut the repetition short (it is then not one).
+/// The kernels' GPU time per decoded token beside the wall time, and what
+/// each kernel's time is in bytes bound per second.
+fn write_kernel_timings(out: &mut String, timings: &[KernelTiming], tps: f64, n_gen: usize) {
+    let per_token = |x: u64| x as f64 / n_gen as f64;
+    let gpu_us: f64 = timings.iter().map(|t| per_token(t.gpu_ns)).sum::<f64>() / 1e3;
+    let wall_us = 1e6 / tps;
+    let _ = writeln!(
+        out,
+        "kernels  GPU time per decoded token {gpu_us:.0} us of {wall_us:.0} us wall ({:.0} %; \
+         the rest is the host and the gaps between kernels; profiled run, so slower):",
+        100.0 * gpu_us / wall_us
+    );
+    let _ = writeln!(
+        out,
+        "  {:<40} {:>9} {:>9} {:>10}",
+        "kernel", "calls/tok", "us/tok", "GB/s bound"
+    );
+    for t in timings {
+        let us = per_token(t.gpu_ns) / 1e3;
+        let gbps = if t.gpu_ns > 0 {
+            t.bytes_bound as f64 / t.gpu_ns as f64
+        } else {
+            0.0
+        };
+        let _ = writeln!(
+            out,
+            "  {:<40} {:>9.1} {:>9.1} {:>10.1}",
+            t.kernel,
+            per_token(t.dispatches),
+            us,
+            gbps
+        );
+    }
+}
+
 fn decode_rate<B: Backend>(
     dec: &Decoder<B>,
     state: &mut DecoderState<B>,
