@@ -57,4 +57,9 @@ for m in "${models[@]}"; do
             "$bin" bench --backend wgpu -m "$m" -p 128 -n 128 -r 3 --verify-max 8
     done
 done
+# Where a decode token's time goes: per-kernel GPU time (timestamp queries).
+for m in "${models[@]}"; do
+    step "kernel profile $(basename "$m")" 60 env BLOCKDRAFT_WGPU_PROFILE=1 \
+        "$W/blockdraft" bench --backend wgpu -m "$m" -p 0 -n 32 -r 1 --verify-max 0
+done
 echo "== done ($(date +%T)); failed steps: ${failed[*]:-none}"
