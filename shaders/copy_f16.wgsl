@@ -35,3 +35,23 @@ fn copy_rows_to_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     let hi = f16_bits_of(src[s + 1u]);
     dst[((p.dst_row + r) * p.dst_cols + p.dst_col + c) / 2u] = lo | (hi << 16u);
 }
+
+// `copy.wgsl`'s `append_kv` into f16 caches.
+@group(0) @binding(3) var<storage, read> src_v: array<f32>;
+@group(0) @binding(4) var<storage, read_write> dst_v: array<u32>;
+
+@compute @workgroup_size(256)
+fn append_kv_to_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(local_invocation_index) lid: u32) {
+    let half_cols = p.src_cols / 2u;
+    let i = group_index(wid, nwg) * 256u + lid;
+    if i >= p.n_rows * half_cols {
+        return;
+    }
+    let r = i / half_cols;
+    let c = (i % half_cols) * 2u;
+    let s = (p.src_row + r) * p.src_cols + c;
+    let d = ((p.dst_row + r) * p.dst_cols + p.dst_col + c) / 2u;
+    dst[d] = f16_bits_of(src[s]) | (f16_bits_of(src[s + 1u]) << 16u);
+    dst_v[d] = f16_bits_of(src_v[s]) | (f16_bits_of(src_v[s + 1u]) << 16u);
+}

@@ -329,6 +329,37 @@ pub trait Backend: Send + Sync + 'static {
         self.gated(act, gate, up, out);
     }
 
+    /// Rotates a layer's queries and keys, rows at positions `pos0..`
+    /// (`q_p` and `k_p` differ in their head counts only). The default
+    /// runs [`Self::rope`] on each; a backend may do both in one pass.
+    fn rope_qk(
+        &self,
+        q: &mut Self::Tensor,
+        k: &mut Self::Tensor,
+        pos0: usize,
+        q_p: RopeParams,
+        k_p: RopeParams,
+    ) {
+        self.rope(q, pos0, q_p);
+        self.rope(k, pos0, k_p);
+    }
+
+    /// Appends a layer's `n` key and value rows to its caches at `row`.
+    /// The default runs [`Self::copy_rows`] on each; a backend may do both
+    /// in one pass.
+    fn append_kv(
+        &self,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        k_cache: &mut Self::Tensor,
+        v_cache: &mut Self::Tensor,
+        row: usize,
+        n: usize,
+    ) {
+        self.copy_rows(k, 0, k_cache, row, 0, n);
+        self.copy_rows(v, 0, v_cache, row, 0, n);
+    }
+
     /// `acc += x · Wᵀ`, a residual branch's output projection. The default
     /// computes the product in `scratch` and adds it; a backend may add it
     /// as the product is stored (the same sums: f32 addition commutes).

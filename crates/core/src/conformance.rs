@@ -309,6 +309,73 @@ pub async fn rope<B: Backend, R: Backend>(be: &B, reference: &R) {
     }
 }
 
+/// A layer's attention inputs in one step each: queries and keys rotated
+/// together (both layouts, partial rotation, positions across a rope
+/// table's window) and keys and values appended to f32 and f16 caches.
+pub async fn attention_inputs<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(17);
+    for (style, n_rot, pos0, rows) in [
+        (RopeStyle::Neox, 64, 0, 5),
+        (RopeStyle::Normal, 32, 1020, 9),
+        (RopeStyle::Neox, 64, 70_000, 1),
+    ] {
+        let (n_head, n_head_kv, head_dim) = (6, 2, 64);
+        let p = |n_head| RopeParams {
+            style,
+            n_head,
+            head_dim,
+            n_rot,
+            base: 10_000.0,
+        };
+        let (qc, kc) = (n_head * head_dim, n_head_kv * head_dim);
+        let (q, k) = (
+            uniform(&mut rng, rows * qc, 2.0),
+            uniform(&mut rng, rows * kc, 2.0),
+        );
+        let (mut qt, mut kt) = (tensor(be, rows, qc, &q), tensor(be, rows, kc, &k));
+        be.rope_qk(&mut qt, &mut kt, pos0, p(n_head), p(n_head_kv));
+        let (mut qr, mut kr) = (
+            tensor(reference, rows, qc, &q),
+            tensor(reference, rows, kc, &k),
+        );
+        reference.rope(&mut qr, pos0, p(n_head));
+        reference.rope(&mut kr, pos0, p(n_head_kv));
+        for (what, got, want) in [("q", &qt, &qr), ("k", &kt, &kr)] {
+            assert_close(
+                &format!("rope_qk {what} {style:?} pos {pos0}"),
+                &be.read(got).await,
+                &reference.read(want).await,
+                1e-5,
+            );
+        }
+        let v = uniform(&mut rng, rows * kc, 2.0);
+        let vt = tensor(be, rows, kc, &v);
+        let vr = tensor(reference, rows, kc, &v);
+        for ty in [KvType::F32, KvType::F16] {
+            let capacity = rows + 3;
+            let (mut kc_t, mut vc_t) = (
+                be.kv_tensor(capacity, kc, ty),
+                be.kv_tensor(capacity, kc, ty),
+            );
+            be.append_kv(&kt, &vt, &mut kc_t, &mut vc_t, 2, rows);
+            let mut kc_r = reference.kv_tensor(capacity, kc, ty);
+            let mut vc_r = reference.kv_tensor(capacity, kc, ty);
+            reference.copy_rows(&kr, 0, &mut kc_r, 2, 0, rows);
+            reference.copy_rows(&vr, 0, &mut vc_r, 2, 0, rows);
+            for (what, got, want) in [("k", &kc_t, &kc_r), ("v", &vc_t, &vc_r)] {
+                assert_close(
+                    &format!("append_kv {what} {ty:?}"),
+                    &be.read(got).await,
+                    &reference.read(want).await,
+                    // The rotated keys may differ in their last bit, which
+                    // f16 rounding can carry one f16 step.
+                    if ty == KvType::F16 { 1e-3 } else { 1e-5 },
+                );
+            }
+        }
+    }
+}
+
 /// Gated activations, residual add, scale, bias, softcapping and the tap
 /// sanitiser.
 pub async fn elementwise<B: Backend, R: Backend>(be: &B, reference: &R) {
@@ -873,13 +940,15 @@ pub async fn device_ids<B: Backend, R: Backend>(be: &B, reference: &R) {
 macro_rules! backend_conformance_tests {
     (async $attr:path, $backend:expr, $reference:expr) => {
         $crate::backend_conformance_tests!(@async $attr, $backend, $reference;
-            matmul, matmul_fused, embed, rms_norm, rope, elementwise, copy_rows, attention, kv_f16,
-            grouped_conv, argmax, top_k, add_slices, selector_walk, penalize, sample_to, device_ids);
+            matmul, matmul_fused, embed, rms_norm, rope, attention_inputs, elementwise, copy_rows,
+            attention, kv_f16, grouped_conv, argmax, top_k, add_slices, selector_walk, penalize,
+            sample_to, device_ids);
     };
     ($backend:expr, $reference:expr) => {
         $crate::backend_conformance_tests!(@each $backend, $reference;
-            matmul, matmul_fused, embed, rms_norm, rope, elementwise, copy_rows, attention, kv_f16,
-            grouped_conv, argmax, top_k, add_slices, selector_walk, penalize, sample_to, device_ids);
+            matmul, matmul_fused, embed, rms_norm, rope, attention_inputs, elementwise, copy_rows,
+            attention, kv_f16, grouped_conv, argmax, top_k, add_slices, selector_walk, penalize,
+            sample_to, device_ids);
     };
     (@each $backend:expr, $reference:expr; $($op:ident),*) => {
         $(

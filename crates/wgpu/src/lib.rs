@@ -602,6 +602,94 @@ impl Backend for WgpuBackend {
         );
     }
 
+    fn rope_qk(
+        &self,
+        q: &mut WgpuTensor,
+        k: &mut WgpuTensor,
+        pos0: usize,
+        q_p: RopeParams,
+        k_p: RopeParams,
+    ) {
+        let half = q_p.n_rot / 2;
+        let same = RopeParams {
+            n_head: q_p.n_head,
+            ..k_p
+        } == q_p;
+        // One pass needs rows of exactly the heads and one rotation.
+        if !same
+            || q.rows != k.rows
+            || q.cols != q_p.n_head * q_p.head_dim
+            || k.cols != k_p.n_head * k_p.head_dim
+            || half == 0
+            || q.rows == 0
+        {
+            self.rope(q, pos0, q_p);
+            self.rope(k, pos0, k_p);
+            return;
+        }
+        let (table, table_pos0) = self.rope_table(pos0, q.rows, &q_p);
+        let params = [
+            u(q.rows),
+            u(q.cols),
+            u(q_p.n_head),
+            u(q_p.head_dim),
+            u(half),
+            u32::from(q_p.style == RopeStyle::Neox),
+            u(pos0 - table_pos0),
+            u(k_p.n_head),
+        ];
+        self.dev.dispatch(
+            kernel("rope.wgsl", "rope_qk"),
+            &params,
+            &[q.binding(), Binding::whole(&table), k.binding()],
+            grid(q.rows * (q_p.n_head + k_p.n_head) * half, 256),
+        );
+    }
+
+    fn append_kv(
+        &self,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        k_cache: &mut WgpuTensor,
+        v_cache: &mut WgpuTensor,
+        row: usize,
+        n: usize,
+    ) {
+        let alike = k.cols == v.cols
+            && k_cache.cols == v_cache.cols
+            && k_cache.ty == v_cache.ty
+            && k_cache.rows == v_cache.rows
+            && !k.is_f16()
+            && !v.is_f16();
+        if !alike || n == 0 {
+            self.copy_rows(k, 0, k_cache, row, 0, n);
+            self.copy_rows(v, 0, v_cache, row, 0, n);
+            return;
+        }
+        assert!(
+            k.cols <= k_cache.cols && row + n <= k_cache.rows && n <= k.rows && n <= v.rows,
+            "append_kv out of bounds"
+        );
+        let params = [u(n), u(k.cols), 0, u(k_cache.cols), u(row), 0, 0, 0];
+        let (append, per_invocation) = if k_cache.is_f16() {
+            assert!(k.cols % 2 == 0, "append_kv into f16: odd width");
+            (kernel("copy_f16.wgsl", "append_kv_to_f16"), 2)
+        } else {
+            (kernel("copy.wgsl", "append_kv"), 1)
+        };
+        self.dev.dispatch(
+            append,
+            &params,
+            &[
+                k.binding(),
+                k_cache.binding(),
+                v.binding(),
+                v_cache.binding(),
+            ],
+            grid(n * k.cols / per_invocation, 256),
+        );
+    }
+
     fn gated(
         &self,
         act: GatedActivation,

@@ -605,14 +605,12 @@ impl<B: Backend> Decoder<B> {
             n_rot: cfg.n_rot,
             base,
         };
-        be.rope(q, pos0, rope(cfg.n_head));
-        be.rope(k, pos0, rope(cfg.n_head_kv));
+        be.rope_qk(q, k, pos0, rope(cfg.n_head), rope(cfg.n_head_kv));
         if cfg.scale_queries_first {
             be.scale(q, cfg.attention_scale);
         }
         let (kc, vc) = kv.layer_mut(il);
-        be.copy_rows(k, 0, kc, pos0, 0, n);
-        be.copy_rows(v, 0, vc, pos0, 0, n);
+        be.append_kv(k, v, kc, vc, pos0, n);
         let mask = AttentionMask {
             q_pos0: pos0,
             kv_len: pos0 + n,

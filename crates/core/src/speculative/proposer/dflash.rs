@@ -619,8 +619,7 @@ impl<B: Backend> DFlashDrafter<B> {
             };
             be.rope(k, pos0, rope);
             let (kc, vc) = self.state.kv.layer_mut(il);
-            be.copy_rows(k, 0, kc, pos0, 0, n);
-            be.copy_rows(&s.v, 0, vc, pos0, 0, n);
+            be.append_kv(k, &s.v, kc, vc, pos0, n);
         }
         self.state.kv.set_len(pos0 + n);
         Ok(())
