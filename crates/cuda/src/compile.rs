@@ -87,7 +87,8 @@ fn log_of(prog: &Program) -> String {
 /// Needs [`nvrtc_present`].
 pub fn compile_cubin(name: &str, src: &str, arch: &str, verbose: bool) -> Result<Compiled, String> {
     let csrc = CString::new(src).map_err(|_| format!("{name}: NUL in the source"))?;
-    let cname = CString::new(format!("{name}.cu")).map_err(|_| format!("{name}: NUL in the name"))?;
+    let cname =
+        CString::new(format!("{name}.cu")).map_err(|_| format!("{name}: NUL in the name"))?;
     let prog = Program(
         result::create_program(&csrc, Some(&cname))
             .map_err(|e| format!("{name}: nvrtcCreateProgram: {e:?}"))?,

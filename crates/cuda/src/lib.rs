@@ -26,7 +26,9 @@ use blockdraft_core::backend::{
 use blockdraft_core::host_ops;
 use blockdraft_core::sampling::SamplingParams;
 use blockdraft_gguf::GgmlType;
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -95,7 +97,9 @@ impl CudaTensor {
         match &self.buf {
             Some(Buf::F32(s)) => Ok(s),
             Some(Buf::F16(_)) => Err(CudaError::Shape("on an f16 tensor".into())),
-            None => Err(CudaError::Shape("on a tensor whose allocation failed".into())),
+            None => Err(CudaError::Shape(
+                "on a tensor whose allocation failed".into(),
+            )),
         }
     }
 
@@ -103,7 +107,9 @@ impl CudaTensor {
         match &mut self.buf {
             Some(Buf::F32(s)) => Ok(s),
             Some(Buf::F16(_)) => Err(CudaError::Shape("on an f16 tensor".into())),
-            None => Err(CudaError::Shape("on a tensor whose allocation failed".into())),
+            None => Err(CudaError::Shape(
+                "on a tensor whose allocation failed".into(),
+            )),
         }
     }
 }
@@ -145,7 +151,12 @@ const FUNCTIONS: &[(&str, &[&str])] = &[
     ("conv", &["grouped_conv"]),
     (
         "copy",
-        &["copy_f32_f32", "copy_f32_f16", "copy_f16_f16", "copy_f16_f32"],
+        &[
+            "copy_f32_f32",
+            "copy_f32_f16",
+            "copy_f16_f16",
+            "copy_f16_f32",
+        ],
     ),
     (
         "elementwise",
@@ -398,14 +409,21 @@ impl CudaBackend {
                 .into_iter()
                 .map(|h| half::f16::from_bits(h).to_f32())
                 .collect()),
-            None => Err(CudaError::Shape("read of a tensor whose allocation failed".into())),
+            None => Err(CudaError::Shape(
+                "read of a tensor whose allocation failed".into(),
+            )),
         }
     }
 
     fn upload(&self, t: &mut CudaTensor, data: &[f32]) -> Result<(), CudaError> {
         let n = t.len();
         shape_unless(data.len() == n, || {
-            format!("write: {} values into a {}x{} tensor", data.len(), t.rows, t.cols)
+            format!(
+                "write: {} values into a {}x{} tensor",
+                data.len(),
+                t.rows,
+                t.cols
+            )
         })?;
         match &mut t.buf {
             Some(Buf::F32(s)) => self
@@ -421,7 +439,9 @@ impl CudaBackend {
                     .memcpy_htod(&bits, &mut s.slice_mut(..n))
                     .map_err(driver("writing a tensor"))
             }
-            None => Err(CudaError::Shape("write to a tensor whose allocation failed".into())),
+            None => Err(CudaError::Shape(
+                "write to a tensor whose allocation failed".into(),
+            )),
         }
     }
 
@@ -467,15 +487,29 @@ impl CudaBackend {
         values: usize,
     ) -> Result<&'a mut ActScratch, CudaError> {
         if slot.as_ref().is_some_and(|a| a.q.len() >= values) {
-            return slot.as_mut().ok_or_else(|| CudaError::Shape("scratch".into()));
+            return slot
+                .as_mut()
+                .ok_or_else(|| CudaError::Shape("scratch".into()));
         }
         let values = values.next_power_of_two();
         let alloc = |what| driver(what);
         let fresh = ActScratch {
-            q: self.stream.alloc_zeros(values).map_err(alloc("scratch quants"))?,
-            d: self.stream.alloc_zeros(values / 32).map_err(alloc("scratch scales"))?,
-            s: self.stream.alloc_zeros(values / 32).map_err(alloc("scratch sums"))?,
-            bs: self.stream.alloc_zeros(values / 16).map_err(alloc("scratch sums"))?,
+            q: self
+                .stream
+                .alloc_zeros(values)
+                .map_err(alloc("scratch quants"))?,
+            d: self
+                .stream
+                .alloc_zeros(values / 32)
+                .map_err(alloc("scratch scales"))?,
+            s: self
+                .stream
+                .alloc_zeros(values / 32)
+                .map_err(alloc("scratch sums"))?,
+            bs: self
+                .stream
+                .alloc_zeros(values / 16)
+                .map_err(alloc("scratch sums"))?,
         };
         Ok(slot.insert(fresh))
     }
@@ -552,9 +586,10 @@ impl CudaBackend {
         shape_unless(out.cols == table.cols, || {
             format!("embed: {}-wide rows into {} columns", table.cols, out.cols)
         })?;
-        shape_unless((id0 + n.saturating_sub(1) * stride) < ids.len().max(1) || n == 0, || {
-            "embed: ids out of range".into()
-        })?;
+        shape_unless(
+            (id0 + n.saturating_sub(1) * stride) < ids.len().max(1) || n == 0,
+            || "embed: ids out of range".into(),
+        )?;
         if n == 0 {
             return Ok(());
         }
@@ -757,7 +792,10 @@ impl Backend for CudaBackend {
                 )));
             }
             let idf: Vec<f32> = ids.iter().map(|&i| i as f32).collect();
-            let dev = self.stream.clone_htod(&idf).map_err(driver("uploading ids"))?;
+            let dev = self
+                .stream
+                .clone_htod(&idf)
+                .map_err(driver("uploading ids"))?;
             self.embed_rows(table, &dev, 1, 0, out)
         });
     }
@@ -835,9 +873,7 @@ impl Backend for CudaBackend {
     fn rope(&self, x: &mut CudaTensor, pos0: usize, p: RopeParams) {
         self.run(|| {
             shape_unless(
-                p.n_rot % 2 == 0
-                    && p.n_rot <= p.head_dim
-                    && p.n_head * p.head_dim <= x.cols,
+                p.n_rot % 2 == 0 && p.n_rot <= p.head_dim && p.n_head * p.head_dim <= x.cols,
                 || format!("rope: {p:?} on {} columns", x.cols),
             )?;
             let half = p.n_rot / 2;
@@ -1009,7 +1045,12 @@ impl Backend for CudaBackend {
                     && k.cols == kvc
                     && v.cols == kvc
                     && mask.kv_len <= k.rows.min(v.rows),
-                || format!("attention: {p:?} {mask:?} on q {}x{}, k {}x{}", q.rows, q.cols, k.rows, k.cols),
+                || {
+                    format!(
+                        "attention: {p:?} {mask:?} on q {}x{}, k {}x{}",
+                        q.rows, q.cols, k.rows, k.cols
+                    )
+                },
             )?;
             if q.rows == 0 || p.n_head == 0 {
                 return Ok(());
@@ -1025,13 +1066,8 @@ impl Backend for CudaBackend {
                 int(p.n_head_kv, "kv heads")?,
                 int(p.head_dim, "head_dim")?,
             ];
-            let (q_pos0, kv_len, heads, kv_heads, dim) = (
-                mask.q_pos0 as i32,
-                ints[1],
-                ints[2],
-                ints[3],
-                ints[4],
-            );
+            let (q_pos0, kv_len, heads, kv_heads, dim) =
+                (mask.q_pos0 as i32, ints[1], ints[2], ints[3], ints[4]);
             let causal = i32::from(mask.causal);
             let cfg = LaunchConfig {
                 grid_dim: (p.n_head as u32, q.rows as u32, 1),
@@ -1126,7 +1162,11 @@ impl Backend for CudaBackend {
     async fn argmax(&self, x: &CudaTensor) -> Vec<u32> {
         let mut ids = self.tensor(x.rows, 1);
         self.argmax_to(x, &mut ids, 0, 0);
-        self.read(&ids).await.into_iter().map(|v| v as u32).collect()
+        self.read(&ids)
+            .await
+            .into_iter()
+            .map(|v| v as u32)
+            .collect()
     }
 
     fn device_error(&self) -> Option<BackendError> {
@@ -1155,9 +1195,7 @@ impl Backend for CudaBackend {
         self.run(|| {
             let (n, cols) = (x.rows, x.cols);
             shape_unless(
-                k <= cols
-                    && (values.rows, values.cols) == (n, k)
-                    && (ids.rows, ids.cols) == (n, k),
+                k <= cols && (values.rows, values.cols) == (n, k) && (ids.rows, ids.cols) == (n, k),
                 || "top_k shapes".into(),
             )?;
             let (v, i) = host_ops::top_k(&self.download(x)?, cols, k);
@@ -1222,17 +1260,23 @@ impl Backend for CudaBackend {
 
     fn add_slices(&self, x: &CudaTensor, w: &[f32], out: &mut CudaTensor) {
         self.run(|| {
-            shape_unless(
-                x.rows == out.rows && x.cols == w.len() * out.cols,
-                || "add_slices shapes".into(),
-            )?;
+            shape_unless(x.rows == out.rows && x.cols == w.len() * out.cols, || {
+                "add_slices shapes".into()
+            })?;
             let n = out.len();
             if n == 0 || w.is_empty() {
                 return Ok(());
             }
-            let (n_w, d, n_i) = (int(w.len(), "weights")?, int(out.cols, "cols")?, int(n, "values")?);
+            let (n_w, d, n_i) = (
+                int(w.len(), "weights")?,
+                int(out.cols, "cols")?,
+                int(n, "values")?,
+            );
             int(x.len(), "values")?;
-            let wd = self.stream.clone_htod(w).map_err(driver("uploading weights"))?;
+            let wd = self
+                .stream
+                .clone_htod(w)
+                .map_err(driver("uploading weights"))?;
             let f = self.function("add_slices")?;
             let xs = x.f32()?;
             let os = out.f32_mut()?;
@@ -1309,20 +1353,19 @@ impl Backend for CudaBackend {
             let xs = x.f32()?;
             let os = out.f32_mut()?;
             let mut b = self.stream.launch_builder(f);
-            b.arg(xs).arg(&cols).arg(os).arg(&out_cols).arg(&row_i).arg(&col_i);
+            b.arg(xs)
+                .arg(&cols)
+                .arg(os)
+                .arg(&out_cols)
+                .arg(&row_i)
+                .arg(&col_i);
             // SAFETY: arguments as `argmax_rows` takes them; bounds checked.
             unsafe { b.launch(cfg) }.map_err(driver("argmax"))?;
             Ok(())
         });
     }
 
-    fn embed_from(
-        &self,
-        table: &CudaWeight,
-        ids: &CudaTensor,
-        row0: usize,
-        out: &mut CudaTensor,
-    ) {
+    fn embed_from(&self, table: &CudaWeight, ids: &CudaTensor, row0: usize, out: &mut CudaTensor) {
         self.run(|| {
             shape_unless(row0 + out.rows <= ids.rows, || "embed_from shapes".into())?;
             let stride = ids.cols;

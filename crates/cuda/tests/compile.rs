@@ -60,8 +60,13 @@ fn a_broken_kernel_is_an_error_with_the_compiler_log() {
         eprintln!("SKIPPED: libnvrtc not found");
         return;
     }
-    let e = compile_cubin("broken", &source("extern \"C\" __global__ void f() { undeclared(); }"), "sm_90", false)
-        .err()
-        .expect("a compile error");
+    let e = compile_cubin(
+        "broken",
+        &source("extern \"C\" __global__ void f() { undeclared(); }"),
+        "sm_90",
+        false,
+    )
+    .err()
+    .expect("a compile error");
     assert!(e.contains("undeclared"), "{e}");
 }
