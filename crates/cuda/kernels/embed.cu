@@ -1,4 +1,4 @@
-// Embedding rows: `out[r] = dequantize(table[ids[id0 + r·stride]])`, with
+// Embedding rows: `out[r] = dequantize(table[ids[(id0 + r)·stride]])`, with
 // the float sequences of the reference dequantizers (blockdraft_gguf::quants,
 // compiled without FMA contraction) so rows equal the CPU backend's bit for
 // bit. Ids are f32 (as argmax_to writes them); an id beyond the table gives

@@ -332,6 +332,10 @@ impl CudaBackend {
             .map_err(driver("compute capability"))?;
         let arch = format!("sm_{major}{minor}");
         let device = ctx.name().map_err(driver("device name"))?;
+        // SAFETY: every op of this backend runs on the one stream below, in
+        // order, so cudarc's per-slice events (a record per kernel argument)
+        // only cost launch time.
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         let mut functions = HashMap::new();
         for (file, src) in compile::KERNEL_FILES {
@@ -369,10 +373,15 @@ impl CudaBackend {
             .ok_or_else(|| CudaError::Compile(format!("kernel `{name}` is not loaded")))
     }
 
-    /// Keeps the first error; later ones usually follow from it.
+    /// Keeps the first error; later ones usually follow from it. With
+    /// `BLOCKDRAFT_CUDA_LOG_ERRORS` set it is also printed when it happens
+    /// (tests on a GPU then show the cause, not only a wrong result).
     fn record(&self, r: Result<(), CudaError>) {
         if let Err(e) = r {
             if let Ok(mut slot) = self.error.lock() {
+                if slot.is_none() && std::env::var_os("BLOCKDRAFT_CUDA_LOG_ERRORS").is_some() {
+                    eprintln!("blockdraft-cuda: {e}");
+                }
                 slot.get_or_insert(e.to_string());
             }
         }
@@ -573,7 +582,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Rows `ids[id0 + r]` (f32 ids, every `stride`-th value) of `table`.
+    /// Rows `ids[(id0 + r) · stride]` (f32 ids) of `table`.
     fn embed_rows(
         &self,
         table: &CudaWeight,
@@ -586,10 +595,9 @@ impl CudaBackend {
         shape_unless(out.cols == table.cols, || {
             format!("embed: {}-wide rows into {} columns", table.cols, out.cols)
         })?;
-        shape_unless(
-            (id0 + n.saturating_sub(1) * stride) < ids.len().max(1) || n == 0,
-            || "embed: ids out of range".into(),
-        )?;
+        shape_unless(n == 0 || (id0 + n - 1) * stride < ids.len(), || {
+            "embed: ids out of range".into()
+        })?;
         if n == 0 {
             return Ok(());
         }
@@ -1369,7 +1377,7 @@ impl Backend for CudaBackend {
         self.run(|| {
             shape_unless(row0 + out.rows <= ids.rows, || "embed_from shapes".into())?;
             let stride = ids.cols;
-            self.embed_rows(table, ids.f32()?, stride, row0 * stride, out)
+            self.embed_rows(table, ids.f32()?, stride, row0, out)
         });
     }
 }
