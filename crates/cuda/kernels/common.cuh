@@ -1,7 +1,8 @@
 // Shared by every kernel file (prepended to each before NVRTC compiles it).
 // NVRTC ships no headers: fixed-width types and the f16 conversions are
 // declared here, the latter as single PTX instructions, so no CUDA include
-// directory is needed at run time.
+// directory is needed at run time. tests/host compiles the same files as
+// C++ on the host (tests/host/emulator.h stands in for CUDA).
 
 typedef signed char i8;
 typedef unsigned char u8;
@@ -13,6 +14,7 @@ typedef unsigned long long u64;
 #define FULL_MASK 0xffffffffu
 #define NEG_INF (__int_as_float(0xff800000))
 
+#if defined(__CUDACC_RTC__)
 // f16 bits -> f32 (exact, subnormals included).
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
@@ -27,6 +29,21 @@ __device__ __forceinline__ u16 f32_to_f16(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
+#else
+// Host build of the kernels (tests/host): the compiler's _Float16 converts
+// with the same rounding.
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    _Float16 x;
+    memcpy(&x, &h, 2);
+    return (float)x;
+}
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    _Float16 x = (_Float16)f;
+    u16 h;
+    memcpy(&h, &x, 2);
+    return h;
+}
+#endif
 
 __device__ __forceinline__ float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
 

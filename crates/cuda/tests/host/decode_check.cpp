@@ -3,7 +3,8 @@
 // from the file argv[1] names), and for every block, the sum of matmul.cu's
 // unit contributions (decoded quants, integer dot, scale and min terms)
 // equals the dot of the dequantized block with the activations.
-#include "shim.h"
+#include "emulator.h"
+#include "common.cuh"
 namespace E {
 #include "embed.cu"
 }

@@ -1,10 +1,14 @@
-//! The kernels' block decoding, checked on the host without a GPU:
-//! `host/decode_check.cpp` compiles embed.cu and matmul.cu as C++ (with
-//! `host/shim.h` standing in for CUDA) and compares their decoding with the
-//! reference dequantizer on random blocks of every weight type, quant bytes
-//! scrambled so that every bit pattern of the packed fields occurs. Needs a
-//! C++ compiler with `_Float16` (g++ 12 or clang); without one it says
-//! SKIPPED.
+//! The kernels run on the host without a GPU: `host/*.cpp` compile the
+//! kernel files as C++20 with `host/emulator.h` standing in for CUDA (warps
+//! and blocks as host threads in step). `decode_check.cpp` compares the
+//! block decoding of embed.cu and matmul.cu with the reference dequantizer
+//! on random blocks of every weight type, quant bytes scrambled so that every
+//! bit pattern of the packed fields occurs; `kernels_check.cpp` runs whole
+//! kernels against straightforward references. What this cannot see is the
+//! device itself (its compiler's code, its float functions, the launches
+//! from Rust): that is the conformance suite's part on a GPU. Needs a C++
+//! compiler with `_Float16` and `<barrier>` (g++ 12 or clang 16); without
+//! one the tests say SKIPPED.
 
 use blockdraft_gguf::{quants, GgmlType};
 use std::io::Write;
@@ -81,36 +85,71 @@ fn write_blocks(path: &Path) {
     }
 }
 
-#[test]
-fn kernel_block_decoding_equals_the_reference_dequantizer() {
+/// Builds `host/{name}.cpp` into a temporary folder; `None` (after a
+/// SKIPPED line) without a suitable C++ compiler.
+fn build(name: &str, tmp: &Path) -> Option<std::path::PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let tmp = std::env::temp_dir().join(format!("blockdraft-cuda-decode-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
-    let exe = tmp.join("decode_check");
+    let exe = tmp.join(name);
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     // No FMA contraction, as the kernels are compiled (--fmad=false).
     let built = Command::new(&cxx)
-        .args(["-std=c++17", "-O1", "-ffp-contract=off", "-w", "-I"])
+        .args([
+            "-std=c++20",
+            "-O1",
+            "-ffp-contract=off",
+            "-w",
+            "-pthread",
+            "-I",
+        ])
         .arg(dir.join("kernels"))
-        .arg(dir.join("tests/host/decode_check.cpp"))
+        .arg(dir.join("tests/host").join(format!("{name}.cpp")))
         .arg("-o")
         .arg(&exe)
         .status();
     match built {
-        Ok(s) if s.success() => {}
+        Ok(s) if s.success() => Some(exe),
         other => {
-            eprintln!("SKIPPED: no C++ compiler with _Float16 ({cxx}: {other:?})");
-            return;
+            eprintln!("SKIPPED: no C++20 compiler with _Float16 ({cxx}: {other:?})");
+            None
         }
     }
-    let blocks = tmp.join("blocks.bin");
-    write_blocks(&blocks);
-    let out = Command::new(&exe)
-        .arg(&blocks)
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let tmp = std::env::temp_dir().join(format!("blockdraft-cuda-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    tmp
+}
+
+/// Runs `exe` with `args`; fails unless it passes and says ALL OK.
+fn run_check(exe: &Path, args: &[&Path]) {
+    let out = Command::new(exe)
+        .args(args)
         .output()
-        .expect("run decode_check");
+        .expect("run the check");
     let text = String::from_utf8_lossy(&out.stdout);
     eprintln!("{text}");
-    let _ = std::fs::remove_dir_all(&tmp);
     assert!(out.status.success() && text.contains("ALL OK"), "{text}");
+}
+
+#[test]
+fn kernel_block_decoding_equals_the_reference_dequantizer() {
+    let tmp = temp_dir("decode");
+    let Some(exe) = build("decode_check", &tmp) else {
+        return;
+    };
+    let blocks = tmp.join("blocks.bin");
+    write_blocks(&blocks);
+    run_check(&exe, &[&blocks]);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn kernels_on_the_host_agree_with_their_references() {
+    let tmp = temp_dir("kernels");
+    let Some(exe) = build("kernels_check", &tmp) else {
+        return;
+    };
+    run_check(&exe, &[]);
+    let _ = std::fs::remove_dir_all(&tmp);
 }
