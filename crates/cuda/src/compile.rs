@@ -5,6 +5,7 @@
 use cudarc::nvrtc::{result, sys};
 use std::ffi::{c_char, CString};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Helpers every kernel file uses, prepended to each before compiling.
 const COMMON: &str = include_str!("../kernels/common.cuh");
@@ -152,15 +153,17 @@ pub fn cubin_cached(name: &str, file: &str, arch: &str) -> Result<Vec<u8>, Strin
     let key = fnv1a(&[src.as_bytes(), opts.as_bytes(), version.as_bytes()]);
     let path = cache_dir().map(|d| d.join(format!("{name}-{key:016x}-{arch}.cubin")));
     if let Some(bytes) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
-        if !bytes.is_empty() {
+        if bytes.starts_with(b"\x7fELF") {
             return Ok(bytes);
         }
     }
     let compiled = compile_cubin(name, &src, arch, false)?;
     if let Some(p) = path {
-        // Written whole under another name first, so that a concurrent
-        // reader never sees half a file.
-        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+        // Written whole under a name of its own first (backends start on
+        // several threads at once), so that a reader never sees half a file.
+        static WRITES: AtomicU64 = AtomicU64::new(0);
+        let n = WRITES.fetch_add(1, Ordering::Relaxed);
+        let tmp = p.with_extension(format!("tmp{}-{n}", std::process::id()));
         let written = p
             .parent()
             .map_or(Ok(()), std::fs::create_dir_all)

@@ -5,7 +5,9 @@
 //! libnvrtc (`tests/fetch_nvrtc.sh`); without it the test says SKIPPED,
 //! and fails instead under `BLOCKDRAFT_REQUIRE_NVRTC=1`.
 
-use blockdraft_cuda::compile::{compile_cubin, nvrtc_present, parse_usage, source, KERNEL_FILES};
+use blockdraft_cuda::compile::{
+    compile_cubin, cubin_cached, nvrtc_present, parse_usage, source, KERNEL_FILES,
+};
 use blockdraft_cuda::functions_of;
 
 /// Registers a thread may use: 128-thread blocks at this budget still fit
@@ -69,4 +71,34 @@ fn a_broken_kernel_is_an_error_with_the_compiler_log() {
     .err()
     .expect("a compile error");
     assert!(e.contains("undeclared"), "{e}");
+}
+
+#[test]
+fn the_disk_cache_serves_concurrent_starts_whole_files() {
+    if !nvrtc_present() {
+        eprintln!("SKIPPED: libnvrtc not found");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("blockdraft-cuda-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // Only this test of the binary reads the cache.
+    std::env::set_var("XDG_CACHE_HOME", &dir);
+    let (name, src) = KERNEL_FILES[KERNEL_FILES.len() - 1];
+    let cubins: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| cubin_cached(name, src, "sm_90").expect("compiles")))
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    assert!(cubins
+        .iter()
+        .all(|c| c == &cubins[0] && c.starts_with(b"\x7fELF")));
+    let files: Vec<String> = std::fs::read_dir(dir.join("blockdraft/cuda"))
+        .expect("cache folder")
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(files.len(), 1, "one whole CUBIN, no leftovers: {files:?}");
+    assert!(files[0].starts_with(name) && files[0].ends_with("-sm_90.cubin"));
+    assert_eq!(cubin_cached(name, src, "sm_90").unwrap(), cubins[0]);
+    let _ = std::fs::remove_dir_all(&dir);
 }
