@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tests/fetch_models.sh >/dev/null
+# NVRTC (CUDA 13.0, from PyPI) for the CUDA kernels' compile check
+# (crates/cuda/tests/compile.rs), which must run here rather than skip.
+LD_LIBRARY_PATH="$(tests/fetch_nvrtc.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH BLOCKDRAFT_REQUIRE_NVRTC=1
 # Mesa's Vulkan drivers (the wgpu tests) want a runtime dir; any will do.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 

@@ -22,7 +22,8 @@ pub struct ModelArgs {
     /// Worker threads (default, and at most: all cores).
     #[arg(short = 't', long = "threads", value_parser = crate::args::at_least(1))]
     pub threads: Option<usize>,
-    /// Where the model runs: `cpu`, or `wgpu` (Vulkan, Metal or DX12).
+    /// Where the model runs: `cpu`, `wgpu` (Vulkan, Metal or DX12), or
+    /// `cuda` (NVIDIA GPUs; needs the driver and libnvrtc.so.13).
     #[arg(long = "backend", value_enum, default_value_t = BackendKind::Cpu)]
     pub backend: BackendKind,
     /// CPU: keep every weight in place in the memory map instead of moving
@@ -43,6 +44,7 @@ pub struct ModelArgs {
 pub enum BackendKind {
     Cpu,
     Wgpu,
+    Cuda,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,12 +82,12 @@ impl ModelArgs {
     /// Warns about settings that do not apply as given, refuses those that
     /// cannot apply at all.
     fn check(&self) -> Result<()> {
-        if self.backend == BackendKind::Wgpu && self.no_repack {
+        if self.backend != BackendKind::Cpu && self.no_repack {
             anyhow::bail!("--no-repack applies to the cpu backend only");
         }
         match self.threads {
-            Some(_) if self.backend == BackendKind::Wgpu => {
-                crate::out::warn("-t/--threads has no effect on the wgpu backend")
+            Some(_) if self.backend != BackendKind::Cpu => {
+                crate::out::warn("-t/--threads has no effect on the wgpu and cuda backends")
             }
             Some(t) if t > cores() => crate::out::warn(format!(
                 "-t {t} is more than the {} cores; using {}",
@@ -133,6 +135,16 @@ pub fn with_backend(args: &ModelArgs, job: impl Job) -> Result<()> {
         BackendKind::Wgpu => {
             let backend = WgpuBackend::new().context("cannot start the wgpu backend")?;
             job.run(load(args, Arc::new(backend))?)
+        }
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => {
+            let backend =
+                blockdraft_cuda::CudaBackend::new().context("cannot start the cuda backend")?;
+            job.run(load(args, Arc::new(backend))?)
+        }
+        #[cfg(not(feature = "cuda"))]
+        BackendKind::Cuda => {
+            anyhow::bail!("this blockdraft was built without the `cuda` feature")
         }
     }
 }

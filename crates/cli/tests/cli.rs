@@ -249,6 +249,28 @@ fn a_missing_model_is_an_error_not_a_panic() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// `--backend cuda` starts the backend before opening the model: without a
+/// CUDA driver or device that is a plain error (never cudarc's panic), with
+/// one the missing model is.
+#[test]
+fn the_cuda_backend_without_a_device_is_an_error_not_a_panic() {
+    let err = fails_with(
+        1,
+        &[
+            "bench",
+            "-m",
+            "/nonexistent/model.gguf",
+            "--backend",
+            "cuda",
+        ],
+    );
+    assert!(
+        err.contains("cannot start the cuda backend: no CUDA device / driver")
+            || err.contains("/nonexistent/model.gguf"),
+        "{err}"
+    );
+}
+
 #[test]
 fn split_writes_a_set_that_reads_as_the_file() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");

@@ -1,0 +1,117 @@
+// Embedding rows: `out[r] = dequantize(table[ids[(id0 + r)·stride]])`, with
+// the float sequences of the reference dequantizers (blockdraft_gguf::quants,
+// compiled without FMA contraction) so rows equal the CPU backend's bit for
+// bit. Ids are f32 (as argmax_to writes them); an id beyond the table gives
+// a zero row. Grid: (column tiles of 256, rows).
+
+// Value `e` (0..BL) of the block at `b`.
+__device__ __forceinline__ float deq_q4_0(const u8 *b, int e) {
+    int q = b[2 + e % 16];
+    q = e < 16 ? (q & 15) : (q >> 4);
+    return (float)(q - 8) * ld_f16(b);
+}
+__device__ __forceinline__ float deq_q4_1(const u8 *b, int e) {
+    int q = b[4 + e % 16];
+    q = e < 16 ? (q & 15) : (q >> 4);
+    return (float)q * ld_f16(b) + ld_f16(b + 2);
+}
+__device__ __forceinline__ int q5_value(const u8 *qs, u32 qh, int e) {
+    int j = e % 16;
+    u32 q = qs[j];
+    return e < 16 ? (int)((q & 15) | (((qh >> j) << 4) & 0x10))
+                  : (int)((q >> 4) | ((qh >> (j + 12)) & 0x10));
+}
+__device__ __forceinline__ float deq_q5_0(const u8 *b, int e) {
+    return (float)(q5_value(b + 6, ld_u32(b + 2), e) - 16) * ld_f16(b);
+}
+__device__ __forceinline__ float deq_q5_1(const u8 *b, int e) {
+    return (float)q5_value(b + 8, ld_u32(b + 4), e) * ld_f16(b) + ld_f16(b + 2);
+}
+__device__ __forceinline__ float deq_q8_0(const u8 *b, int e) { return (float)(i8)b[2 + e] * ld_f16(b); }
+__device__ __forceinline__ float deq_q8_1(const u8 *b, int e) { return (float)(i8)b[4 + e] * ld_f16(b); }
+__device__ __forceinline__ float deq_q2_k(const u8 *b, int e) {
+    int n = e / 128, r = e % 128, shift = 2 * (r / 32), half = (r % 32) / 16, l = r % 16;
+    int s = b[n * 8 + (r / 32) * 2 + half];
+    float dl = ld_f16(b + 80) * (float)(s & 15);
+    float ml = ld_f16(b + 82) * (float)(s >> 4);
+    return dl * (float)((b[16 + 32 * n + 16 * half + l] >> shift) & 3) - ml;
+}
+__device__ __forceinline__ float deq_q3_k(const u8 *b, int e) {
+    int n = e / 128, r = e % 128, shift = 2 * (r / 32), half = (r % 32) / 16, l = r % 16;
+    int is = n * 8 + (r / 32) * 2 + half, i = 16 * half + l;
+    const u8 *s = b + 96;
+    int lo = is < 8 ? (s[is] & 15) : (s[is - 8] >> 4);
+    int hi = (s[8 + is % 4] >> (2 * (is / 4))) & 3;
+    float dl = ld_f16(b + 108) * (float)((lo | (hi << 4)) - 32);
+    int m = 1 << (4 * n + r / 32);
+    int v = ((b[32 + 32 * n + i] >> shift) & 3) - ((b[i] & m) ? 0 : 4);
+    return dl * (float)v;
+}
+__device__ __forceinline__ void scale_min_k4(int j, const u8 *q, int &sc, int &m) {
+    if (j < 4) {
+        sc = q[j] & 63; m = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+__device__ __forceinline__ float deq_q4_k(const u8 *b, int e) {
+    int j = e / 64, w = e % 64, l = w % 32, sc, m;
+    scale_min_k4(2 * j + w / 32, b + 4, sc, m);
+    float d1 = ld_f16(b) * (float)sc, m1 = ld_f16(b + 2) * (float)m;
+    int q = b[16 + 32 * j + l];
+    return d1 * (float)(w < 32 ? (q & 15) : (q >> 4)) - m1;
+}
+__device__ __forceinline__ float deq_q5_k(const u8 *b, int e) {
+    int j = e / 64, w = e % 64, l = w % 32, sc, m;
+    scale_min_k4(2 * j + w / 32, b + 4, sc, m);
+    float d1 = ld_f16(b) * (float)sc, m1 = ld_f16(b + 2) * (float)m;
+    int q = b[48 + 32 * j + l];
+    int u = (w < 32 ? 1 : 2) << (2 * j);
+    int h = (b[16 + l] & u) ? 16 : 0;
+    return d1 * (float)((w < 32 ? (q & 15) : (q >> 4)) + h) - m1;
+}
+__device__ __forceinline__ float deq_q6_k(const u8 *b, int e) {
+    int n = e / 128, r = e % 128, g = r / 32, l = r % 32;
+    int ql = b[64 * n + l + 32 * (g & 1)];
+    int qh = b[128 + 32 * n + l];
+    int q = (((g >= 2 ? ql >> 4 : ql) & 15) | (((qh >> (2 * g)) & 3) << 4)) - 32;
+    float sc = (float)(i8)b[192 + 8 * n + l / 16 + 2 * g];
+    return ld_f16(b + 208) * sc * (float)q;
+}
+__device__ __forceinline__ float deq_q8_k(const u8 *b, int e) { return ld_f32(b) * (float)(i8)b[4 + e]; }
+__device__ __forceinline__ float deq_f32(const u8 *b, int) { return ld_f32(b); }
+__device__ __forceinline__ float deq_f16(const u8 *b, int) { return ld_f16(b); }
+__device__ __forceinline__ float deq_bf16(const u8 *b, int) { return bf16_to_f32(ld_u16(b)); }
+
+#define EMBED(NAME, DEQ, BL, BYTES)                                                            \
+    extern "C" __global__ void embed_##NAME(const u8 *table, int table_rows, int cols,        \
+                                            const float *ids, int id_stride, int id0,         \
+                                            float *out) {                                      \
+        int c = blockIdx.x * 256 + threadIdx.x;                                                \
+        if (c >= cols) return;                                                                 \
+        int r = blockIdx.y;                                                                    \
+        float idf = ids[(size_t)(id0 + r) * id_stride];                                        \
+        float v = 0.0f;                                                                        \
+        if (idf >= 0.0f && idf < (float)table_rows) {                                          \
+            size_t row_bytes = (size_t)(cols / (BL)) * (BYTES);                                \
+            const u8 *b = table + (size_t)idf * row_bytes + (size_t)(c / (BL)) * (BYTES);     \
+            v = DEQ(b, c % (BL));                                                              \
+        }                                                                                      \
+        out[(size_t)r * cols + c] = v;                                                         \
+    }
+EMBED(F32, deq_f32, 1, 4)
+EMBED(F16, deq_f16, 1, 2)
+EMBED(BF16, deq_bf16, 1, 2)
+EMBED(Q4_0, deq_q4_0, 32, 18)
+EMBED(Q4_1, deq_q4_1, 32, 20)
+EMBED(Q5_0, deq_q5_0, 32, 22)
+EMBED(Q5_1, deq_q5_1, 32, 24)
+EMBED(Q8_0, deq_q8_0, 32, 34)
+EMBED(Q8_1, deq_q8_1, 32, 36)
+EMBED(Q2_K, deq_q2_k, 256, 84)
+EMBED(Q3_K, deq_q3_k, 256, 110)
+EMBED(Q4_K, deq_q4_k, 256, 144)
+EMBED(Q5_K, deq_q5_k, 256, 176)
+EMBED(Q6_K, deq_q6_k, 256, 210)
+EMBED(Q8_K, deq_q8_k, 256, 292)
