@@ -76,7 +76,7 @@ for phase in "${@:-setup bench tests more}"; do
         bench) bench_model qwen05 ;;
         tests)
             for t in "$W"/wgpu-test-*; do
-                step "$(basename "$t")" 120 "$t" --test-threads 8
+                step "$(basename "$t")" 90 "$t" --test-threads 8
             done
             ;;
         more)
