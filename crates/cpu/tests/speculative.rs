@@ -207,10 +207,14 @@ fn a_losing_draft_model_catches_up_on_bounded_windows_and_stays_identical() {
     let mut d = DraftModelDrafter::new(draft, dims.n_vocab, 256).unwrap();
     let (got, stats) = greedy_speculative(&target, &mut d, &prompt, n, PolicyConfig::default());
     assert_eq!(got, want, "catch-ups that skip tokens change nothing");
-    // The prompt once, then every gap on one window at most. (How often it
-    // speculates is not asserted: passes this small time as noise.)
+    // The first catch-up reads what is committed by then (up to one batch
+    // of 256: the prompt, or more when the policy first decodes plainly, as
+    // it does when timings are noisy), then every gap on one window at
+    // most. (How often it speculates is not asserted: passes this small
+    // time as noise.)
+    let first = (prompt.len() + n).min(256);
     assert!(
-        stats.caught_up <= prompt.len() + stats.rounds * CATCH_UP_WINDOW,
+        stats.caught_up <= first + stats.rounds * CATCH_UP_WINDOW,
         "{stats:?}"
     );
 }
