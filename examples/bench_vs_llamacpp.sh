@@ -9,6 +9,9 @@
 #            k rows, as a verify needs; llama-bench only for the last one.
 #   depth    tg64 after D tokens of context, for each D of DEPTHS
 #            (llama-bench -n 64 -d D; blockdraft bench --depth D).
+#   parallel aggregate tg64 of N sequences decoded together after 16-token
+#            prompts, for each N of PARALLEL (llama-batched-bench -npp 16
+#            -ntg 64 -npl N, its S_TG; blockdraft bench --parallel N).
 # Prints one table with medians and blockdraft/llama.cpp ratios, and the decode's
 # weight bytes per second against this machine's memory read bandwidth measured
 # beside it by `blockdraft bench`.
@@ -16,8 +19,10 @@
 # Usage: examples/bench_vs_llamacpp.sh [MODEL...]   (smollm2 qwen05 qwen15 gemma;
 #        default: smollm2 qwen05 qwen15)
 # Environment: LLAMA_BENCH (default: ../llama.cpp/build/bin/llama-bench beside
-#              the project), THREADS (default: "1 2"), REPS (default: 3),
-#              DEPTHS (default: "4096"; "" skips them, e.g. "4096 16384").
+#              the project; llama-batched-bench is looked for beside it),
+#              THREADS (default: "1 2"), REPS (default: 3),
+#              DEPTHS (default: "4096"; "" skips them, e.g. "4096 16384"),
+#              PARALLEL (default: "1 2 4 8"; "" skips them).
 # On a VM whose CPU lists AMX without enabling it, a GGML_NATIVE build of
 # llama.cpp dies with SIGILL in prompt passes: configure it with
 # -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
@@ -29,6 +34,8 @@ LLAMA_BENCH="${LLAMA_BENCH:-../llama.cpp/build/bin/llama-bench}"
 THREADS="${THREADS:-1 2}"
 REPS="${REPS:-3}"
 DEPTHS="${DEPTHS-4096}"
+PARALLEL="${PARALLEL-1 2 4 8}"
+LLAMA_BATCHED="$(dirname "$LLAMA_BENCH")/llama-batched-bench"
 KS="1,2,4,8,16"
 [ -x "$LLAMA_BENCH" ] || {
     echo "llama-bench not found at $LLAMA_BENCH (build llama.cpp beside the project or set LLAMA_BENCH)" >&2
@@ -58,13 +65,23 @@ for key in "${models[@]}"; do
             "$LLAMA_BENCH" -m "$m" -t "$t" -p 0 -n 64 -d "${DEPTHS// /,}" -r "$REPS" -o json \
                 >"$out/$key.$t.lld.json" 2>/dev/null
         fi
+        if [ -n "$PARALLEL" ]; then
+            "$bd" bench -m "$m" -t "$t" -p 0 -n 64 -r "$REPS" --verify-max 0 --parallel "${PARALLEL// /,}" \
+                --json >"$out/$key.$t.bdp.json"
+            # llama-batched-bench has no repetitions: REPS runs, medians taken below.
+            for _ in $(seq "$REPS"); do
+                "$LLAMA_BATCHED" -m "$m" -t "$t" -c 4096 -b 512 -ub 512 -npp 16 -ntg 64 \
+                    -npl "${PARALLEL// /,}" --output-format jsonl 2>/dev/null | grep '^{'
+            done >"$out/$key.$t.llp.jsonl"
+        fi
     done
 done
 
-python3 - "$out" "$KS" "$DEPTHS" "${models[@]}" <<'EOF'
+python3 - "$out" "$KS" "$DEPTHS" "$PARALLEL" "${models[@]}" <<'EOF'
 import json, statistics, sys
-out, ks, models = sys.argv[1], [int(k) for k in sys.argv[2].split(",")], sys.argv[4:]
+out, ks, models = sys.argv[1], [int(k) for k in sys.argv[2].split(",")], sys.argv[5:]
 depths = [int(d) for d in sys.argv[3].split()]
+parallel = [int(n) for n in sys.argv[4].split()]
 threads = sorted({int(f.split(".")[1]) for f in __import__("os").listdir(out)})
 
 def llama_tps(rows, n_prompt, n_gen, depth=0):
@@ -93,6 +110,12 @@ for key in models:
             lld = json.load(open(f"{out}/{key}.{t}.lld.json"))
             for d in depths:
                 rows.append((f"tg64 @{d}", bdd[d]["decode_tokens_per_second"], llama_tps(lld, 0, 64, d)))
+        if parallel:
+            bdp = {e["sequences"]: e for e in json.load(open(f"{out}/{key}.{t}.bdp.json"))["parallel"]}
+            llp = [json.loads(line) for line in open(f"{out}/{key}.{t}.llp.jsonl")]
+            for n in parallel:
+                ll_n = statistics.median(r["speed_tg"] for r in llp if r["pl"] == n)
+                rows.append((f"par {n} t/s", bdp[n]["decode_tokens_per_second"], ll_n))
         for name, a, b in rows:
             print(f"{key:8} {t:>3} {name:10} {a:11.2f} {b:10.2f} {a / b:6.2f}")
         gbs, read = bd["decode_gb_per_second"], bd["memory_read_gb_per_second"]
