@@ -143,7 +143,9 @@ fn sequences_stepped_together_give_the_tokens_of_each_alone() {
         )
     );
 
-    let mut engine = Engine::new(m.target.clone());
+    // Rounds among the batch: the two paths interleaved (the default
+    // speculates only alone; tested below).
+    let mut engine = Engine::new(m.target.clone()).with_rounds_among_batch();
     // The last one joins after a few steps, as a server's request would.
     let mut seqs: Vec<Sequence<'_, CpuBackend>> = kinds[..kinds.len() - 1]
         .iter()
@@ -185,6 +187,65 @@ fn sequences_stepped_together_give_the_tokens_of_each_alone() {
         passes > N / 2 && steps > 3 * passes,
         "plain steps are batched: {passes} passes carried {steps} steps"
     );
+}
+
+/// By default a sequence speculates only while it decodes alone: beside
+/// others, every sequence takes the batched plain step (the same tokens).
+#[test]
+fn sequences_speculate_only_while_decoding_alone() {
+    let m = models();
+    let n_vocab = m.target.config.n_vocab;
+    // DFlash drafting 4 every round, whatever it costs.
+    let drafting = |p: &[u32]| {
+        let n_ctx = p.len() + N + 16;
+        Sequence::new(
+            Held::owned(m.target.new_state(n_ctx, 16)),
+            p,
+            N,
+            Held::owned(Sampler::new(SamplingParams::greedy())),
+            |_| false,
+        )
+        .with_drafter(
+            Held::Owned(Box::new(DFlashDrafter::new(m.dflash.clone(), n_ctx, 16))),
+            Held::owned(DraftPolicy::new(PolicyConfig::fixed(4))),
+        )
+    };
+    let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(i, n_vocab)).collect();
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| alone(&m, sequence(&m, Kind::Greedy, p)))
+        .collect();
+    let mut engine = Engine::new(m.target.clone());
+    // The first decodes alone for a few steps, then two join it.
+    let mut seqs = vec![drafting(&prompts[0])];
+    let mut got: Vec<Vec<u32>> = vec![Vec::new(); 3];
+    let (mut rounds_together, mut rounds_alone) = (0, 0);
+    for step in 0.. {
+        if step == 4 {
+            seqs.push(drafting(&prompts[1]));
+            seqs.push(drafting(&prompts[2]));
+        }
+        if step > 4 && seqs.iter().all(Sequence::is_finished) {
+            break;
+        }
+        // Past their prefill (which emits the first token), not finished.
+        let decoding = (0..seqs.len())
+            .filter(|&i| !seqs[i].is_finished() && !got[i].is_empty())
+            .count();
+        assert!(step < 10 * N, "the sequences never finished");
+        for (i, event) in block_on(engine.step(&mut seqs)).unwrap() {
+            match event {
+                Event::Token(t) => got[i].push(t),
+                Event::Round(r) if r.drafted > 0 && decoding > 1 => rounds_together += 1,
+                Event::Round(r) if r.drafted > 0 => rounds_alone += 1,
+                Event::Failed(e) => panic!("sequence {i}: {e}"),
+                _ => {}
+            }
+        }
+    }
+    assert!(rounds_alone > 0, "rounds while the first decodes alone");
+    assert_eq!(rounds_together, 0, "no round while others decode beside it");
+    assert_eq!(got, want);
 }
 
 /// `SharedDrafter::from_gguf`, the one loader of the CLI, the server and

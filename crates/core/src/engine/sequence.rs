@@ -251,6 +251,19 @@ impl<'a, B: Backend> Sequence<'a, B> {
         k
     }
 
+    /// Plans this round plain, without asking the policy, unless it is
+    /// planned already.
+    pub(super) fn plan_plain(&mut self) {
+        if self.phase == Phase::Decode {
+            self.planned.get_or_insert(0);
+        }
+    }
+
+    /// Whether the prompt is in memory and tokens are being decoded.
+    pub(super) fn is_decoding(&self) -> bool {
+        self.phase == Phase::Decode
+    }
+
     /// Takes the plan of this round (planning it now if the engine did
     /// not), so that the next round asks the policy again.
     pub(super) fn take_plan(&mut self) -> usize {
