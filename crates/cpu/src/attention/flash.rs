@@ -296,6 +296,7 @@ fn merge_chunks(partials: &[f32], d: usize, out: &mut [f32]) {
 /// sum into its `d` elements of `acc` (each an f16 value), its `M` and `S`
 /// into `state`.
 fn flash_group(pass: KeyPass, acc: &mut [f32], state: &mut [Running]) {
+    #[cfg(target_arch = "x86_64")]
     let d = pass.q16.len() / state.len();
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::x86::has_avx512f() && d.is_multiple_of(16) {
