@@ -7,8 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.gpu
-rm -rf "$out"
 mkdir -p "$out"
+# Only this script's files: crates/wgpu/gpu-pack.sh packs beside them.
+rm -f "$out"/{compile,conformance,generation,blockdraft}{,.xz}
 
 # The test binaries' paths, from cargo's own report of what it built.
 cargo test --no-run --release -p blockdraft-cuda --message-format=json 2>/dev/null |
@@ -30,7 +31,7 @@ rm "$out/tests.txt"
 cargo build --release -p blockdraft-cli
 cp "${CARGO_TARGET_DIR:-target}/release/blockdraft" "$out/blockdraft"
 
-for f in "$out"/*; do
+for f in "$out"/{compile,conformance,generation,blockdraft}; do
     strip "$f"
     xz -9 -T1 "$f"
 done
