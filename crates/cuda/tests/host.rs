@@ -15,24 +15,9 @@ use std::io::Write;
 use std::path::Path;
 use std::process::Command;
 
-/// The order of the types in decode_check.cpp's table.
-const TYPES: [GgmlType; 15] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q8_1,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::Q8_K,
-];
+// The weight types the backends must read, in the order of
+// decode_check.cpp's table.
+use blockdraft_core::conformance::WEIGHT_TYPES as TYPES;
 
 /// Byte ranges of a block that hold its float scales (left alone, so that
 /// scrambling makes no NaN or infinite scale).
@@ -59,7 +44,7 @@ fn write_blocks(path: &Path) {
         state
     };
     let mut f = std::fs::File::create(path).expect("blocks file");
-    for (id, ty) in TYPES.into_iter().enumerate() {
+    for (id, &ty) in TYPES.iter().enumerate() {
         let blocks = 64;
         let (len, size) = (ty.block_len(), ty.block_bytes());
         let x: Vec<f32> = (0..blocks * len)
