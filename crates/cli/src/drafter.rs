@@ -3,11 +3,11 @@
 use crate::args::{f32_in, usize_in};
 use crate::load::{open_gguf, Loaded};
 use anyhow::{Context, Result};
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::model::ModelConfig;
 use blockdraft_core::sampling::Bounds;
 use blockdraft_core::speculative::{DFlashModel, PolicyConfig, SharedDrafter};
 use blockdraft_core::testing::{synthetic_dflash, SyntheticDFlash, SyntheticDims};
-use blockdraft_core::Backend;
 use blockdraft_gguf::{GgmlType, GgufFile};
 use std::sync::Arc;
 

@@ -1,10 +1,10 @@
 //! Opening a model file: GGUF, decoder on the chosen backend, tokenizer.
 
 use anyhow::{Context, Result};
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::backend::KvType;
 use blockdraft_core::model::Decoder;
 use blockdraft_core::tokenizer::Tokenizer;
-use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::GgufFile;
 use blockdraft_wgpu::WgpuBackend;

@@ -4,10 +4,10 @@
 //! an interrupted run resumes without touching finished shards, and a
 //! mismatched or damaged directory is refused with its reason.
 
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::backend::KvType;
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
 use blockdraft_core::testing::block_on;
-use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::GgufFile;
 use half::f16;

@@ -143,7 +143,7 @@ pub(crate) async fn next_token<B: Backend>(
     sampler.sample(&be.read(state.logits()).await, history)
 }
 
-/// [`Backend::penalize`] with `p`'s penalty, when it has one.
+/// [`crate::backend::SamplingOps::penalize`] with `p`'s penalty, when it has one.
 pub(crate) fn penalize<B: Backend>(
     be: &B,
     logits: &mut B::Tensor,

@@ -46,7 +46,7 @@ pub fn top_k(x: &[f32], cols: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
 }
 
 /// The repetition penalty on `cols`-wide rows of logits `x` (see
-/// `Backend::penalize`): row `r` for the last `last_n` tokens of
+/// `SamplingOps::penalize`): row `r` for the last `last_n` tokens of
 /// `history ++ batch[1..=r]`.
 pub fn penalize_rows(
     x: &mut [f32],
@@ -66,7 +66,7 @@ pub fn penalize_rows(
 }
 
 /// One seeded draw per `cols`-wide row of logits `x` (see
-/// `Backend::sample_to`): the picked ids as f32.
+/// `SamplingOps::sample_to`): the picked ids as f32.
 pub fn sample_rows(x: &[f32], cols: usize, p: &SamplingParams, counter: u64) -> Vec<f32> {
     if cols == 0 {
         return Vec::new();
@@ -106,7 +106,7 @@ pub fn add_slices(x: &[f32], w: &[f32], out: &mut [f32], d: usize) {
     }
 }
 
-/// DFlash2's selector walk (see `Backend::selector_walk`) over `n` rows of
+/// DFlash2's selector walk (see `DrafterOps::selector_walk`) over `n` rows of
 /// `k` candidates with rank `r`: the picked candidate ids of rows 1..n.
 #[allow(clippy::too_many_arguments)]
 pub fn selector_walk(

@@ -466,8 +466,8 @@ pub fn seeded_uniform(seed: u64, counter: u64) -> f32 {
 }
 
 /// Whether a device chooses tokens exactly as [`Sampler::sample`] does
-/// ([`crate::Backend::penalize`], then argmax or
-/// [`crate::Backend::sample_to`]): at temperature > 0 top-p only over a
+/// ([`crate::backend::SamplingOps::penalize`], then argmax or
+/// [`crate::backend::SamplingOps::sample_to`]): at temperature > 0 top-p only over a
 /// top-k (the nucleus needs the sorted candidates, which a device sorts
 /// only for a top-k), and without presence or frequency penalties (a
 /// device applies the repetition penalty only).
@@ -476,7 +476,7 @@ pub fn samples_on_device(p: &SamplingParams) -> bool {
 }
 
 /// Index among `values` (the candidates, in order) that seeded sampling
-/// draws with uniform `u` (see [`crate::Backend::sample_to`]): non-finite
+/// draws with uniform `u` (see [`crate::backend::SamplingOps::sample_to`]): non-finite
 /// values are dropped, then with `sorted` (a top-k, best first) top-p keeps
 /// the shortest prefix holding `top_p` of the mass at temperature 1, min-p
 /// keeps `p ≥ min_p · p_max`, and the draw is by inverse CDF over

@@ -15,11 +15,11 @@ mod libm;
 mod ops;
 
 use blockdraft_core::backend::{
-    AttentionMask, AttentionParams, Backend, BackendError, ConvParams, GatedActivation, KvType,
-    MemoryLimits, RopeParams, WeightSource,
+    AttentionMask, AttentionOps, AttentionParams, BackendError, ConvParams, Device, DrafterOps,
+    ElementwiseOps, GatedActivation, KvType, LinearOps, MemoryLimits, RopeParams, SamplingOps,
+    WeightSource,
 };
 use blockdraft_core::host_ops;
-use blockdraft_core::sampling::SamplingParams;
 use blockdraft_gguf::{GgmlType, TensorData};
 use half::{f16, slice::HalfFloatSliceExt};
 use kernels::{PackedWeight, WeightRef};
@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// A row-major f32 matrix, or an f16 one for a KV cache
-/// ([`Backend::kv_tensor`]).
+/// ([`blockdraft_core::backend::Device::kv_tensor`]).
 pub struct CpuTensor {
     data: Vec<f32>,
     /// The values of an f16 tensor; `data` is then empty.
@@ -109,8 +109,10 @@ pub struct CpuBackend {
     packed_bytes: AtomicUsize,
     /// Bytes of plain (unpacked) copies made so far.
     copied_bytes: AtomicUsize,
-    /// GGUF bytes of every weight loaded ([`Backend::weight_bytes_loaded`]).
+    /// GGUF bytes of every weight loaded ([`blockdraft_core::backend::Device::weight_bytes_loaded`]).
     loaded_bytes: AtomicU64,
+    /// The first error an op recorded ([`blockdraft_core::backend::Device::record_error`]).
+    error: OnceLock<BackendError>,
     /// At most this much memory for weights and states, whatever the host
     /// has (see [`Self::with_memory_budget`]).
     memory_budget: Option<u64>,
@@ -132,6 +134,7 @@ impl CpuBackend {
             packed_bytes: AtomicUsize::new(0),
             copied_bytes: AtomicUsize::new(0),
             loaded_bytes: AtomicU64::new(0),
+            error: OnceLock::new(),
             memory_budget: None,
         }
     }
@@ -228,7 +231,7 @@ impl CpuBackend {
     }
 }
 
-impl Backend for CpuBackend {
+impl Device for CpuBackend {
     type Tensor = CpuTensor;
     type Weight = CpuWeight;
 
@@ -365,68 +368,42 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn embed(&self, table: &CpuWeight, ids: &[u32], out: &mut CpuTensor) {
-        let row_bytes = table
-            .ty
-            .bytes_for(table.cols as u64)
-            .expect("checked at load") as usize;
-        for (r, &id) in ids.iter().enumerate() {
-            let start = id as usize * row_bytes;
-            let dst = &mut out.data[r * table.cols..(r + 1) * table.cols];
-            blockdraft_gguf::quants::dequantize(
-                table.ty,
-                &table.data[start..start + row_bytes],
-                dst,
-            )
-            .expect("row size checked at load");
-        }
-    }
-
-    fn matmul(&self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) {
-        debug_assert_eq!(x.cols, w.cols);
-        debug_assert_eq!((out.rows, out.cols), (x.rows, w.rows));
-        let mut matrix = w.matrix();
-        if self.simd && self.packing {
-            let resident = w.resident.get_or_init(|| {
-                let r = self.make_resident(w);
-                if r.is_some() {
-                    w.data.release_pages();
-                }
-                r
-            });
-            // llama.cpp's batch order (its gemm, for whole groups of 4 rows)
-            // for Q4_K exists in the ggml layout only.
-            let gemm_rows = self.llamacpp_batches && x.rows >= 4;
-            match resident {
-                Some(Resident::Packed(p)) if !gemm_rows || p.matches_llamacpp_batches() => {
-                    return kernels::matmul_packed(&self.pool, p, x.as_slice(), out.as_mut_slice());
-                }
-                Some(Resident::Copied(copy)) => matrix.data = copy.as_slice(),
-                _ => {}
-            }
-        }
-        let kernel = if self.simd {
-            kernels::best_kernel(w.ty)
+    fn read_blocking(&self, t: &CpuTensor) -> Result<Vec<f32>, BackendError> {
+        Ok(if t.is_f16() {
+            t.half[..t.rows * t.cols]
+                .iter()
+                .map(|h| h.to_f32())
+                .collect()
         } else {
-            kernels::scalar_kernel(w.ty)
-        };
-        kernels::matmul_with(
-            &self.pool,
-            &matrix,
-            x.as_slice(),
-            out.as_mut_slice(),
-            kernel,
-            self.llamacpp_batches,
-        );
+            t.as_slice().to_vec()
+        })
     }
 
-    fn add_bias(&self, x: &mut CpuTensor, bias: &CpuWeight) {
-        let cols = x.cols;
-        for row in x.as_mut_slice().chunks_exact_mut(cols) {
-            kernels::axpy_f32(row, 1.0, &bias.dense);
+    fn record_error(&self, e: BackendError) {
+        let _ = self.error.set(e);
+    }
+
+    fn device_error(&self) -> Option<BackendError> {
+        self.error.get().cloned()
+    }
+
+    fn host_memory(&self) -> bool {
+        true
+    }
+
+    fn memory_limits(&self) -> MemoryLimits {
+        let available = match (host_memory_available(), self.memory_budget) {
+            (Some(host), Some(budget)) => Some(host.min(budget)),
+            (host, budget) => host.or(budget),
+        };
+        MemoryLimits {
+            available,
+            max_tensor: Some(isize::MAX as u64),
         }
     }
+}
 
+impl ElementwiseOps for CpuBackend {
     fn rms_norm(
         &self,
         x: &CpuTensor,
@@ -502,6 +479,84 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn softcap(&self, x: &mut CpuTensor, cap: f32) {
+        host_ops::softcap(x.as_mut_slice(), cap);
+    }
+}
+
+impl LinearOps for CpuBackend {
+    fn embed(&self, table: &CpuWeight, ids: &[u32], out: &mut CpuTensor) {
+        let row_bytes = table
+            .ty
+            .bytes_for(table.cols as u64)
+            .expect("checked at load") as usize;
+        for (r, &id) in ids.iter().enumerate() {
+            let start = id as usize * row_bytes;
+            let dst = &mut out.data[r * table.cols..(r + 1) * table.cols];
+            blockdraft_gguf::quants::dequantize(
+                table.ty,
+                &table.data[start..start + row_bytes],
+                dst,
+            )
+            .expect("row size checked at load");
+        }
+    }
+
+    fn matmul(&self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) {
+        debug_assert_eq!(x.cols, w.cols);
+        debug_assert_eq!((out.rows, out.cols), (x.rows, w.rows));
+        let mut matrix = w.matrix();
+        if self.simd && self.packing {
+            let resident = w.resident.get_or_init(|| {
+                let r = self.make_resident(w);
+                if r.is_some() {
+                    w.data.release_pages();
+                }
+                r
+            });
+            // llama.cpp's batch order (its gemm, for whole groups of 4 rows)
+            // for Q4_K exists in the ggml layout only.
+            let gemm_rows = self.llamacpp_batches && x.rows >= 4;
+            match resident {
+                Some(Resident::Packed(p)) if !gemm_rows || p.matches_llamacpp_batches() => {
+                    return kernels::matmul_packed(&self.pool, p, x.as_slice(), out.as_mut_slice());
+                }
+                Some(Resident::Copied(copy)) => matrix.data = copy.as_slice(),
+                _ => {}
+            }
+        }
+        let kernel = if self.simd {
+            kernels::best_kernel(w.ty)
+        } else {
+            kernels::scalar_kernel(w.ty)
+        };
+        kernels::matmul_with(
+            &self.pool,
+            &matrix,
+            x.as_slice(),
+            out.as_mut_slice(),
+            kernel,
+            self.llamacpp_batches,
+        );
+    }
+
+    fn add_bias(&self, x: &mut CpuTensor, bias: &CpuWeight) {
+        let cols = x.cols;
+        for row in x.as_mut_slice().chunks_exact_mut(cols) {
+            kernels::axpy_f32(row, 1.0, &bias.dense);
+        }
+    }
+
+    fn embed_from(&self, table: &CpuWeight, ids: &CpuTensor, row0: usize, out: &mut CpuTensor) {
+        assert!(row0 + out.rows <= ids.rows, "embed_from shapes");
+        let ids: Vec<u32> = (row0..row0 + out.rows)
+            .map(|r| ids.data[r * ids.cols] as u32)
+            .collect();
+        self.embed(table, &ids, out);
+    }
+}
+
+impl AttentionOps for CpuBackend {
     fn attention(
         &self,
         q: &CpuTensor,
@@ -522,7 +577,27 @@ impl Backend for CpuBackend {
             _ => panic!("attention: keys and values of different types"),
         }
     }
+}
 
+impl SamplingOps for CpuBackend {
+    async fn argmax(&self, x: &CpuTensor) -> Vec<u32> {
+        self.before_readback().await;
+        row_argmax(x)
+    }
+
+    fn argmax_to(&self, x: &CpuTensor, out: &mut CpuTensor, row: usize, col: usize) {
+        assert!(
+            row + x.rows <= out.rows && col < out.cols,
+            "argmax_to out of bounds"
+        );
+        let cols = out.cols;
+        for (r, id) in row_argmax(x).into_iter().enumerate() {
+            out.data[(row + r) * cols + col] = id as f32;
+        }
+    }
+}
+
+impl DrafterOps for CpuBackend {
     fn grouped_conv(
         &self,
         x: &CpuTensor,
@@ -548,148 +623,6 @@ impl Backend for CpuBackend {
             p,
             out.as_mut_slice(),
         );
-    }
-
-    fn host_memory(&self) -> bool {
-        true
-    }
-
-    fn memory_limits(&self) -> MemoryLimits {
-        let available = match (host_memory_available(), self.memory_budget) {
-            (Some(host), Some(budget)) => Some(host.min(budget)),
-            (host, budget) => host.or(budget),
-        };
-        MemoryLimits {
-            available,
-            max_tensor: Some(isize::MAX as u64),
-        }
-    }
-
-    fn softcap(&self, x: &mut CpuTensor, cap: f32) {
-        host_ops::softcap(x.as_mut_slice(), cap);
-    }
-
-    fn top_k(&self, x: &CpuTensor, k: usize, values: &mut CpuTensor, ids: &mut CpuTensor) {
-        let (n, cols) = (x.rows, x.cols);
-        assert!(
-            k <= cols && (values.rows, values.cols) == (n, k) && (ids.rows, ids.cols) == (n, k),
-            "top_k shapes"
-        );
-        let (v, i) = host_ops::top_k(x.as_slice(), cols, k);
-        values.as_mut_slice().copy_from_slice(&v);
-        ids.as_mut_slice().copy_from_slice(&i);
-    }
-
-    fn penalize(
-        &self,
-        x: &mut CpuTensor,
-        history: &[u32],
-        batch: Option<(&CpuTensor, usize)>,
-        penalty: f32,
-        last_n: usize,
-    ) {
-        assert!(
-            batch.is_some() || x.rows <= 1,
-            "penalize: several rows need their batch"
-        );
-        let ids: Vec<u32> = batch.map_or_else(Vec::new, |(b, col)| {
-            assert!(col < b.cols && b.rows >= x.rows, "penalize batch shape");
-            (0..x.rows)
-                .map(|r| b.data[r * b.cols + col] as u32)
-                .collect()
-        });
-        let cols = x.cols;
-        host_ops::penalize_rows(x.as_mut_slice(), cols, history, &ids, penalty, last_n);
-    }
-
-    fn sample_to(
-        &self,
-        x: &CpuTensor,
-        p: &SamplingParams,
-        counter: u64,
-        out: &mut CpuTensor,
-        row: usize,
-        col: usize,
-    ) {
-        assert!(
-            row + x.rows <= out.rows && col < out.cols,
-            "sample_to out of bounds"
-        );
-        let cols = out.cols;
-        let picks = host_ops::sample_rows(x.as_slice(), x.cols, p, counter);
-        for (r, id) in picks.into_iter().enumerate() {
-            out.data[(row + r) * cols + col] = id;
-        }
-    }
-
-    fn add_slices(&self, x: &CpuTensor, w: &[f32], out: &mut CpuTensor) {
-        assert!(
-            x.rows == out.rows && x.cols == w.len() * out.cols,
-            "add_slices shapes"
-        );
-        let d = out.cols;
-        host_ops::add_slices(x.as_slice(), w, out.as_mut_slice(), d);
-    }
-
-    fn selector_walk(
-        &self,
-        gates: &CpuTensor,
-        pred: &CpuTensor,
-        succ: &CpuTensor,
-        unary: &CpuTensor,
-        cand: &CpuTensor,
-        out: &mut CpuTensor,
-        col: usize,
-    ) {
-        let ((n, r), k) = ((gates.rows, gates.cols), unary.cols);
-        let shape = |t: &CpuTensor| (t.rows, t.cols);
-        assert!(
-            shape(pred) == (n * k, r)
-                && shape(succ) == (n * k, r)
-                && shape(unary) == (n, k)
-                && shape(cand) == (n, k)
-                && n <= out.rows
-                && col < out.cols,
-            "selector_walk shapes"
-        );
-        let walk = host_ops::selector_walk(
-            gates.as_slice(),
-            pred.as_slice(),
-            succ.as_slice(),
-            unary.as_slice(),
-            cand.as_slice(),
-            n,
-            k,
-            r,
-        );
-        let cols = out.cols;
-        for (i, id) in walk.into_iter().enumerate() {
-            out.data[(1 + i) * cols + col] = id;
-        }
-    }
-
-    async fn argmax(&self, x: &CpuTensor) -> Vec<u32> {
-        self.before_readback().await;
-        row_argmax(x)
-    }
-
-    fn argmax_to(&self, x: &CpuTensor, out: &mut CpuTensor, row: usize, col: usize) {
-        assert!(
-            row + x.rows <= out.rows && col < out.cols,
-            "argmax_to out of bounds"
-        );
-        let cols = out.cols;
-        for (r, id) in row_argmax(x).into_iter().enumerate() {
-            out.data[(row + r) * cols + col] = id as f32;
-        }
-    }
-
-    fn embed_from(&self, table: &CpuWeight, ids: &CpuTensor, row0: usize, out: &mut CpuTensor) {
-        assert!(row0 + out.rows <= ids.rows, "embed_from shapes");
-        let ids: Vec<u32> = (row0..row0 + out.rows)
-            .map(|r| ids.data[r * ids.cols] as u32)
-            .collect();
-        self.embed(table, &ids, out);
     }
 }
 
@@ -723,6 +656,50 @@ fn host_memory_available() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The CPU runs the traits' host compositions of sampling and the
+    /// selector walk: a shape mismatch there is an error the backend
+    /// reports, not a panic, and the first one stays.
+    #[test]
+    fn host_compositions_record_shape_errors() {
+        let be = CpuBackend::new(1);
+        let x = be.tensor(2, 8);
+        let (mut values, mut ids) = (be.tensor(2, 3), be.tensor(1, 3));
+        be.top_k(&x, 3, &mut values, &mut ids);
+        let e = be.device_error().expect("a recorded error").to_string();
+        assert!(e.starts_with("top_k: tensor shapes do not agree"), "{e}");
+        let mut out = be.tensor(1, 1);
+        be.sample_to(
+            &x,
+            &blockdraft_core::sampling::SamplingParams::default(),
+            0,
+            &mut out,
+            0,
+            0,
+        );
+        let e = be.device_error().unwrap().to_string();
+        assert!(e.starts_with("top_k"), "the first error stays: {e}");
+    }
+
+    #[test]
+    fn host_compositions_match_their_references() {
+        let be = CpuBackend::new(1);
+        let data: Vec<f32> = (0..16).map(|i| ((i * 7) % 16) as f32).collect();
+        let mut x = be.tensor(2, 8);
+        be.write(&mut x, &data);
+        let (mut values, mut ids) = (be.tensor(2, 3), be.tensor(2, 3));
+        be.top_k(&x, 3, &mut values, &mut ids);
+        let (want_v, want_i) = host_ops::top_k(&data, 8, 3);
+        assert_eq!(be.read_blocking(&values).unwrap(), want_v);
+        assert_eq!(be.read_blocking(&ids).unwrap(), want_i);
+        let mut penalized = data.clone();
+        host_ops::penalize_rows(&mut penalized[..8], 8, &[1, 2], &[], 1.5, 64);
+        let mut row = be.tensor(1, 8);
+        be.write(&mut row, &data[..8]);
+        be.penalize(&mut row, &[1, 2], None, 1.5, 64);
+        assert_eq!(be.read_blocking(&row).unwrap(), penalized[..8]);
+        assert!(be.device_error().is_none());
+    }
 
     #[test]
     fn the_name_counts_threads_and_memory_is_known_on_linux() {

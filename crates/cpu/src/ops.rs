@@ -140,7 +140,7 @@ fn gelu_f16_table(x: f32) -> f32 {
     f16::from_f32(y).to_f32()
 }
 
-/// Grouped dynamic depthwise convolution (see `Backend::grouped_conv`);
+/// Grouped dynamic depthwise convolution (see `DrafterOps::grouped_conv`);
 /// `base` is `2T x cols`, `dynamic` has `2T · cols/group` columns.
 pub fn grouped_conv(
     x: &[f32],

@@ -4,9 +4,10 @@
 //! window included), with sequences of different lengths and parts of
 //! different sizes; malformed batches are typed errors.
 
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
 use blockdraft_core::testing::{block_on, synthetic_decoder, SyntheticDims};
-use blockdraft_core::{Backend, ModelError};
+use blockdraft_core::ModelError;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::GgufFile;
 use std::sync::Arc;

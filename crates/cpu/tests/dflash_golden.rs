@@ -9,12 +9,12 @@ mod common;
 use blockdraft_core::testing::block_on;
 use common::{fixture_file, flat, ids, rel_err};
 
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
 use blockdraft_core::sampling::{argmax, Sampler, SamplingParams};
 use blockdraft_core::speculative::{
     generate_speculative, DFlashDrafter, DraftPolicy, PolicyConfig,
 };
-use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
 use std::sync::Arc;
 

@@ -6,6 +6,7 @@
 
 mod common;
 
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
 use blockdraft_core::sampling::argmax;
 use blockdraft_core::speculative::{DFlashDrafter, PolicyConfig};
@@ -14,7 +15,6 @@ use blockdraft_core::testing::{
     greedy_plain, greedy_speculative, synthetic_decoder, synthetic_dfly, SyntheticDFlash,
     SyntheticDims, SyntheticModel,
 };
-use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile, GgufWriter};
 use std::sync::Arc;

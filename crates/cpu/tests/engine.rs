@@ -4,6 +4,7 @@
 //! greedy and sampled decoding and for every drafter kind; every sequence
 //! shares the models' weights, and making one uploads none.
 
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::engine::{Engine, Event, Held, Sequence};
 use blockdraft_core::model::{Decoder, LogitRows};
 use blockdraft_core::sampling::{Sampler, SamplingParams, TokenLogprobs};
@@ -14,7 +15,6 @@ use blockdraft_core::speculative::{
 use blockdraft_core::testing::{
     block_on, synthetic_decoder, synthetic_dflash, SyntheticDFlash, SyntheticDims,
 };
-use blockdraft_core::Backend;
 use blockdraft_core::ModelError;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile};

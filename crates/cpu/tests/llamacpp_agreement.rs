@@ -36,11 +36,11 @@ mod common;
 use blockdraft_core::testing::block_on;
 use common::ids;
 
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::backend::KvType;
 use blockdraft_core::generate::generate;
 use blockdraft_core::model::{Decoder, LogitRows};
 use blockdraft_core::sampling::{argmax, Sampler, SamplingParams};
-use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::GgufFile;
 use std::sync::Arc;

@@ -5,9 +5,9 @@
 //! them, for a prompt pass and for verify-shaped passes of several rows.
 
 mod common;
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::model::{Decoder, LogitRows};
 use blockdraft_core::testing::block_on;
-use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::GgufFile;
 use std::sync::Arc;

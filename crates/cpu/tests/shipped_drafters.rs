@@ -6,11 +6,11 @@
 
 mod common;
 
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::model::Decoder;
 use blockdraft_core::sampling::argmax;
 use blockdraft_core::speculative::DFlashDrafter;
 use blockdraft_core::testing::block_on;
-use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::GgufFile;
 use common::{flat, ids};

@@ -669,10 +669,9 @@ fn speculative_sampling_gives_plain_sampling_tokens_for_every_seed() {
     let dist_after = |ctx: &[u32]| {
         let mut state = target.new_state(80, 8);
         blockdraft_core::generate::prefill(&target, &mut state, ctx).unwrap();
-        Sampler::new(params.clone()).distribution(&block_on(blockdraft_core::Backend::read(
-            &*be,
-            state.logits(),
-        )))
+        Sampler::new(params.clone()).distribution(&block_on(
+            blockdraft_core::backend::Device::read(&*be, state.logits()),
+        ))
     };
     let mut exact = std::collections::HashMap::new();
     for &(t1, p1) in &dist_after(&prompt).candidates {

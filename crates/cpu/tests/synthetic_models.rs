@@ -3,10 +3,10 @@
 //! the published model definitions (no Qwen3 weights exist in any registry
 //! reachable here, so this is how the Qwen3 path is tested).
 
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
 use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{synthetic_decoder, SyntheticDims};
-use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgufFile, GgufWriter};
 use std::collections::HashMap;

@@ -1,4 +1,6 @@
-//! Native CUDA backend: the [`Backend`] trait on NVIDIA GPUs through cudarc.
+//! Native CUDA backend: the backend traits ([`blockdraft_core::Backend`])
+//! on NVIDIA GPUs through cudarc. Sampling and the DFlash2 selector walk
+//! are the traits' host compositions (a readback per call).
 //!
 //! Issue 23 names this crate `native/cuda`; like every crate of the
 //! repository it lives under `crates/` (`crates/cuda`). Nothing CUDA is
@@ -31,11 +33,10 @@
 pub mod compile;
 
 use blockdraft_core::backend::{
-    AttentionMask, AttentionParams, Backend, BackendError, ConvParams, GatedActivation, KvType,
-    MemoryLimits, RopeParams, RopeStyle, WeightSource,
+    AttentionMask, AttentionOps, AttentionParams, BackendError, ConvParams, Device, DrafterOps,
+    ElementwiseOps, GatedActivation, KvType, LinearOps, MemoryLimits, RopeParams, RopeStyle,
+    SamplingOps, WeightSource,
 };
-use blockdraft_core::host_ops;
-use blockdraft_core::sampling::SamplingParams;
 use blockdraft_gguf::GgmlType;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
@@ -84,7 +85,7 @@ enum Buf {
 }
 
 /// A row-major matrix on the device. `buf` is `None` when its allocation
-/// failed (the error is the backend's [`Backend::device_error`]).
+/// failed (the error is the backend's [`blockdraft_core::backend::Device::device_error`]).
 pub struct CudaTensor {
     buf: Option<Buf>,
     rows: usize,
@@ -649,20 +650,9 @@ impl CudaBackend {
         unsafe { b.launch(flat(n)) }.map_err(driver(name))?;
         Ok(())
     }
-
-    /// A host round trip: `f` gets the values of `x` and returns new ones.
-    fn on_host(
-        &self,
-        x: &mut CudaTensor,
-        f: impl FnOnce(&mut Vec<f32>) -> Result<(), CudaError>,
-    ) -> Result<(), CudaError> {
-        let mut v = self.download(x)?;
-        f(&mut v)?;
-        self.upload(x, &v)
-    }
 }
 
-impl Backend for CudaBackend {
+impl Device for CudaBackend {
     type Tensor = CudaTensor;
     type Weight = CudaWeight;
 
@@ -795,55 +785,40 @@ impl Backend for CudaBackend {
         out
     }
 
-    fn embed(&self, table: &CudaWeight, ids: &[u32], out: &mut CudaTensor) {
-        self.run(|| {
-            shape_unless(ids.len() == out.rows, || {
-                format!("embed: {} ids into {} rows", ids.len(), out.rows)
-            })?;
-            if ids.is_empty() {
-                return Ok(());
-            }
-            // f32 ids, as argmax_to leaves them on the device: exact below 2^24.
-            if let Some(&big) = ids.iter().find(|&&id| id as usize >= table.rows) {
-                return Err(CudaError::Shape(format!(
-                    "embed: id {big} beyond the table's {} rows",
-                    table.rows
-                )));
-            }
-            let idf: Vec<f32> = ids.iter().map(|&i| i as f32).collect();
-            let dev = self
-                .stream
-                .clone_htod(&idf)
-                .map_err(driver("uploading ids"))?;
-            self.embed_rows(table, &dev, 1, 0, out)
-        });
+    fn read_blocking(&self, t: &CudaTensor) -> Result<Vec<f32>, BackendError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the context"))
+            .and_then(|_| self.download(t))
+            .map_err(|e| BackendError::Device(e.to_string()))
     }
 
-    fn matmul(&self, w: &CudaWeight, x: &CudaTensor, out: &mut CudaTensor) {
-        self.run(|| self.matmul_impl(w, x, out));
+    fn record_error(&self, e: BackendError) {
+        if let Ok(mut slot) = self.error.lock() {
+            slot.get_or_insert(e.to_string());
+        }
     }
 
-    fn add_bias(&self, x: &mut CudaTensor, bias: &CudaWeight) {
-        self.run(|| {
-            let dense = bias
-                .dense
-                .as_ref()
-                .ok_or_else(|| CudaError::Shape("add_bias: the bias is not 1-D".into()))?;
-            shape_unless(bias.cols == x.cols, || {
-                format!("add_bias: {} values for {} columns", bias.cols, x.cols)
-            })?;
-            let (n, cols) = (x.len(), x.cols);
-            let (n_i, cols_i) = (int(n, "values")?, int(cols, "cols")?);
-            let f = self.function("add_bias")?;
-            let xs = x.f32_mut()?;
-            let mut b = self.stream.launch_builder(f);
-            b.arg(xs).arg(dense).arg(&cols_i).arg(&n_i);
-            // SAFETY: (float*, const float*, int, int).
-            unsafe { b.launch(flat(n)) }.map_err(driver("add_bias"))?;
-            Ok(())
-        });
+    fn device_error(&self) -> Option<BackendError> {
+        let slot = self.error.lock().ok()?;
+        slot.as_ref().map(|e| BackendError::Device(e.clone()))
     }
 
+    fn memory_limits(&self) -> MemoryLimits {
+        let free = self
+            .ctx
+            .bind_to_thread()
+            .ok()
+            .and_then(|_| self.ctx.mem_get_info().ok())
+            .map(|(free, _)| free as u64);
+        MemoryLimits {
+            available: free,
+            max_tensor: None,
+        }
+    }
+}
+
+impl ElementwiseOps for CudaBackend {
     fn rms_norm(
         &self,
         x: &CudaTensor,
@@ -1043,6 +1018,71 @@ impl Backend for CudaBackend {
         });
     }
 
+    fn softcap(&self, x: &mut CudaTensor, cap: f32) {
+        self.run(|| self.unary("softcap", x, cap));
+    }
+}
+
+impl LinearOps for CudaBackend {
+    fn embed(&self, table: &CudaWeight, ids: &[u32], out: &mut CudaTensor) {
+        self.run(|| {
+            shape_unless(ids.len() == out.rows, || {
+                format!("embed: {} ids into {} rows", ids.len(), out.rows)
+            })?;
+            if ids.is_empty() {
+                return Ok(());
+            }
+            // f32 ids, as argmax_to leaves them on the device: exact below 2^24.
+            if let Some(&big) = ids.iter().find(|&&id| id as usize >= table.rows) {
+                return Err(CudaError::Shape(format!(
+                    "embed: id {big} beyond the table's {} rows",
+                    table.rows
+                )));
+            }
+            let idf: Vec<f32> = ids.iter().map(|&i| i as f32).collect();
+            let dev = self
+                .stream
+                .clone_htod(&idf)
+                .map_err(driver("uploading ids"))?;
+            self.embed_rows(table, &dev, 1, 0, out)
+        });
+    }
+
+    fn matmul(&self, w: &CudaWeight, x: &CudaTensor, out: &mut CudaTensor) {
+        self.run(|| self.matmul_impl(w, x, out));
+    }
+
+    fn add_bias(&self, x: &mut CudaTensor, bias: &CudaWeight) {
+        self.run(|| {
+            let dense = bias
+                .dense
+                .as_ref()
+                .ok_or_else(|| CudaError::Shape("add_bias: the bias is not 1-D".into()))?;
+            shape_unless(bias.cols == x.cols, || {
+                format!("add_bias: {} values for {} columns", bias.cols, x.cols)
+            })?;
+            let (n, cols) = (x.len(), x.cols);
+            let (n_i, cols_i) = (int(n, "values")?, int(cols, "cols")?);
+            let f = self.function("add_bias")?;
+            let xs = x.f32_mut()?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(xs).arg(dense).arg(&cols_i).arg(&n_i);
+            // SAFETY: (float*, const float*, int, int).
+            unsafe { b.launch(flat(n)) }.map_err(driver("add_bias"))?;
+            Ok(())
+        });
+    }
+
+    fn embed_from(&self, table: &CudaWeight, ids: &CudaTensor, row0: usize, out: &mut CudaTensor) {
+        self.run(|| {
+            shape_unless(row0 + out.rows <= ids.rows, || "embed_from shapes".into())?;
+            let stride = ids.cols;
+            self.embed_rows(table, ids.f32()?, stride, row0, out)
+        });
+    }
+}
+
+impl AttentionOps for CudaBackend {
     fn attention(
         &self,
         q: &CudaTensor,
@@ -1127,7 +1167,46 @@ impl Backend for CudaBackend {
             Ok(())
         });
     }
+}
 
+impl SamplingOps for CudaBackend {
+    fn argmax_to(&self, x: &CudaTensor, out: &mut CudaTensor, row: usize, col: usize) {
+        self.run(|| {
+            shape_unless(row + x.rows <= out.rows && col < out.cols, || {
+                "argmax_to out of bounds".into()
+            })?;
+            if x.rows == 0 {
+                return Ok(());
+            }
+            let (cols, out_cols, row_i, col_i) = (
+                int(x.cols, "cols")?,
+                int(out.cols, "cols")?,
+                int(row, "row")?,
+                int(col, "col")?,
+            );
+            let f = self.function("argmax_rows")?;
+            let cfg = LaunchConfig {
+                grid_dim: (x.rows as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let xs = x.f32()?;
+            let os = out.f32_mut()?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(xs)
+                .arg(&cols)
+                .arg(os)
+                .arg(&out_cols)
+                .arg(&row_i)
+                .arg(&col_i);
+            // SAFETY: arguments as `argmax_rows` takes them; bounds checked.
+            unsafe { b.launch(cfg) }.map_err(driver("argmax"))?;
+            Ok(())
+        });
+    }
+}
+
+impl DrafterOps for CudaBackend {
     fn grouped_conv(
         &self,
         x: &CudaTensor,
@@ -1178,105 +1257,6 @@ impl Backend for CudaBackend {
         });
     }
 
-    async fn argmax(&self, x: &CudaTensor) -> Vec<u32> {
-        let mut ids = self.tensor(x.rows, 1);
-        self.argmax_to(x, &mut ids, 0, 0);
-        self.read(&ids)
-            .await
-            .into_iter()
-            .map(|v| v as u32)
-            .collect()
-    }
-
-    fn device_error(&self) -> Option<BackendError> {
-        let slot = self.error.lock().ok()?;
-        slot.as_ref().map(|e| BackendError::Device(e.clone()))
-    }
-
-    fn memory_limits(&self) -> MemoryLimits {
-        let free = self
-            .ctx
-            .bind_to_thread()
-            .ok()
-            .and_then(|_| self.ctx.mem_get_info().ok())
-            .map(|(free, _)| free as u64);
-        MemoryLimits {
-            available: free,
-            max_tensor: None,
-        }
-    }
-
-    fn softcap(&self, x: &mut CudaTensor, cap: f32) {
-        self.run(|| self.unary("softcap", x, cap));
-    }
-
-    fn top_k(&self, x: &CudaTensor, k: usize, values: &mut CudaTensor, ids: &mut CudaTensor) {
-        self.run(|| {
-            let (n, cols) = (x.rows, x.cols);
-            shape_unless(
-                k <= cols && (values.rows, values.cols) == (n, k) && (ids.rows, ids.cols) == (n, k),
-                || "top_k shapes".into(),
-            )?;
-            let (v, i) = host_ops::top_k(&self.download(x)?, cols, k);
-            self.upload(values, &v)?;
-            self.upload(ids, &i)
-        });
-    }
-
-    fn penalize(
-        &self,
-        x: &mut CudaTensor,
-        history: &[u32],
-        batch: Option<(&CudaTensor, usize)>,
-        penalty: f32,
-        last_n: usize,
-    ) {
-        self.run(|| {
-            shape_unless(batch.is_some() || x.rows <= 1, || {
-                "penalize: several rows need their batch".into()
-            })?;
-            let ids: Vec<u32> = match batch {
-                Some((b, col)) => {
-                    shape_unless(col < b.cols && b.rows >= x.rows, || {
-                        "penalize batch shape".into()
-                    })?;
-                    let all = self.download(b)?;
-                    (0..x.rows).map(|r| all[r * b.cols + col] as u32).collect()
-                }
-                None => Vec::new(),
-            };
-            let cols = x.cols;
-            self.on_host(x, |v| {
-                host_ops::penalize_rows(v, cols, history, &ids, penalty, last_n);
-                Ok(())
-            })
-        });
-    }
-
-    fn sample_to(
-        &self,
-        x: &CudaTensor,
-        p: &SamplingParams,
-        counter: u64,
-        out: &mut CudaTensor,
-        row: usize,
-        col: usize,
-    ) {
-        self.run(|| {
-            shape_unless(row + x.rows <= out.rows && col < out.cols, || {
-                "sample_to out of bounds".into()
-            })?;
-            let picks = host_ops::sample_rows(&self.download(x)?, x.cols, p, counter);
-            let cols = out.cols;
-            self.on_host(out, |v| {
-                for (r, id) in picks.into_iter().enumerate() {
-                    v[(row + r) * cols + col] = id;
-                }
-                Ok(())
-            })
-        });
-    }
-
     fn add_slices(&self, x: &CudaTensor, w: &[f32], out: &mut CudaTensor) {
         self.run(|| {
             shape_unless(x.rows == out.rows && x.cols == w.len() * out.cols, || {
@@ -1304,91 +1284,6 @@ impl Backend for CudaBackend {
             // SAFETY: arguments as `add_slices` takes them; shapes checked.
             unsafe { b.launch(flat(n)) }.map_err(driver("add_slices"))?;
             Ok(())
-        });
-    }
-
-    fn selector_walk(
-        &self,
-        gates: &CudaTensor,
-        pred: &CudaTensor,
-        succ: &CudaTensor,
-        unary: &CudaTensor,
-        cand: &CudaTensor,
-        out: &mut CudaTensor,
-        col: usize,
-    ) {
-        self.run(|| {
-            let ((n, r), k) = ((gates.rows, gates.cols), unary.cols);
-            let shape = |t: &CudaTensor| (t.rows, t.cols);
-            shape_unless(
-                shape(pred) == (n * k, r)
-                    && shape(succ) == (n * k, r)
-                    && shape(unary) == (n, k)
-                    && shape(cand) == (n, k)
-                    && n <= out.rows
-                    && col < out.cols,
-                || "selector_walk shapes".into(),
-            )?;
-            let walk = host_ops::selector_walk(
-                &self.download(gates)?,
-                &self.download(pred)?,
-                &self.download(succ)?,
-                &self.download(unary)?,
-                &self.download(cand)?,
-                n,
-                k,
-                r,
-            );
-            let cols = out.cols;
-            self.on_host(out, |v| {
-                for (i, id) in walk.into_iter().enumerate() {
-                    v[(1 + i) * cols + col] = id;
-                }
-                Ok(())
-            })
-        });
-    }
-
-    fn argmax_to(&self, x: &CudaTensor, out: &mut CudaTensor, row: usize, col: usize) {
-        self.run(|| {
-            shape_unless(row + x.rows <= out.rows && col < out.cols, || {
-                "argmax_to out of bounds".into()
-            })?;
-            if x.rows == 0 {
-                return Ok(());
-            }
-            let (cols, out_cols, row_i, col_i) = (
-                int(x.cols, "cols")?,
-                int(out.cols, "cols")?,
-                int(row, "row")?,
-                int(col, "col")?,
-            );
-            let f = self.function("argmax_rows")?;
-            let cfg = LaunchConfig {
-                grid_dim: (x.rows as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let xs = x.f32()?;
-            let os = out.f32_mut()?;
-            let mut b = self.stream.launch_builder(f);
-            b.arg(xs)
-                .arg(&cols)
-                .arg(os)
-                .arg(&out_cols)
-                .arg(&row_i)
-                .arg(&col_i);
-            // SAFETY: arguments as `argmax_rows` takes them; bounds checked.
-            unsafe { b.launch(cfg) }.map_err(driver("argmax"))?;
-            Ok(())
-        });
-    }
-
-    fn embed_from(&self, table: &CudaWeight, ids: &CudaTensor, row0: usize, out: &mut CudaTensor) {
-        self.run(|| {
-            shape_unless(row0 + out.rows <= ids.rows, || "embed_from shapes".into())?;
-            let stride = ids.cols;
-            self.embed_rows(table, ids.f32()?, stride, row0, out)
         });
     }
 }

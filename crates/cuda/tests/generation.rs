@@ -6,6 +6,7 @@
 
 mod common;
 
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::model::{Decoder, LogitRows};
 use blockdraft_core::sampling::SamplingParams;
 use blockdraft_core::speculative::{
@@ -16,7 +17,6 @@ use blockdraft_core::testing::{
     synthetic_decoder, synthetic_dflash, synthetic_dflash2, synthetic_dfly, synthetic_dspark,
     SyntheticDFlash, SyntheticDFlash2, SyntheticDSpark, SyntheticDims,
 };
-use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_cuda::CudaBackend;
 use blockdraft_gguf::{GgmlType, GgufFile};

@@ -13,11 +13,11 @@ mod http;
 mod metrics;
 mod worker;
 
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::chat_template::ChatTemplate;
 use blockdraft_core::model::Decoder;
 use blockdraft_core::speculative::{PolicyConfig, SharedDrafter};
 use blockdraft_core::tokenizer::Tokenizer;
-use blockdraft_core::Backend;
 use std::sync::Arc;
 use std::time::Duration;
 

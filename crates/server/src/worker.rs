@@ -5,13 +5,13 @@
 
 use crate::api::GenRequest;
 use crate::metrics::Metrics;
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::engine::{Engine, Event, Held, Sequence};
 use blockdraft_core::generate::{StopReason, TextStream};
 use blockdraft_core::model::Decoder;
 use blockdraft_core::sampling::Sampler;
 use blockdraft_core::speculative::{DraftPolicy, PolicyConfig, SharedDrafter, SpecStats};
 use blockdraft_core::tokenizer::Tokenizer;
-use blockdraft_core::Backend;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;

@@ -4,6 +4,7 @@
 
 use crate::error::{ApiError, Code};
 use crate::request::{Prompt, Request, DEFAULT_MAX_TOKENS};
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::backend::KvType;
 use blockdraft_core::chat_template::{ChatTemplate, TemplateError};
 use blockdraft_core::generate::{ends_in_a_loop, generate, StopReason, TextStream};
@@ -13,7 +14,6 @@ use blockdraft_core::speculative::{
     generate_speculative, DraftPolicy, PolicyConfig, SharedDrafter,
 };
 use blockdraft_core::tokenizer::Tokenizer;
-use blockdraft_core::Backend;
 use blockdraft_gguf::GgufFile;
 use serde::Serialize;
 use std::sync::Arc;

@@ -8,6 +8,7 @@
 //! `wasm-bindgen-test-runner` and chromedriver (flags in webdriver.json).
 #![cfg(target_arch = "wasm32")]
 
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::model::{Decoder, ModelConfig, StreamingLoad};
 use blockdraft_core::sampling::SamplingParams;
 use blockdraft_core::speculative::{DFlashDrafter, DFlashModel, PolicyConfig};
@@ -15,7 +16,7 @@ use blockdraft_core::testing::{
     greedy_plain_async, greedy_speculative_async, plain_in_state, synthetic_decoder,
     synthetic_dflash, SyntheticDFlash, SyntheticDims,
 };
-use blockdraft_core::{Backend, ModelError};
+use blockdraft_core::ModelError;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile};
 use blockdraft_wgpu::{Gpu, WgpuBackend};

@@ -6,7 +6,8 @@
 //! cargo run --release -p blockdraft-wgpu --example kernel_bench [-- TYPES NS ROWSxCOLS]
 //! e.g. `-- F16,Q8_0,Q4_K 1,8 2048x2048` (these are the defaults).
 
-use blockdraft_core::backend::{Backend, WeightSource};
+use blockdraft_core::backend::prelude::*;
+use blockdraft_core::backend::WeightSource;
 use blockdraft_gguf::{quants, GgmlType, TensorData};
 use blockdraft_wgpu::{Gpu, Tuning, WgpuBackend};
 use std::time::{Duration, Instant};

@@ -175,7 +175,7 @@ impl Gpu {
         // wgpu's default handler panics at the faulty call. Neither a page
         // nor a CLI may die: the first error is kept, and generation turns
         // it into a typed error at its next readback
-        // (`Backend::device_error`).
+        // (`Device::device_error`).
         let first = errors.clone();
         device.on_uncaptured_error(std::sync::Arc::new(move |e| {
             first.record(describe_error(&e))

@@ -1,5 +1,6 @@
-//! WebGPU backend: the [`Backend`] trait on wgpu, with WGSL kernels from
-//! `shaders/` (one op family per file). The same crate runs natively
+//! WebGPU backend: the backend traits ([`blockdraft_core::Backend`]) on
+//! wgpu, with WGSL kernels from `shaders/` (one op family per file), one
+//! impl block per op family. The same crate runs natively
 //! (Vulkan, Metal, DX12, or a software Vulkan such as Mesa's lavapipe) and
 //! in the browser.
 //!
@@ -33,9 +34,12 @@ use weights::IdsLayout;
 pub use weights::WgpuWeight;
 
 use blockdraft_core::backend::{
-    AttentionMask, AttentionParams, Backend, BackendError, CommandCounts, ConvParams,
-    GatedActivation, KernelTiming, KvType, Projection, RopeParams, RopeStyle, WeightSource,
+    self, AttentionMask, AttentionOps, AttentionParams, BackendError, CommandCounts, ConvParams,
+    DrafterOps, ElementwiseOps, GatedActivation, KernelTiming, KvType, LinearOps, Projection,
+    RopeParams, RopeStyle, SamplingOps, WeightSource,
 };
+// The trait's methods, without its name (wgpu has a `Device` of its own).
+use blockdraft_core::backend::Device as _;
 use blockdraft_core::sampling::SamplingParams;
 use half::f16;
 use recorder::{Binding, Device, Retired};
@@ -51,7 +55,7 @@ pub struct WgpuTensor {
     rows: usize,
     cols: usize,
     capacity: usize,
-    /// f32, or f16 two to a u32 (a KV cache, [`Backend::kv_tensor`]).
+    /// f32, or f16 two to a u32 (a KV cache, [`blockdraft_core::backend::Device::kv_tensor`]).
     ty: KvType,
     retired: Retired,
 }
@@ -92,7 +96,7 @@ pub struct WgpuBackend {
     /// leave it (the kernel is told where in it to start), so their bind
     /// groups do not change per token.
     rope_tables: Mutex<HashMap<(u32, usize), RopeTable>>,
-    /// GGUF bytes of every weight uploaded ([`Backend::weight_bytes_loaded`]).
+    /// GGUF bytes of every weight uploaded ([`blockdraft_core::backend::Device::weight_bytes_loaded`]).
     loaded_bytes: AtomicU64,
 }
 
@@ -371,7 +375,7 @@ impl WgpuBackend {
     }
 }
 
-impl Backend for WgpuBackend {
+impl backend::Device for WgpuBackend {
     type Tensor = WgpuTensor;
     type Weight = WgpuWeight;
 
@@ -393,6 +397,10 @@ impl Backend for WgpuBackend {
     fn take_kernel_timings(&self) -> Option<Vec<KernelTiming>> {
         let profiler = self.dev.profiler.as_ref()?;
         Some(profiler.lock().unwrap().take())
+    }
+
+    fn record_error(&self, e: BackendError) {
+        self.dev.errors.record(e.to_string());
     }
 
     fn device_error(&self) -> Option<BackendError> {
@@ -479,83 +487,9 @@ impl Backend for WgpuBackend {
             bytemuck::pod_collect_to_vec(&bytes)
         }
     }
+}
 
-    fn embed(&self, table: &WgpuWeight, ids: &[u32], out: &mut WgpuTensor) {
-        assert_eq!(out.len(), ids.len() * table.cols(), "embed: output shape");
-        let ids_buf = self.ids_buffer(ids.len());
-        self.dev.upload(&ids_buf, 0, bytemuck::cast_slice(ids));
-        let layout = IdsLayout {
-            f32_values: false,
-            stride: 1,
-            row0: 0,
-        };
-        let ids_binding = Binding::head(&ids_buf, ids.len() as u64 * 4);
-        table.embed(&self.dev, ids_binding, layout, ids.len(), out.binding());
-    }
-
-    fn embed_from(&self, table: &WgpuWeight, ids: &WgpuTensor, row0: usize, out: &mut WgpuTensor) {
-        assert!(
-            row0 + out.rows <= ids.rows && out.cols == table.cols(),
-            "embed_from shapes"
-        );
-        let layout = IdsLayout {
-            f32_values: true,
-            stride: ids.cols,
-            row0,
-        };
-        table.embed(&self.dev, ids.binding(), layout, out.rows, out.binding());
-    }
-
-    fn matmul(&self, w: &WgpuWeight, x: &WgpuTensor, out: &mut WgpuTensor) {
-        self.project(w, x, out, Epilogue::Store, &mut None);
-    }
-
-    fn matmul_many(&self, x: &WgpuTensor, projections: &mut [Projection<'_, Self>]) {
-        // One quantization of `x` serves every weight type that reads the
-        // same kind (Q4_K and Q6_K both read Q8_K blocks).
-        let mut quantized = None;
-        for p in projections {
-            let epilogue = p.bias.map_or(Epilogue::Store, Epilogue::Bias);
-            self.project(p.weight, x, p.out, epilogue, &mut quantized);
-        }
-    }
-
-    fn gated_projection(
-        &self,
-        act: GatedActivation,
-        x: &WgpuTensor,
-        w_gate: &WgpuWeight,
-        w_up: &WgpuWeight,
-        gate: &mut WgpuTensor,
-        _up: &mut WgpuTensor,
-        out: &mut WgpuTensor,
-    ) {
-        let mut quantized = None;
-        self.project(w_gate, x, gate, Epilogue::Store, &mut quantized);
-        let epilogue = Epilogue::Gated(act, gate.binding());
-        self.project(w_up, x, out, epilogue, &mut quantized);
-    }
-
-    fn matmul_accumulate(
-        &self,
-        w: &WgpuWeight,
-        x: &WgpuTensor,
-        acc: &mut WgpuTensor,
-        _scratch: &mut WgpuTensor,
-    ) {
-        self.project(w, x, acc, Epilogue::Accumulate, &mut None);
-    }
-
-    fn add_bias(&self, x: &mut WgpuTensor, bias: &WgpuWeight) {
-        let params = [u(x.len()), u(x.cols), 0, 0];
-        self.dev.dispatch(
-            kernel("elementwise.wgsl", "add_bias"),
-            &params,
-            &[x.binding(), bias.dense_binding()],
-            grid(x.len(), 256),
-        );
-    }
-
+impl ElementwiseOps for WgpuBackend {
     fn rms_norm(
         &self,
         x: &WgpuTensor,
@@ -646,50 +580,6 @@ impl Backend for WgpuBackend {
         );
     }
 
-    fn append_kv(
-        &self,
-        k: &WgpuTensor,
-        v: &WgpuTensor,
-        k_cache: &mut WgpuTensor,
-        v_cache: &mut WgpuTensor,
-        row: usize,
-        n: usize,
-    ) {
-        let alike = k.cols == v.cols
-            && k_cache.cols == v_cache.cols
-            && k_cache.ty == v_cache.ty
-            && k_cache.rows == v_cache.rows
-            && !k.is_f16()
-            && !v.is_f16();
-        if !alike || n == 0 {
-            self.copy_rows(k, 0, k_cache, row, 0, n);
-            self.copy_rows(v, 0, v_cache, row, 0, n);
-            return;
-        }
-        assert!(
-            k.cols <= k_cache.cols && row + n <= k_cache.rows && n <= k.rows && n <= v.rows,
-            "append_kv out of bounds"
-        );
-        let params = [u(n), u(k.cols), 0, u(k_cache.cols), u(row), 0, 0, 0];
-        let (append, per_invocation) = if k_cache.is_f16() {
-            assert!(k.cols % 2 == 0, "append_kv into f16: odd width");
-            (kernel("copy_f16.wgsl", "append_kv_to_f16"), 2)
-        } else {
-            (kernel("copy.wgsl", "append_kv"), 1)
-        };
-        self.dev.dispatch(
-            append,
-            &params,
-            &[
-                k.binding(),
-                k_cache.binding(),
-                v.binding(),
-                v_cache.binding(),
-            ],
-            grid(n * k.cols / per_invocation, 256),
-        );
-    }
-
     fn gated(
         &self,
         act: GatedActivation,
@@ -772,6 +662,134 @@ impl Backend for WgpuBackend {
         );
     }
 
+    fn softcap(&self, x: &mut WgpuTensor, cap: f32) {
+        self.elementwise("softcap", x, None, x.len(), x.cols, cap);
+    }
+}
+
+impl LinearOps for WgpuBackend {
+    fn embed(&self, table: &WgpuWeight, ids: &[u32], out: &mut WgpuTensor) {
+        assert_eq!(out.len(), ids.len() * table.cols(), "embed: output shape");
+        let ids_buf = self.ids_buffer(ids.len());
+        self.dev.upload(&ids_buf, 0, bytemuck::cast_slice(ids));
+        let layout = IdsLayout {
+            f32_values: false,
+            stride: 1,
+            row0: 0,
+        };
+        let ids_binding = Binding::head(&ids_buf, ids.len() as u64 * 4);
+        table.embed(&self.dev, ids_binding, layout, ids.len(), out.binding());
+    }
+
+    fn embed_from(&self, table: &WgpuWeight, ids: &WgpuTensor, row0: usize, out: &mut WgpuTensor) {
+        assert!(
+            row0 + out.rows <= ids.rows && out.cols == table.cols(),
+            "embed_from shapes"
+        );
+        let layout = IdsLayout {
+            f32_values: true,
+            stride: ids.cols,
+            row0,
+        };
+        table.embed(&self.dev, ids.binding(), layout, out.rows, out.binding());
+    }
+
+    fn matmul(&self, w: &WgpuWeight, x: &WgpuTensor, out: &mut WgpuTensor) {
+        self.project(w, x, out, Epilogue::Store, &mut None);
+    }
+
+    fn matmul_many(&self, x: &WgpuTensor, projections: &mut [Projection<'_, Self>]) {
+        // One quantization of `x` serves every weight type that reads the
+        // same kind (Q4_K and Q6_K both read Q8_K blocks).
+        let mut quantized = None;
+        for p in projections {
+            let epilogue = p.bias.map_or(Epilogue::Store, Epilogue::Bias);
+            self.project(p.weight, x, p.out, epilogue, &mut quantized);
+        }
+    }
+
+    fn gated_projection(
+        &self,
+        act: GatedActivation,
+        x: &WgpuTensor,
+        w_gate: &WgpuWeight,
+        w_up: &WgpuWeight,
+        gate: &mut WgpuTensor,
+        _up: &mut WgpuTensor,
+        out: &mut WgpuTensor,
+    ) {
+        let mut quantized = None;
+        self.project(w_gate, x, gate, Epilogue::Store, &mut quantized);
+        let epilogue = Epilogue::Gated(act, gate.binding());
+        self.project(w_up, x, out, epilogue, &mut quantized);
+    }
+
+    fn matmul_accumulate(
+        &self,
+        w: &WgpuWeight,
+        x: &WgpuTensor,
+        acc: &mut WgpuTensor,
+        _scratch: &mut WgpuTensor,
+    ) {
+        self.project(w, x, acc, Epilogue::Accumulate, &mut None);
+    }
+
+    fn add_bias(&self, x: &mut WgpuTensor, bias: &WgpuWeight) {
+        let params = [u(x.len()), u(x.cols), 0, 0];
+        self.dev.dispatch(
+            kernel("elementwise.wgsl", "add_bias"),
+            &params,
+            &[x.binding(), bias.dense_binding()],
+            grid(x.len(), 256),
+        );
+    }
+}
+
+impl AttentionOps for WgpuBackend {
+    fn append_kv(
+        &self,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        k_cache: &mut WgpuTensor,
+        v_cache: &mut WgpuTensor,
+        row: usize,
+        n: usize,
+    ) {
+        let alike = k.cols == v.cols
+            && k_cache.cols == v_cache.cols
+            && k_cache.ty == v_cache.ty
+            && k_cache.rows == v_cache.rows
+            && !k.is_f16()
+            && !v.is_f16();
+        if !alike || n == 0 {
+            self.copy_rows(k, 0, k_cache, row, 0, n);
+            self.copy_rows(v, 0, v_cache, row, 0, n);
+            return;
+        }
+        assert!(
+            k.cols <= k_cache.cols && row + n <= k_cache.rows && n <= k.rows && n <= v.rows,
+            "append_kv out of bounds"
+        );
+        let params = [u(n), u(k.cols), 0, u(k_cache.cols), u(row), 0, 0, 0];
+        let (append, per_invocation) = if k_cache.is_f16() {
+            assert!(k.cols % 2 == 0, "append_kv into f16: odd width");
+            (kernel("copy_f16.wgsl", "append_kv_to_f16"), 2)
+        } else {
+            (kernel("copy.wgsl", "append_kv"), 1)
+        };
+        self.dev.dispatch(
+            append,
+            &params,
+            &[
+                k.binding(),
+                k_cache.binding(),
+                v.binding(),
+                v_cache.binding(),
+            ],
+            grid(n * k.cols / per_invocation, 256),
+        );
+    }
+
     fn attention(
         &self,
         q: &WgpuTensor,
@@ -817,47 +835,9 @@ impl Backend for WgpuBackend {
             grid(q.rows * p.n_head, 1),
         );
     }
+}
 
-    fn grouped_conv(
-        &self,
-        x: &WgpuTensor,
-        base: &WgpuTensor,
-        dynamic: &WgpuTensor,
-        p: ConvParams,
-        out: &mut WgpuTensor,
-    ) {
-        assert!(
-            base.rows == 2 * p.taps
-                && base.cols == x.cols
-                && x.cols % p.group == 0
-                && dynamic.rows == x.rows
-                && dynamic.cols == 2 * p.taps * (x.cols / p.group)
-                && (out.rows, out.cols) == (x.rows, x.cols),
-            "grouped_conv shapes"
-        );
-        let params = [
-            u(x.rows),
-            u(x.cols),
-            u(p.taps),
-            u(p.group),
-            u(p.side),
-            0,
-            0,
-            0,
-        ];
-        self.dev.dispatch(
-            kernel("conv.wgsl", "grouped_conv"),
-            &params,
-            &[
-                x.binding(),
-                base.binding(),
-                dynamic.binding(),
-                out.binding(),
-            ],
-            grid(x.len(), 256),
-        );
-    }
-
+impl SamplingOps for WgpuBackend {
     async fn argmax(&self, x: &WgpuTensor) -> Vec<u32> {
         if x.rows == 0 {
             return Vec::new();
@@ -871,10 +851,6 @@ impl Backend for WgpuBackend {
         );
         let bytes = self.dev.read_bytes(&ids, 0, x.rows as u64 * 4).await;
         bytemuck::pod_collect_to_vec(&bytes)
-    }
-
-    fn softcap(&self, x: &mut WgpuTensor, cap: f32) {
-        self.elementwise("softcap", x, None, x.len(), x.cols, cap);
     }
 
     fn top_k(&self, x: &WgpuTensor, k: usize, values: &mut WgpuTensor, ids: &mut WgpuTensor) {
@@ -988,6 +964,64 @@ impl Backend for WgpuBackend {
         );
     }
 
+    fn argmax_to(&self, x: &WgpuTensor, out: &mut WgpuTensor, row: usize, col: usize) {
+        assert!(
+            row + x.rows <= out.rows && col < out.cols,
+            "argmax_to out of bounds"
+        );
+        if x.rows == 0 {
+            return;
+        }
+        self.dev.dispatch(
+            kernel("argmax.wgsl", "argmax"),
+            &[u(x.rows), u(x.cols), 1, u(row), u(col), u(out.cols), 0, 0],
+            &[x.binding(), out.binding()],
+            grid(x.rows, 1),
+        );
+    }
+}
+
+impl DrafterOps for WgpuBackend {
+    fn grouped_conv(
+        &self,
+        x: &WgpuTensor,
+        base: &WgpuTensor,
+        dynamic: &WgpuTensor,
+        p: ConvParams,
+        out: &mut WgpuTensor,
+    ) {
+        assert!(
+            base.rows == 2 * p.taps
+                && base.cols == x.cols
+                && x.cols % p.group == 0
+                && dynamic.rows == x.rows
+                && dynamic.cols == 2 * p.taps * (x.cols / p.group)
+                && (out.rows, out.cols) == (x.rows, x.cols),
+            "grouped_conv shapes"
+        );
+        let params = [
+            u(x.rows),
+            u(x.cols),
+            u(p.taps),
+            u(p.group),
+            u(p.side),
+            0,
+            0,
+            0,
+        ];
+        self.dev.dispatch(
+            kernel("conv.wgsl", "grouped_conv"),
+            &params,
+            &[
+                x.binding(),
+                base.binding(),
+                dynamic.binding(),
+                out.binding(),
+            ],
+            grid(x.len(), 256),
+        );
+    }
+
     fn add_slices(&self, x: &WgpuTensor, w: &[f32], out: &mut WgpuTensor) {
         assert!(
             x.rows == out.rows && x.cols == w.len() * out.cols,
@@ -1051,22 +1085,6 @@ impl Backend for WgpuBackend {
                 out.binding(),
             ],
             [1, 1, 1],
-        );
-    }
-
-    fn argmax_to(&self, x: &WgpuTensor, out: &mut WgpuTensor, row: usize, col: usize) {
-        assert!(
-            row + x.rows <= out.rows && col < out.cols,
-            "argmax_to out of bounds"
-        );
-        if x.rows == 0 {
-            return;
-        }
-        self.dev.dispatch(
-            kernel("argmax.wgsl", "argmax"),
-            &[u(x.rows), u(x.cols), 1, u(row), u(col), u(out.cols), 0, 0],
-            &[x.binding(), out.binding()],
-            grid(x.rows, 1),
         );
     }
 }

@@ -5,7 +5,8 @@
 
 use crate::recorder::Binding;
 use crate::weights::{quantize_activations, ActLayout, ActQuant};
-use crate::{Backend, WgpuBackend};
+use crate::WgpuBackend;
+use blockdraft_core::backend::prelude::*;
 
 fn round_f16(x: f32) -> f32 {
     half::f16::from_f32(x).to_f32()

@@ -3,6 +3,7 @@
 //! speculative decoding with every drafter kind is identical to plain
 //! decoding; and the counters show what crosses the host/device boundary.
 
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
 use blockdraft_core::sampling::SamplingParams;
 use blockdraft_core::speculative::{
@@ -14,7 +15,6 @@ use blockdraft_core::testing::{
     synthetic_decoder, synthetic_dflash, synthetic_dflash2, synthetic_dfly, synthetic_dspark,
     SyntheticDFlash, SyntheticDFlash2, SyntheticDSpark, SyntheticDims,
 };
-use blockdraft_core::Backend;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile};
 use blockdraft_wgpu::WgpuBackend;

@@ -18,11 +18,11 @@
 //! Qwen2.5-Coder-0.5B against llama.cpp's default configuration (f16
 //! cache, flash attention), as the CPU test does for every model.
 
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::backend::KvType;
 use blockdraft_core::model::{Decoder, LogitRows};
 use blockdraft_core::sampling::argmax;
 use blockdraft_core::testing::{block_on, real_model};
-use blockdraft_core::Backend;
 use blockdraft_gguf::GgufFile;
 use blockdraft_wgpu::WgpuBackend;
 use std::path::PathBuf;

@@ -3,6 +3,7 @@
 //! still agree with the CPU backend, and a matmul costs one quantize
 //! dispatch plus one per part.
 
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::backend::{Backend, WeightSource};
 use blockdraft_core::sampling::Rng;
 use blockdraft_core::testing::block_on;

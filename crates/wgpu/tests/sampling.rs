@@ -2,8 +2,8 @@
 //! distribution (chi-square over many counters on a small vocabulary) and
 //! are reproducible from the seed.
 
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::sampling::{Sampler, SamplingParams};
-use blockdraft_core::Backend;
 use blockdraft_wgpu::WgpuBackend;
 
 /// Draws of `rows` rows of the same logits, counters 0.., as token ids.

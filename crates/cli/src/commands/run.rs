@@ -5,12 +5,12 @@ use crate::args::{at_least, f32_in, usize_in};
 use crate::drafter::DraftArgs;
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use anyhow::{bail, Context, Result};
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::chat_template::ContentTokens;
 use blockdraft_core::generate::{ends_in_a_loop, generate, TextStream};
 use blockdraft_core::sampling::limits;
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{generate_speculative, DraftPolicy, SharedDrafter};
-use blockdraft_core::Backend;
 use blockdraft_core::ModelError;
 use serde_json::json;
 

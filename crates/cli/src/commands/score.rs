@@ -3,8 +3,8 @@
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::model::LogitRows;
-use blockdraft_core::Backend;
 use serde_json::json;
 
 #[derive(clap::Args)]

@@ -5,8 +5,8 @@ use crate::args::at_least;
 use crate::drafter::DraftArgs;
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use anyhow::{Context, Result};
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::chat_template::ChatTemplate;
-use blockdraft_core::Backend;
 use blockdraft_server::{Model, Options};
 use std::time::Duration;
 

@@ -319,7 +319,7 @@ impl<B: Backend> Decoder<B> {
 
     /// [`Self::forward`] of `n` tokens whose ids are on the device, in
     /// column 0 of rows `row0..row0 + n` of `ids` (as
-    /// [`Backend::argmax_to`] writes them): drafted tokens are verified
+    /// [`crate::backend::SamplingOps::argmax_to`] writes them): drafted tokens are verified
     /// without a readback.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_device(

@@ -9,8 +9,8 @@ use super::forward_capturing;
 use super::shard::Sequence;
 use crate::load::Loaded;
 use anyhow::Result;
+use blockdraft_core::backend::prelude::*;
 use blockdraft_core::model::{BatchState, DecoderState, LogitRows, Taps};
-use blockdraft_core::Backend;
 use half::f16;
 
 /// A sequence being generated.
