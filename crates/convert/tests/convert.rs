@@ -394,7 +394,7 @@ fn dflash2_equals_the_directly_written_gguf() {
     assert_eq!(md.get_u32("dflash.selector_rank").unwrap(), 8);
     assert_eq!(md.get_u32("dflash.selector_top_k").unwrap(), 2);
     let d = DFlashDrafter::load(&converted, &t.dec, 64, 16).unwrap();
-    assert!(d.config().v2.is_some());
+    assert!(d.config().variant.dflash2().is_some());
     assert_eq!(block_logits(&t, &converted), block_logits(&t, &direct));
 }
 
@@ -769,7 +769,10 @@ fn golden_round_trip(gguf: &str, json_file: &str, v2_fields: Option<Value>) {
     let tfile = GgufFile::open(fixtures.join("target-qwen3.gguf")).unwrap();
     let target = Decoder::load(&tfile, Arc::new(CpuBackend::new(1)), &mut |_| {}).unwrap();
     let mut d = DFlashDrafter::load(&converted, &target, 64, 16).unwrap();
-    assert_eq!(d.config().v2.is_some(), json_file.contains("v2"));
+    assert_eq!(
+        d.config().variant.dflash2().is_some(),
+        json_file.contains("v2")
+    );
     let be = &*target.backend;
     let mut taps = Taps::new(be, &target.config, &d.config().target_layers, 16).unwrap();
     let mut state = target.new_state(64, 16);

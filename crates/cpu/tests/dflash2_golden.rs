@@ -30,7 +30,12 @@ fn dflash2_matches_the_pytorch_reference() {
     let prompt = ids(&g["prompt_ids"]);
 
     let mut drafter = DFlashDrafter::load(&dfile, &target, 64, 16).unwrap();
-    let v2 = drafter.config().v2.clone().expect("detected as DFlash2");
+    let v2 = drafter
+        .config()
+        .variant
+        .dflash2()
+        .cloned()
+        .expect("detected as DFlash2");
     assert_eq!(
         (
             v2.conv_kernel_size,

@@ -212,7 +212,7 @@ fn dfly_loading_rejects_broken_exports() {
     let (t, _) = synthetic_target();
     let load = |bytes: Vec<u8>| {
         DFlashDrafter::load(&GgufFile::from_bytes(bytes).unwrap(), &t.dec, 64, 16)
-            .map(|d| d.config().dfly.clone().unwrap().hidden_correction)
+            .map(|d| d.config().variant.dfly().unwrap().hidden_correction)
             .map_err(|e| e.to_string())
     };
     let s = SyntheticDFlash::small(48, vec![1, 4, 7], GgmlType::F32);

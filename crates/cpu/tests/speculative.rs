@@ -325,7 +325,7 @@ fn dflash2_greedy_is_identical_to_plain_on_smollm2_with_full_and_reduced_heads()
     for (drafter_file, prompt) in files.iter().zip(prompts(t.dec.config.n_vocab).iter()) {
         let want = greedy_plain(&t.dec, prompt, 16);
         let mut d = DFlashDrafter::load(drafter_file, &t.dec, prompt.len() + 64, 32).unwrap();
-        assert!(d.config().v2.is_some());
+        assert!(d.config().variant.dflash2().is_some());
         let reduced = std::ptr::eq(drafter_file, &files[1]);
         assert_eq!(
             d.config().d2t.as_ref().map(Vec::len),

@@ -14,7 +14,8 @@ pub use crate::engine::generate_speculative;
 pub use policy::{DraftPolicy, PolicyConfig, MAX_DRAFT};
 pub use proposer::{error_rate_for_tau, ForcedDrafter};
 pub use proposer::{
-    DFlash2Config, DFlashConfig, DFlashDrafter, DFlashModel, Draft, DraftModelDrafter, Drafter,
-    Lattice, NgramDrafter, OracleDrafter, SharedDrafter, CATCH_UP_WINDOW,
+    DFlash2Config, DFlashConfig, DFlashDrafter, DFlashModel, DFlashVariant, Draft,
+    DraftModelDrafter, Drafter, Lattice, NgramDrafter, OracleDrafter, SharedDrafter,
+    CATCH_UP_WINDOW,
 };
 pub use stats::{RoundStats, SpecStats};

@@ -20,6 +20,11 @@
 //! the anchor row itself predicts (see [`super::dspark`]). A `d2t` tensor
 //! (v1, DFlash2, DSpark) gives the drafter its own narrower head whose rows
 //! map to target ids.
+//!
+//! A file is one [`DFlashVariant`], decided once from its tensors; the
+//! shared weights and each sequence's scratch hold that variant's parts
+//! only (`VariantWeights`, `VariantScratch`), so two variants' parts never
+//! meet and every variant-specific step is one `match`.
 
 use super::dflash2::{
     ConvHook, ConvScratch, Convs, DFlash2Config, DeviceSelector, DeviceSelectorScratch, Lattice,
@@ -48,14 +53,60 @@ pub struct DFlashConfig {
     pub mask_token: u32,
     /// Block rows attend causally (off for DFlash).
     pub causal: bool,
-    /// Present for DFlash2 drafters.
-    pub v2: Option<DFlash2Config>,
-    /// Present for DFly drafters.
-    pub dfly: Option<DFlyConfig>,
-    /// Present for DSpark drafters.
-    pub dspark: Option<DSparkConfig>,
+    /// The variant, with what it adds to DFlash v1.
+    pub variant: DFlashVariant,
     /// Reduced vocabulary: draft head row → target token id.
     pub d2t: Option<Vec<u32>>,
+}
+
+/// The DFlash-family variants; each adds to v1's context and block paths.
+/// The tensors decide which one a file is, once, in [`DFlashConfig::from_gguf`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum DFlashVariant {
+    /// DFlash v1: the shared context and one non-causal block pass.
+    V1,
+    /// Convolutions in the block path and a candidate selector
+    /// (tensor `selector_hidden.weight`).
+    DFlash2(DFlash2Config),
+    /// Per-layer contexts and an optional predecessor correction (tensor
+    /// `layer_fusion`).
+    DFly(DFlyConfig),
+    /// A Markov bias from the previous token and an optional confidence
+    /// stop (tensor `markov_w1.weight`).
+    DSpark(DSparkConfig),
+}
+
+impl DFlashVariant {
+    /// The variant's name, as errors give it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            DFlashVariant::V1 => "DFlash v1",
+            DFlashVariant::DFlash2(_) => "DFlash2",
+            DFlashVariant::DFly(_) => "DFly",
+            DFlashVariant::DSpark(_) => "DSpark",
+        }
+    }
+
+    pub fn dflash2(&self) -> Option<&DFlash2Config> {
+        match self {
+            DFlashVariant::DFlash2(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    pub fn dfly(&self) -> Option<&DFlyConfig> {
+        match self {
+            DFlashVariant::DFly(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    pub fn dspark(&self) -> Option<&DSparkConfig> {
+        match self {
+            DFlashVariant::DSpark(c) => Some(c),
+            _ => None,
+        }
+    }
 }
 
 fn reject(reason: impl Into<String>) -> ModelError {
@@ -125,11 +176,6 @@ impl DFlashConfig {
                 }
             }
         }
-        let dfly = if is_dfly {
-            Some(DFlyConfig::from_gguf(tensors, target_layers.len()).map_err(reject)?)
-        } else {
-            None
-        };
         let mask = match (
             md.opt_u64("tokenizer.ggml.mask_token_id")?,
             md.opt_u64("dflash.mask_token_id")?,
@@ -144,19 +190,19 @@ impl DFlashConfig {
             )));
         }
         // Before the generic block-size check: DFlash2 has no default.
-        let v2 = match file.tensor("selector_hidden.weight") {
-            Some(_) if !is_dspark => {
-                let n_embd = md
-                    .opt_usize("dflash.embedding_length")?
-                    .unwrap_or(target.n_embd);
-                Some(DFlash2Config::from_gguf(file, n_embd).map_err(reject)?)
-            }
-            _ => None,
-        };
-        let dspark = if is_dspark {
-            Some(DSparkConfig::from_gguf(file)?)
+        let variant = if is_dfly {
+            DFlashVariant::DFly(
+                DFlyConfig::from_gguf(tensors, target_layers.len()).map_err(reject)?,
+            )
+        } else if is_dspark {
+            DFlashVariant::DSpark(DSparkConfig::from_gguf(file)?)
+        } else if file.tensor("selector_hidden.weight").is_some() {
+            let n_embd = md
+                .opt_usize("dflash.embedding_length")?
+                .unwrap_or(target.n_embd);
+            DFlashVariant::DFlash2(DFlash2Config::from_gguf(file, n_embd).map_err(reject)?)
         } else {
-            None
+            DFlashVariant::V1
         };
         // DFly's own check rejected d2t above.
         let d2t =
@@ -182,37 +228,27 @@ impl DFlashConfig {
             block_size,
             mask_token: mask as u32,
             causal,
-            v2,
-            dfly,
-            dspark,
+            variant,
             d2t,
         })
-    }
-
-    /// The variant the tensors say this is (as errors name it).
-    pub fn variant(&self) -> &'static str {
-        match (&self.dfly, &self.dspark, &self.v2) {
-            (Some(_), _, _) => "DFly",
-            (_, Some(_), _) => "DSpark",
-            (_, _, Some(_)) => "DFlash2",
-            _ => "DFlash v1",
-        }
     }
 
     /// Tensors the variant may carry without reading them. Only DSpark's
     /// confidence head declared absent: PrismML's loader requires
     /// `conf_proj` on every DSpark file, so such files still ship it.
     pub fn known_optional(&self) -> &'static [&'static str] {
-        match &self.dspark {
-            Some(ds) if ds.has_confidence_head == Some(false) => &[CONF_WEIGHT, CONF_BIAS],
+        match &self.variant {
+            DFlashVariant::DSpark(ds) if ds.has_confidence_head == Some(false) => {
+                &[CONF_WEIGHT, CONF_BIAS]
+            }
             _ => &[],
         }
     }
 
     /// First block row that predicts: 0 for anchor-first DSpark, else 1.
     pub fn first_row(&self) -> usize {
-        match &self.dspark {
-            Some(d) if d.sample_from_anchor => 0,
+        match &self.variant {
+            DFlashVariant::DSpark(d) if d.sample_from_anchor => 0,
             _ => 1,
         }
     }
@@ -234,9 +270,39 @@ struct ContextScratch<B: Backend> {
     k: B::Tensor,
     k_normed: B::Tensor,
     v: B::Tensor,
-    /// DFly: every layer's context, `[rows × L·d]` layer-major per row,
-    /// and one layer's fused (not yet normed) context.
-    contexts: Option<(B::Tensor, B::Tensor)>,
+}
+
+/// What a variant adds to the shared weights.
+enum VariantWeights<B: Backend> {
+    V1,
+    DFlash2(V2<B>),
+    DFly {
+        /// The predecessor correction, when the file has it.
+        correction: Option<Correction<B>>,
+    },
+    DSpark {
+        /// The Markov (and confidence) head.
+        markov: MarkovHead,
+        /// The Markov chain on the device, when its weights can live there
+        /// and the head is the full vocabulary.
+        device: Option<DeviceMarkov<B>>,
+    },
+}
+
+/// A sequence's scratch for its variant.
+enum VariantScratch<B: Backend> {
+    V1,
+    DFlash2(V2Scratch<B>),
+    DFly {
+        /// Every layer's context, `[rows × L·d]` layer-major per row.
+        contexts: B::Tensor,
+        /// One layer's fused (not yet normed) context.
+        fused: B::Tensor,
+        correction: Option<CorrectionScratch<B>>,
+    },
+    DSpark {
+        device: Option<DeviceMarkovScratch<B>>,
+    },
 }
 
 /// DFlash2's weights beyond the layers.
@@ -261,14 +327,7 @@ pub struct DFlashModel<B: Backend> {
     pub config: DFlashConfig,
     decoder: Decoder<B>,
     ctx: ContextWeights<B>,
-    v2: Option<V2<B>>,
-    /// DFly's predecessor correction, when the file has it.
-    correction: Option<Correction<B>>,
-    /// DSpark's Markov (and confidence) head.
-    markov: Option<MarkovHead>,
-    /// The Markov chain on the device, when its weights can live there and
-    /// the head is the full vocabulary.
-    markov_device: Option<DeviceMarkov<B>>,
+    variant: VariantWeights<B>,
 }
 
 impl<B: Backend> DFlashModel<B> {
@@ -303,17 +362,18 @@ impl<B: Backend> DFlashModel<B> {
         let d = decoder.config.n_embd as u64;
         let width = config.target_layers.len() as u64 * d;
         let load = |name: &str, dims: &[u64]| tensors.weight(&*be, name, dims);
-        let norm = match config.dfly {
-            Some(_) => "context_norm.weight",
-            None => "enc.output_norm.weight",
+        let norm = match config.variant {
+            DFlashVariant::DFly(_) => "context_norm.weight",
+            _ => "enc.output_norm.weight",
         };
         let ctx = ContextWeights {
             fc: load("fc.weight", &[width, d])?,
             norm: load(norm, &[d])?,
         };
         let c = &decoder.config;
-        let v2 = match &config.v2 {
-            Some(v2) => Some(V2 {
+        let variant = match &config.variant {
+            DFlashVariant::V1 => VariantWeights::V1,
+            DFlashVariant::DFlash2(v2) => VariantWeights::DFlash2(V2 {
                 convs: Convs::load(&*be, &tensors, v2, c.n_layer, c.n_embd)?,
                 selector: Selector::load(&*be, &tensors, v2, c.n_embd, c.n_vocab)?,
                 device: match config.d2t {
@@ -321,25 +381,19 @@ impl<B: Backend> DFlashModel<B> {
                     Some(_) => None,
                 },
             }),
-            None => None,
-        };
-        let correction = match &config.dfly {
-            Some(f) if f.hidden_correction => Some(Correction::load(&*be, &tensors, c.n_embd)?),
-            _ => None,
-        };
-        let markov = match &config.dspark {
-            Some(ds) => Some(MarkovHead::load(
-                &tensors,
-                ds,
-                c.n_embd,
-                c.n_vocab,
-                c.n_vocab_head,
-            )?),
-            None => None,
-        };
-        let markov_device = match (&config.dspark, &config.d2t) {
-            (Some(ds), None) => DeviceMarkov::load(&*be, &tensors, ds, c.n_vocab)?,
-            _ => None,
+            DFlashVariant::DFly(f) => VariantWeights::DFly {
+                correction: match f.hidden_correction {
+                    true => Some(Correction::load(&*be, &tensors, c.n_embd)?),
+                    false => None,
+                },
+            },
+            DFlashVariant::DSpark(ds) => VariantWeights::DSpark {
+                markov: MarkovHead::load(&tensors, ds, c.n_embd, c.n_vocab, c.n_vocab_head)?,
+                device: match config.d2t {
+                    None => DeviceMarkov::load(&*be, &tensors, ds, c.n_vocab)?,
+                    Some(_) => None,
+                },
+            },
         };
         // Every tensor accounted for: one the variant never reads (another
         // variant's, a stale or a misnamed one) would silently make the
@@ -351,7 +405,7 @@ impl<B: Backend> DFlashModel<B> {
             .collect();
         if !unused.is_empty() {
             return Err(ModelError::UnusedTensors {
-                variant: config.variant(),
+                variant: config.variant.name(),
                 names: unused,
             });
         }
@@ -359,10 +413,7 @@ impl<B: Backend> DFlashModel<B> {
             config,
             decoder,
             ctx,
-            v2,
-            correction,
-            markov,
-            markov_device,
+            variant,
         })
     }
 
@@ -393,9 +444,7 @@ pub struct DFlashDrafter<B: Backend> {
     model: Arc<DFlashModel<B>>,
     scratch: ContextScratch<B>,
     state: DecoderState<B>,
-    v2: Option<V2Scratch<B>>,
-    correction: Option<CorrectionScratch<B>>,
-    markov_device: Option<DeviceMarkovScratch<B>>,
+    variant: VariantScratch<B>,
     /// The anchor id (1 x 1) for the chains drafted on the device.
     anchor: B::Tensor,
     /// Taps observed but not injected yet: while speculation is off the
@@ -421,22 +470,27 @@ impl<B: Backend> DFlashDrafter<B> {
             k: be.tensor(rows, c.kv_dim()),
             k_normed: be.tensor(rows, c.kv_dim()),
             v: be.tensor(rows, c.kv_dim()),
-            contexts: model.config.dfly.as_ref().map(|_| {
-                (
-                    be.tensor(rows, c.n_layer * c.n_embd),
-                    be.tensor(rows, c.n_embd),
-                )
-            }),
         };
         let max_block = model.config.block_size.max(rows);
         let state = model.decoder.new_state(n_ctx, max_block);
-        let v2 = model.v2.as_ref().map(|v2| V2Scratch {
-            convs: v2.convs.scratch(be, c.n_embd, max_block),
-            gates: be.tensor(max_block, v2.selector.rank()),
-            device: v2.device.as_ref().map(|d| d.scratch(be, max_block)),
-        });
-        let correction = (model.correction.as_ref()).map(|cr| cr.scratch(be, c.n_embd, c.n_vocab));
-        let markov_device = (model.markov_device.as_ref()).map(|m| m.scratch(be, c.n_vocab));
+        let variant = match &model.variant {
+            VariantWeights::V1 => VariantScratch::V1,
+            VariantWeights::DFlash2(v2) => VariantScratch::DFlash2(V2Scratch {
+                convs: v2.convs.scratch(be, c.n_embd, max_block),
+                gates: be.tensor(max_block, v2.selector.rank()),
+                device: v2.device.as_ref().map(|d| d.scratch(be, max_block)),
+            }),
+            VariantWeights::DFly { correction } => VariantScratch::DFly {
+                contexts: be.tensor(rows, c.n_layer * c.n_embd),
+                fused: be.tensor(rows, c.n_embd),
+                correction: correction
+                    .as_ref()
+                    .map(|cr| cr.scratch(be, c.n_embd, c.n_vocab)),
+            },
+            VariantWeights::DSpark { device, .. } => VariantScratch::DSpark {
+                device: device.as_ref().map(|m| m.scratch(be, c.n_vocab)),
+            },
+        };
         let width = model.config.target_layers.len() * c.n_embd;
         let pending = Pending {
             taps: Some(be.tensor(rows, width)),
@@ -449,9 +503,7 @@ impl<B: Backend> DFlashDrafter<B> {
             pending,
             scratch,
             state,
-            v2,
-            correction,
-            markov_device,
+            variant,
             p_min: 0.0,
             model,
         }
@@ -567,24 +619,32 @@ impl<B: Backend> DFlashDrafter<B> {
         }
         // Rows beyond `n` (rejected drafts) are projected too but never stored.
         be.matmul(&self.model.ctx.fc, taps, &mut s.projected);
-        let dfly = self.model.config.dfly.as_ref();
-        match s.contexts.as_mut() {
-            Some((wide, fused)) => {
-                be.reshape(wide, rows, cfg.n_layer * cfg.n_embd);
+        let mut dfly = match (&self.model.config.variant, &mut self.variant) {
+            (
+                DFlashVariant::DFly(f),
+                VariantScratch::DFly {
+                    contexts, fused, ..
+                },
+            ) => {
+                be.reshape(contexts, rows, cfg.n_layer * cfg.n_embd);
                 be.reshape(fused, rows, cfg.n_embd);
+                Some((f, contexts, fused))
             }
-            None => be.rms_norm(
-                &s.projected,
-                &self.model.ctx.norm,
-                cfg.n_embd,
-                cfg.rms_eps,
-                &mut s.c,
-            ),
-        }
+            _ => {
+                be.rms_norm(
+                    &s.projected,
+                    &self.model.ctx.norm,
+                    cfg.n_embd,
+                    cfg.rms_eps,
+                    &mut s.c,
+                );
+                None
+            }
+        };
         for (il, lw) in self.model.decoder.weights.layers.iter().enumerate() {
             // DFly: this layer's context is the shared projection (before
             // any norm) plus its own mix of the raw taps.
-            if let (Some(f), Some((wide, fused))) = (dfly, s.contexts.as_mut()) {
+            if let Some((f, wide, fused)) = dfly.as_mut() {
                 be.copy_rows(&s.projected, 0, fused, 0, 0, rows);
                 be.add_slices(taps, &f.fusion[il], fused);
                 be.rms_norm(
@@ -628,12 +688,11 @@ impl<B: Backend> DFlashDrafter<B> {
     /// The contexts of the last injection, `[rows × width]` (DFly: every
     /// layer's, layer-major within a row; otherwise the single shared one).
     pub async fn contexts(&self) -> Vec<f32> {
-        let s = &self.scratch;
-        self.model
-            .decoder
-            .backend
-            .read(s.contexts.as_ref().map_or(&s.c, |(wide, _)| wide))
-            .await
+        let contexts = match &self.variant {
+            VariantScratch::DFly { contexts, .. } => contexts,
+            _ => &self.scratch.c,
+        };
+        self.model.decoder.backend.read(contexts).await
     }
 
     /// Final-normed hidden rows of the last block (what the head and DFly's
@@ -655,7 +714,7 @@ impl<B: Backend> DFlashDrafter<B> {
     pub async fn block_logits(&mut self, anchor: u32, n: usize) -> Result<Vec<f32>, ModelError> {
         let rows = self.block_forward(anchor, n)?;
         let mut logits = self.model.decoder.backend.read(self.state.logits()).await;
-        if let Some(v2) = &self.model.config.v2 {
+        if let DFlashVariant::DFlash2(v2) = &self.model.config.variant {
             v2.transform_logits(&mut logits);
         }
         if let Some(d2t) = &self.model.config.d2t {
@@ -682,8 +741,8 @@ impl<B: Backend> DFlashDrafter<B> {
         let mut block = vec![self.model.config.mask_token; rows];
         block[0] = anchor;
         let pos = self.state.len();
-        let mut conv_hook = match (&self.model.v2, self.v2.as_mut()) {
-            (Some(w), Some(s)) => Some(ConvHook {
+        let mut conv_hook = match (&self.model.variant, &mut self.variant) {
+            (VariantWeights::DFlash2(w), VariantScratch::DFlash2(s)) => Some(ConvHook {
                 convs: &w.convs,
                 scratch: &mut s.convs,
             }),
@@ -712,8 +771,11 @@ impl<B: Backend> DFlashDrafter<B> {
     fn drafts_on_device(&self) -> bool {
         self.model.config.d2t.is_none()
             && self.p_min <= 0.0
-            && self.model.v2.as_ref().is_none_or(|v2| v2.device.is_some())
-            && (self.model.markov.is_none() || self.markov_device.is_some())
+            && match (&self.model.variant, &self.variant) {
+                (VariantWeights::DFlash2(v2), _) => v2.device.is_some(),
+                (_, VariantScratch::DSpark { device }) => device.is_some(),
+                _ => true,
+            }
     }
 
     /// Runs the block and drafts its prediction rows in order, `pick`
@@ -734,14 +796,16 @@ impl<B: Backend> DFlashDrafter<B> {
         let n_vocab = self.model.decoder.config.n_vocab;
         let eps = self.model.decoder.config.rms_eps;
         let first = self.model.config.first_row();
-        if let Some(m) = &self.model.markov {
-            if self.p_min > 0.0 && !m.has_confidence() {
-                return Err(reject(
-                    "DSpark draft has no confidence head: please set p_min 0",
-                ));
-            }
+        let markov = match &self.model.variant {
+            VariantWeights::DSpark { markov, .. } => Some(markov),
+            _ => None,
+        };
+        if markov.is_some_and(|m| self.p_min > 0.0 && !m.has_confidence()) {
+            return Err(reject(
+                "DSpark draft has no confidence head: please set p_min 0",
+            ));
         }
-        let hidden = match self.model.markov {
+        let hidden = match markov {
             Some(_) if self.p_min > 0.0 => self.block_hidden().await,
             _ => Vec::new(),
         };
@@ -750,7 +814,16 @@ impl<B: Backend> DFlashDrafter<B> {
         let mut prev = anchor;
         for i in first..logits.len() / n_vocab {
             let row = &mut logits[i * n_vocab..(i + 1) * n_vocab];
-            if let (Some(c), Some(cs)) = (&self.model.correction, self.correction.as_mut()) {
+            if let (
+                VariantWeights::DFly {
+                    correction: Some(c),
+                },
+                VariantScratch::DFly {
+                    correction: Some(cs),
+                    ..
+                },
+            ) = (&self.model.variant, &mut self.variant)
+            {
                 let w = &self.model.decoder.weights;
                 row.copy_from_slice(
                     &c.row_logits(
@@ -767,7 +840,7 @@ impl<B: Backend> DFlashDrafter<B> {
                 );
             }
             let mut next = None;
-            if let Some(m) = &self.model.markov {
+            if let Some(m) = markov {
                 if self.p_min > 0.0 {
                     let conf = m.confidence(&hidden[i * d..(i + 1) * d], prev);
                     if conf.is_some_and(|c| c < self.p_min) {
@@ -797,12 +870,14 @@ impl<B: Backend> DFlashDrafter<B> {
         anchor: u32,
         n: usize,
     ) -> Result<Option<Lattice>, ModelError> {
-        if self.model.v2.is_none() {
+        if !matches!(self.model.variant, VariantWeights::DFlash2(_)) {
             return Ok(None);
         }
         let logits = self.block_logits(anchor, n).await?;
         let be = &*self.model.decoder.backend;
-        let (Some(v2), Some(scratch)) = (&self.model.v2, self.v2.as_mut()) else {
+        let (VariantWeights::DFlash2(v2), VariantScratch::DFlash2(scratch)) =
+            (&self.model.variant, &mut self.variant)
+        else {
             unreachable!("a DFlash2 drafter has DFlash2 scratch");
         };
         let hidden = self.state.normed_hidden();
@@ -822,20 +897,20 @@ impl<B: Backend> DFlashDrafter<B> {
     /// DSpark's confidence of block row `row` (of the last block) given the
     /// token `prev` chosen before it; `None` without a confidence head.
     pub async fn confidence(&self, row: usize, prev: u32) -> Option<f32> {
+        let VariantWeights::DSpark { markov, .. } = &self.model.variant else {
+            return None;
+        };
         let d = self.model.decoder.config.n_embd;
         let h = self.block_hidden().await;
-        self.model
-            .markov
-            .as_ref()?
-            .confidence(&h[row * d..(row + 1) * d], prev)
+        markov.confidence(&h[row * d..(row + 1) * d], prev)
     }
 
     /// DFlash2's greedy walk over `lattice` from `anchor` (no p_min stop
     /// when `p_min` is 0); empty for a v1 drafter.
     pub fn walk(&self, lattice: &Lattice, anchor: u32, p_min: f32) -> Vec<u32> {
-        match &self.model.v2 {
-            Some(v2) => v2.selector.walk(lattice, anchor, p_min),
-            None => Vec::new(),
+        match &self.model.variant {
+            VariantWeights::DFlash2(v2) => v2.selector.walk(lattice, anchor, p_min),
+            _ => Vec::new(),
         }
     }
 }
@@ -900,7 +975,7 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
             });
         }
         // DSpark stops on its confidence head inside the walk instead.
-        let p_min = if self.model.markov.is_some() {
+        let p_min = if matches!(self.model.variant, VariantWeights::DSpark { .. }) {
             0.0
         } else {
             self.p_min
@@ -946,40 +1021,47 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
         let w = &self.model.decoder.weights;
         let eps = self.model.decoder.config.rms_eps;
         let model = &*self.model;
-        if let (
-            Some(v2),
-            Some(V2Scratch {
-                device: Some(s), ..
-            }),
-        ) = (&model.v2, &mut self.v2)
-        {
-            let device = v2
-                .device
-                .as_ref()
-                .expect("scratch is made for a device walk");
-            device.walk(
-                s,
-                be,
-                &v2.selector.hidden,
-                logits,
-                hidden,
-                &self.anchor,
-                round,
-            );
-        } else if let (Some(c), Some(s)) = (&model.correction, &mut self.correction) {
-            for row in 1..=n {
-                c.draft_row(s, be, hidden, row, &w.tok_embd, w.head(), eps, round);
+        match (&model.variant, &mut self.variant) {
+            (
+                VariantWeights::DFlash2(V2 {
+                    device: Some(device),
+                    selector,
+                    ..
+                }),
+                VariantScratch::DFlash2(V2Scratch {
+                    device: Some(s), ..
+                }),
+            ) => device.walk(s, be, &selector.hidden, logits, hidden, &self.anchor, round),
+            (
+                VariantWeights::DFly {
+                    correction: Some(c),
+                },
+                VariantScratch::DFly {
+                    correction: Some(s),
+                    ..
+                },
+            ) => {
+                for row in 1..=n {
+                    c.draft_row(s, be, hidden, row, &w.tok_embd, w.head(), eps, round);
+                }
             }
-        } else if let (Some(m), Some(s)) = (&model.markov_device, &mut self.markov_device) {
-            // Prediction row `first + i` drafts the token of round row i + 1.
-            for i in 0..n {
-                m.draft_row(s, be, logits, first + i, i + 1, round);
+            (
+                VariantWeights::DSpark {
+                    device: Some(m), ..
+                },
+                VariantScratch::DSpark { device: Some(s) },
+            ) => {
+                // Prediction row `first + i` drafts the token of round row i + 1.
+                for i in 0..n {
+                    m.draft_row(s, be, logits, first + i, i + 1, round);
+                }
             }
-        } else {
-            // Rows 1..=n of the block predict the drafts; row 0 (the
-            // anchor's own prediction) is put back to the anchor.
-            be.argmax_to(logits, round, 0, 0);
-            be.copy_rows(&self.anchor, 0, round, 0, 0, 1);
+            _ => {
+                // Rows 1..=n of the block predict the drafts; row 0 (the
+                // anchor's own prediction) is put back to the anchor.
+                be.argmax_to(logits, round, 0, 0);
+                be.copy_rows(&self.anchor, 0, round, 0, 0, 1);
+            }
         }
         Ok(Some(n))
     }

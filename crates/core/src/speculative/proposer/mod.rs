@@ -12,7 +12,7 @@ mod ngram;
 mod oracle;
 mod shared;
 
-pub use dflash::{DFlashConfig, DFlashDrafter, DFlashModel};
+pub use dflash::{DFlashConfig, DFlashDrafter, DFlashModel, DFlashVariant};
 pub use dflash2::{DFlash2Config, Lattice};
 pub use dfly::DFlyConfig;
 pub use draft_model::{DraftModelDrafter, CATCH_UP_WINDOW};
