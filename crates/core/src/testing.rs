@@ -425,6 +425,35 @@ fn dflash2_builder(spec: &SyntheticDFlash, v2: &SyntheticDFlash2, seed: u64) -> 
 /// the CPU and after a blocking device poll natively on wgpu).
 pub use pollster::block_on;
 
+/// A tiny random drafter of every block variant (DFlash v1, DFlash2, DFly
+/// with its correction, anchor-first DSpark with a confidence head) for a
+/// synthetic target of `n_vocab` tokens, by kind.
+pub fn synthetic_block_drafters(n_vocab: usize) -> [(&'static str, Vec<u8>); 4] {
+    let spec = SyntheticDFlash::small(48, vec![1, 4, 7], GgmlType::F32);
+    let mut spec_v = spec.clone();
+    spec_v.dims.n_vocab = n_vocab;
+    let v2 = SyntheticDFlash2 {
+        conv_kernel_size: 2,
+        conv_group_size: 16,
+        selector_rank: 8,
+        selector_top_k: 4,
+    };
+    let ds = SyntheticDSpark {
+        rank: 8,
+        sample_from_anchor: Some(true),
+        has_confidence_head: Some(true),
+        confidence_tensors: true,
+        markov_scale: Some(0.7),
+        d2t: None,
+    };
+    [
+        ("dflash", synthetic_dflash(&spec, 5).bytes),
+        ("dflash2", synthetic_dflash2(&spec_v, &v2, 6).bytes),
+        ("dfly", synthetic_dfly(&spec, true, 7).bytes),
+        ("dspark", synthetic_dspark(&spec_v, &ds, 8).bytes),
+    ]
+}
+
 /// Plain greedy decoding of `n` tokens after `prompt` (the reference every
 /// speculative and cross-backend test compares with).
 pub fn greedy_plain<B: crate::Backend>(

@@ -249,45 +249,11 @@ impl Device for CpuBackend {
     }
 
     fn load_weight(&self, src: WeightSource<'_>) -> Result<CpuWeight, BackendError> {
-        let bad = |reason: String| BackendError::BadWeight {
-            name: src.name.to_string(),
-            reason,
-        };
-        let (cols, rows) = match *src.dims {
-            [c] => (c, 1),
-            [c, r] => (c, r),
-            _ => {
-                return Err(bad(format!(
-                    "{} dimensions; only vectors and matrices are used",
-                    src.dims.len()
-                )))
-            }
-        };
-        let (cols, rows) = (
-            usize::try_from(cols).map_err(|_| bad("too large".into()))?,
-            usize::try_from(rows).map_err(|_| bad("too large".into()))?,
-        );
-        if cols % src.ty.block_len() != 0 {
-            return Err(bad(format!(
-                "row length {cols} is not a multiple of the {} block size {}",
-                src.ty,
-                src.ty.block_len()
-            )));
-        }
-        let expected = src
-            .ty
-            .bytes_for(cols as u64 * rows as u64)
-            .ok_or_else(|| bad("size overflows".into()))?;
-        if src.data.len() as u64 != expected {
-            return Err(bad(format!(
-                "{} bytes of data, expected {expected}",
-                src.data.len()
-            )));
-        }
+        let (rows, cols) = src.checked_shape()?;
         let dense = if src.dims.len() == 1 {
             let mut v = vec![0.0; cols];
             blockdraft_gguf::quants::dequantize(src.ty, &src.data, &mut v)
-                .map_err(|e| bad(e.to_string()))?;
+                .map_err(|e| src.error(e.to_string()))?;
             v
         } else {
             if !kernels::supports(src.ty) {

@@ -14,12 +14,11 @@ use blockdraft_core::speculative::{
 };
 use blockdraft_core::testing::{
     block_on, greedy_plain, greedy_speculative, sampled_plain, sampled_speculative,
-    synthetic_decoder, synthetic_dflash, synthetic_dflash2, synthetic_dfly, synthetic_dspark,
-    SyntheticDFlash, SyntheticDFlash2, SyntheticDSpark, SyntheticDims,
+    synthetic_block_drafters, synthetic_decoder, SyntheticDims,
 };
 use blockdraft_cpu::CpuBackend;
 use blockdraft_cuda::CudaBackend;
-use blockdraft_gguf::{GgmlType, GgufFile};
+use blockdraft_gguf::GgufFile;
 use std::sync::Arc;
 
 fn load<B: Backend>(file: &GgufFile, be: Arc<B>) -> Arc<Decoder<B>> {
@@ -39,34 +38,6 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
         })
         .fold(0.0, f32::max)
         / scale
-}
-
-/// A tiny random drafter of every block variant for a synthetic target
-/// of `n_vocab` tokens.
-fn block_drafters(n_vocab: usize) -> [(&'static str, Vec<u8>); 4] {
-    let spec = SyntheticDFlash::small(48, vec![1, 4, 7], GgmlType::F32);
-    let mut spec_v = spec.clone();
-    spec_v.dims.n_vocab = n_vocab;
-    let v2 = SyntheticDFlash2 {
-        conv_kernel_size: 2,
-        conv_group_size: 16,
-        selector_rank: 8,
-        selector_top_k: 4,
-    };
-    let ds = SyntheticDSpark {
-        rank: 8,
-        sample_from_anchor: Some(true),
-        has_confidence_head: Some(true),
-        confidence_tensors: true,
-        markov_scale: Some(0.7),
-        d2t: None,
-    };
-    [
-        ("dflash", synthetic_dflash(&spec, 5).bytes),
-        ("dflash2", synthetic_dflash2(&spec_v, &v2, 6).bytes),
-        ("dfly", synthetic_dfly(&spec, true, 7).bytes),
-        ("dspark", synthetic_dspark(&spec_v, &ds, 8).bytes),
-    ]
 }
 
 #[test]
@@ -118,7 +89,7 @@ fn every_drafter_kind_is_identical_to_plain_on_a_synthetic_target() {
     let n = 24;
     let want = greedy_plain(&dec, &prompt, n);
     let ctx = prompt.len() + n + 32;
-    for (kind, bytes) in block_drafters(n_vocab) {
+    for (kind, bytes) in synthetic_block_drafters(n_vocab) {
         let f = GgufFile::from_bytes(bytes).unwrap();
         let mut d = DFlashDrafter::load(&f, &dec, ctx, 32).unwrap();
         let (got, stats) = greedy_speculative(&dec, &mut d, &prompt, n, PolicyConfig::fixed(7));
@@ -179,7 +150,7 @@ fn sampled_speculative_equals_sampled_plain() {
         ..Default::default()
     };
     let plain = sampled_plain(&dec, &prompt, n, &params);
-    for (kind, bytes) in block_drafters(dec.config.n_vocab) {
+    for (kind, bytes) in synthetic_block_drafters(dec.config.n_vocab) {
         let f = GgufFile::from_bytes(bytes).unwrap();
         let mut d = DFlashDrafter::load(&f, &dec, prompt.len() + n + 32, 32).unwrap();
         let (got, _) =

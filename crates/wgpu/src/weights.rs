@@ -172,42 +172,13 @@ impl WgpuWeight {
         src: WeightSource<'_>,
         max_binding: u64,
     ) -> Result<Self, BackendError> {
-        let bad = |reason: String| BackendError::BadWeight {
-            name: src.name.to_string(),
-            reason,
-        };
-        let (cols, rows) = match *src.dims {
-            [c] => (c, 1),
-            [c, r] => (c, r),
-            _ => {
-                return Err(bad(format!(
-                    "{} dimensions; only vectors and matrices are used",
-                    src.dims.len()
-                )))
-            }
-        };
-        let too_large = || bad("too large".into());
-        let cols = usize::try_from(cols).map_err(|_| too_large())?;
-        let rows = usize::try_from(rows).map_err(|_| too_large())?;
-        if cols == 0 || cols % src.ty.block_len() != 0 {
-            return Err(bad(format!(
-                "row length {cols} is not a positive multiple of the {} block size {}",
-                src.ty,
-                src.ty.block_len()
-            )));
-        }
+        let (rows, cols) = src.checked_shape()?;
+        let too_large = || src.error("too large");
         let row_bytes = src.ty.bytes_for(cols as u64).ok_or_else(too_large)?;
-        let expected = row_bytes.checked_mul(rows as u64).ok_or_else(too_large)?;
-        if src.data.len() as u64 != expected {
-            return Err(bad(format!(
-                "{} bytes of data, expected {expected}",
-                src.data.len()
-            )));
-        }
         if src.dims.len() == 1 {
             let mut dense = vec![0f32; cols];
             blockdraft_gguf::quants::dequantize(src.ty, &src.data, &mut dense)
-                .map_err(|e| bad(e.to_string()))?;
+                .map_err(|e| src.error(e.to_string()))?;
             return Ok(WgpuWeight {
                 ty: GgmlType::F32,
                 rows: 1,
@@ -229,7 +200,7 @@ impl WgpuWeight {
         // aligned, which every block size times 4 rows is).
         let rows_per_part = ((max_binding / row_bytes) as usize / 4 * 4).max(1);
         if row_bytes > max_binding {
-            return Err(bad(format!(
+            return Err(src.error(format!(
                 "one row ({row_bytes} bytes) exceeds the device's largest storage binding ({max_binding})"
             )));
         }

@@ -12,8 +12,7 @@ use blockdraft_core::speculative::{
 use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
     greedy_plain, greedy_speculative, real_model, sampled_plain, sampled_speculative,
-    synthetic_decoder, synthetic_dflash, synthetic_dflash2, synthetic_dfly, synthetic_dspark,
-    SyntheticDFlash, SyntheticDFlash2, SyntheticDSpark, SyntheticDims,
+    synthetic_block_drafters, synthetic_decoder, synthetic_dflash, SyntheticDFlash, SyntheticDims,
 };
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile};
@@ -121,34 +120,6 @@ fn warm_decode_steps_keep_one_pass_and_create_no_bind_groups() {
     assert_eq!(c.staging_buffers, before.staging_buffers, "{c:?}");
 }
 
-/// A tiny random drafter of every block variant for a synthetic target
-/// of `n_vocab` tokens.
-fn block_drafters(n_vocab: usize) -> [(&'static str, Vec<u8>); 4] {
-    let spec = SyntheticDFlash::small(48, vec![1, 4, 7], GgmlType::F32);
-    let mut spec_v = spec.clone();
-    spec_v.dims.n_vocab = n_vocab;
-    let v2 = SyntheticDFlash2 {
-        conv_kernel_size: 2,
-        conv_group_size: 16,
-        selector_rank: 8,
-        selector_top_k: 4,
-    };
-    let ds = SyntheticDSpark {
-        rank: 8,
-        sample_from_anchor: Some(true),
-        has_confidence_head: Some(true),
-        confidence_tensors: true,
-        markov_scale: Some(0.7),
-        d2t: None,
-    };
-    [
-        ("dflash", synthetic_dflash(&spec, 5).bytes),
-        ("dflash2", synthetic_dflash2(&spec_v, &v2, 6).bytes),
-        ("dfly", synthetic_dfly(&spec, true, 7).bytes),
-        ("dspark", synthetic_dspark(&spec_v, &ds, 8).bytes),
-    ]
-}
-
 /// The greedy drafts each variant makes on the device are the ones its
 /// host path makes (the chains read each row's pick back in on the host):
 /// on wgpu (the kernels) and on the CPU (the trait's host defaults).
@@ -158,7 +129,7 @@ fn device_drafts_equal_host_drafts_for_every_variant() {
         let m = synthetic_decoder("qwen3", SyntheticDims::default(), 11);
         let file = GgufFile::from_bytes(m.bytes).unwrap();
         let dec = load(&file, be.clone());
-        for (kind, bytes) in block_drafters(dec.config.n_vocab) {
+        for (kind, bytes) in synthetic_block_drafters(dec.config.n_vocab) {
             let f = GgufFile::from_bytes(bytes).unwrap();
             let mut d = DFlashDrafter::load(&f, &dec, 64, 32).unwrap();
             let mut state = dec.new_state(64, 32);
@@ -209,7 +180,7 @@ fn sampled_rounds_read_back_once_and_do_not_depend_on_the_drafter() {
         ..Default::default()
     };
     let mut outputs = Vec::new();
-    for (kind, bytes) in block_drafters(dec.config.n_vocab) {
+    for (kind, bytes) in synthetic_block_drafters(dec.config.n_vocab) {
         let f = GgufFile::from_bytes(bytes).unwrap();
         let mut d = DFlashDrafter::load(&f, &dec, prompt.len() + n + 32, 32).unwrap();
         let before = be.counters();
@@ -303,7 +274,7 @@ fn the_repetition_penalty_runs_on_the_device() {
                 "wgpu vs cpu"
             );
         }
-        let [(_, bytes), ..] = block_drafters(dec.config.n_vocab);
+        let [(_, bytes), ..] = synthetic_block_drafters(dec.config.n_vocab);
         let f = GgufFile::from_bytes(bytes).unwrap();
         let mut d = DFlashDrafter::load(&f, &dec, prompt.len() + n + 32, 32).unwrap();
         let before = be.counters();
@@ -335,7 +306,7 @@ fn every_drafter_kind_is_identical_to_plain_on_a_synthetic_target() {
         "wgpu and cpu agree"
     );
 
-    let block_files = block_drafters(n_vocab);
+    let block_files = synthetic_block_drafters(n_vocab);
     let ctx = prompt.len() + n + 32;
     let be = dec.backend.clone();
     for (kind, bytes) in block_files {

@@ -107,6 +107,55 @@ pub struct WeightSource<'a> {
     pub data: TensorData,
 }
 
+impl WeightSource<'_> {
+    /// `BackendError::BadWeight` naming this tensor.
+    pub fn error(&self, reason: impl Into<String>) -> super::BackendError {
+        super::BackendError::BadWeight {
+            name: self.name.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// `(rows, cols)` after the checks every backend makes before trusting
+    /// a file's tensor: a vector or a matrix, dimensions that fit `usize`,
+    /// rows of whole blocks of its type, and exactly the bytes that shape
+    /// takes (a vector is one row).
+    pub fn checked_shape(&self) -> Result<(usize, usize), super::BackendError> {
+        let (cols, rows) = match *self.dims {
+            [c] => (c, 1),
+            [c, r] => (c, r),
+            _ => {
+                return Err(self.error(format!(
+                    "{} dimensions; only vectors and matrices are used",
+                    self.dims.len()
+                )))
+            }
+        };
+        let too_large = || self.error("too large");
+        let (rows_n, cols_n) = (
+            usize::try_from(rows).map_err(|_| too_large())?,
+            usize::try_from(cols).map_err(|_| too_large())?,
+        );
+        if cols == 0 || cols % self.ty.block_len() as u64 != 0 {
+            return Err(self.error(format!(
+                "row length {cols} is not a positive multiple of the {} block size {}",
+                self.ty,
+                self.ty.block_len()
+            )));
+        }
+        let expected = (self.ty.bytes_for(cols))
+            .and_then(|row| row.checked_mul(rows))
+            .ok_or_else(too_large)?;
+        if self.data.len() as u64 != expected {
+            return Err(self.error(format!(
+                "{} bytes of data, expected {expected}",
+                self.data.len()
+            )));
+        }
+        Ok((rows_n, cols_n))
+    }
+}
+
 /// Which keys each query row may attend to. Query row `i` sits at
 /// position `q_pos0 + i`; the cache slot of a key is its position.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -219,7 +268,32 @@ impl CommandCounts {
 
 #[cfg(test)]
 mod tests {
-    use super::{tensor_bytes, KvType, MemoryLimits};
+    use super::{tensor_bytes, KvType, MemoryLimits, WeightSource};
+    use blockdraft_gguf::{GgmlType, TensorData};
+
+    #[test]
+    fn weight_shapes_are_checked_before_a_backend_trusts_them() {
+        let q8 = |dims: &[u64], data_dims: Vec<u64>| {
+            let n: u64 = data_dims.iter().product();
+            let bytes = vec![0u8; GgmlType::Q8_0.bytes_for(n).unwrap() as usize];
+            let data = TensorData::from_vec(GgmlType::Q8_0, data_dims, bytes).unwrap();
+            let src = WeightSource {
+                name: "w",
+                ty: GgmlType::Q8_0,
+                dims,
+                data,
+            };
+            src.checked_shape().map_err(|e| e.to_string())
+        };
+        assert_eq!(q8(&[64, 3], vec![64, 3]), Ok((3, 64)));
+        assert_eq!(q8(&[64], vec![64]), Ok((1, 64)));
+        let err = |r: Result<(usize, usize), String>| r.unwrap_err();
+        assert!(err(q8(&[64, 3, 2], vec![64, 6])).contains("3 dimensions"));
+        assert!(err(q8(&[48, 2], vec![96])).contains("row length 48 is not a positive multiple"));
+        assert!(err(q8(&[0, 2], vec![32])).contains("row length 0"));
+        assert!(err(q8(&[64, 4], vec![64, 3])).contains("204 bytes of data, expected 272"));
+        assert!(err(q8(&[64, u64::MAX], vec![64])).starts_with("tensor `w`"));
+    }
 
     #[test]
     fn memory_limits_refuse_what_does_not_fit() {
