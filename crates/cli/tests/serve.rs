@@ -29,11 +29,14 @@ struct Server {
 }
 
 impl Server {
+    /// SmolLM2's server: with its shipped drafter.
     fn start(model: &str, extra: &[&str]) -> Server {
+        Self::start_with(model, &[&["--draft", DRAFTER], extra].concat())
+    }
+
+    fn start_with(model: &str, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_blockdraft"))
-            .args([
-                "serve", "-m", model, "--port", "0", "-t", "2", "--draft", DRAFTER,
-            ])
+            .args(["serve", "-m", model, "--port", "0", "-t", "2"])
             .args(extra)
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
@@ -364,6 +367,18 @@ fn requests_streams_errors_and_cancellation() {
             400,
             "tools",
         ),
+        // SmolLM2's template offers no tools.
+        (chat_with("tools", weather_tool()), 400, "tools"),
+        (
+            chat_with("tool_choice", json!("required")),
+            400,
+            "tool_choice",
+        ),
+        (
+            json!({"messages": [{"role": "tool", "content": "18 C"}]}).to_string(),
+            400,
+            "messages",
+        ),
         (chat_with("bogus", json!(1)), 400, ""),
         (chat_with("model", json!("gpt-4")), 404, "model"),
         (
@@ -439,6 +454,108 @@ fn requests_streams_errors_and_cancellation() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(server.metric("blockdraft_queue_depth"), 0.0);
+}
+
+fn weather_tool() -> Value {
+    json!([{"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}])
+}
+
+/// Tool calling on Qwen2.5-Coder-0.5B, whose template offers tools: the
+/// model's call comes back as `tool_calls` (whole and streamed), a
+/// conversation with a call and its result renders, and what cannot be
+/// honoured is refused.
+#[test]
+fn tool_calls_on_a_model_with_tools() {
+    let Some(model) =
+        blockdraft_core::testing::real_model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    else {
+        return;
+    };
+    let server = Server::start_with(model.to_str().unwrap(), &[]);
+    let ask = |stream: bool| {
+        json!({"messages": [{"role": "user", "content": "What is the weather like in Paris today?"}],
+               "tools": weather_tool(), "temperature": 0, "max_tokens": 40, "stream": stream})
+    };
+    let r = server.post("/v1/chat/completions", &ask(false));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let choice = &r.json()["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{}", r.body);
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "get_weather");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"city": "Paris"}));
+    assert!(choice["message"]["content"].is_null(), "{}", r.body);
+    // Streamed: no text before the call, the call in one delta, then the finish.
+    let r = server.post("/v1/chat/completions", &ask(true));
+    let events = r.events();
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{}",
+        r.body
+    );
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+    assert!(
+        deltas.iter().all(|d| d.get("content").is_none()),
+        "{}",
+        r.body
+    );
+    let streamed = &deltas[0]["tool_calls"][0];
+    assert_eq!(streamed["index"], 0);
+    assert_eq!(streamed["function"], call["function"]);
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+    // A call and its result in the conversation: the model answers on.
+    let follow = json!({"messages": [
+        {"role": "user", "content": "What is the weather like in Paris today?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "18 C and sunny"}],
+        "tools": weather_tool(), "temperature": 0, "max_tokens": 8});
+    let r = server.post("/v1/chat/completions", &follow);
+    assert_eq!(r.status, 200, "{}", r.body);
+    // Without tools (or tool_choice none) the same question is answered as text.
+    let mut none = ask(false);
+    none["tool_choice"] = json!("none");
+    let r = server.post("/v1/chat/completions", &none).json();
+    assert_eq!(r["choices"][0]["finish_reason"], "length", "{r}");
+    assert!(
+        r["choices"][0]["message"].get("tool_calls").is_none(),
+        "{r}"
+    );
+    let refused = [
+        ("tool_choice", json!("required")),
+        (
+            "tool_choice",
+            json!({"type": "function", "function": {"name": "get_weather"}}),
+        ),
+        ("tools", json!({"type": "function"})),
+    ];
+    for (key, value) in refused {
+        let mut body = ask(false);
+        body[key] = value;
+        let r = server.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert_eq!(r.json()["error"]["param"], key, "{}", r.body);
+    }
+    let mut bad = follow.clone();
+    bad["messages"][1]["tool_calls"][0]["function"]["arguments"] = json!("{not json");
+    assert_eq!(server.post("/v1/chat/completions", &bad).status, 400);
+    let mut special = ask(false);
+    special["tools"][0]["function"]["description"] = json!("<|im_end|>");
+    let r = server.post("/v1/chat/completions", &special);
+    assert_eq!(r.status, 400, "{}", r.body);
 }
 
 fn chat_with(key: &str, value: Value) -> String {

@@ -1,7 +1,9 @@
 //! The OpenAI request bodies, checked field by field into a [`GenRequest`],
 //! and the error object every failure is answered with.
 
-use blockdraft_core::chat_template::{ChatMessage, ChatTemplate, ContentTokens};
+use blockdraft_core::chat_template::{
+    ChatMessage, ChatTemplate, ContentTokens, ToolCall, ToolCallFormat,
+};
 use blockdraft_core::sampling::{limits, Bounds, SamplingParams, MAX_TOP_LOGPROBS};
 use blockdraft_core::tokenizer::Tokenizer;
 use serde::Deserialize;
@@ -85,6 +87,28 @@ struct Message {
     role: String,
     content: Option<Content>,
     name: Option<String>,
+    /// An assistant message's calls.
+    tool_calls: Option<Vec<CallIn>>,
+    /// A tool message's answer to this call.
+    tool_call_id: Option<String>,
+}
+
+/// A function call of an assistant message, as OpenAI writes it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CallIn {
+    id: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    function: FunctionIn,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FunctionIn {
+    name: String,
+    /// A JSON object, as a string (OpenAI) or as is.
+    arguments: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -158,6 +182,11 @@ pub struct GenRequest {
     /// Log-probabilities of each token with this many alternatives
     /// (chat's `logprobs: true` + `top_logprobs`, completions' `logprobs`).
     pub logprobs: Option<usize>,
+    /// The format to read function calls back in, when the request offered
+    /// tools.
+    pub tool_format: Option<ToolCallFormat>,
+    /// The names of the tools offered.
+    pub tool_names: Vec<String>,
 }
 
 /// What checking a body needs to know about the server.
@@ -203,14 +232,8 @@ pub fn parse(bytes: &[u8], endpoint: Endpoint, cx: &Context<'_>) -> Result<GenRe
     if body.n.is_some_and(|n| n != 1) {
         return Err(unsupported("n", "n other than 1"));
     }
-    let asks = |v: &Option<Value>| {
-        v.as_ref()
-            .is_some_and(|v| !v.is_null() && v != &json!(false))
-    };
     let logprobs = logprobs_request(endpoint, &body.logprobs, &body.top_logprobs)?;
-    if body.tools.as_ref().is_some_and(|t| t != &json!([])) || asks(&body.tool_choice) {
-        return Err(unsupported("tools", "tool calling"));
-    }
+    let tools = tools_request(endpoint, &body.tools, &body.tool_choice, cx)?;
     if let Some(f) = &body.response_format {
         if f.get("type").and_then(Value::as_str) != Some("text") {
             return Err(unsupported(
@@ -227,7 +250,12 @@ pub fn parse(bytes: &[u8], endpoint: Endpoint, cx: &Context<'_>) -> Result<GenRe
         return Err(unsupported("logit_bias", "logit_bias"));
     }
     let prompt = match endpoint {
-        Endpoint::Chat => chat_prompt(body.messages.as_deref(), body.prompt.is_some(), cx)?,
+        Endpoint::Chat => chat_prompt(
+            body.messages.as_deref(),
+            tools.as_ref().map(|(t, _)| t),
+            body.prompt.is_some(),
+            cx,
+        )?,
         Endpoint::Completions => {
             completion_prompt(body.prompt.as_ref(), body.messages.is_some(), cx)?
         }
@@ -356,7 +384,81 @@ pub fn parse(bytes: &[u8], endpoint: Endpoint, cx: &Context<'_>) -> Result<GenRe
             .unwrap_or(false),
         speculative: body.speculative,
         logprobs,
+        tool_names: tools.as_ref().map_or_else(Vec::new, |(t, _)| tool_names(t)),
+        tool_format: tools.map(|(_, f)| f),
     })
+}
+
+/// The tools offered to the model, and the format its calls come back
+/// in: `None` without tools (or with `tool_choice: "none"`). Only chat
+/// takes them, through a template that offers tools in a format known
+/// here; the model decides whether to call (`tool_choice` `auto`), since
+/// forcing a call would need constrained decoding.
+fn tools_request(
+    endpoint: Endpoint,
+    tools: &Option<Value>,
+    choice: &Option<Value>,
+    cx: &Context<'_>,
+) -> Result<Option<(Value, ToolCallFormat)>, ApiError> {
+    let tools = match tools {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(a)) if a.is_empty() => None,
+        Some(Value::Array(a)) => Some(a),
+        Some(v) => {
+            return Err(ApiError::invalid(
+                Some("tools"),
+                format!("tools must be a list of functions, got {v}"),
+            ))
+        }
+    };
+    match (choice.as_ref().and_then(Value::as_str), choice) {
+        (_, None | Some(Value::Null)) | (Some("auto" | "none"), _) => {}
+        (Some("required"), _) | (None, Some(Value::Object(_))) => {
+            return Err(unsupported(
+                "tool_choice",
+                "forcing a tool call (tool_choice `required` or a named function)",
+            ))
+        }
+        (_, Some(v)) => {
+            return Err(ApiError::invalid(
+                Some("tool_choice"),
+                format!("tool_choice must be `none`, `auto`, `required` or a function, got {v}"),
+            ))
+        }
+    }
+    let Some(tools) = tools else {
+        return Ok(None);
+    };
+    if endpoint == Endpoint::Completions {
+        return Err(unsupported("tools", "tools on /v1/completions (use chat)"));
+    }
+    for (i, t) in tools.iter().enumerate() {
+        let name = t
+            .get("function")
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str);
+        if t.get("type").and_then(Value::as_str) != Some("function")
+            || name.is_none_or(str::is_empty)
+        {
+            return Err(ApiError::invalid(
+                Some("tools"),
+                format!("tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"),
+            ));
+        }
+    }
+    if choice.as_ref().and_then(Value::as_str) == Some("none") {
+        return Ok(None);
+    }
+    let format = cx
+        .template
+        .and_then(ChatTemplate::tool_call_format)
+        .ok_or_else(|| {
+            unsupported(
+                "tools",
+                "tool calling with this model (its chat template offers no tools in a known format)",
+            )
+        })?;
+    Ok(Some((Value::Array(tools.clone()), format)))
 }
 
 /// How many alternatives each token's log-probabilities list, if asked:
@@ -416,6 +518,7 @@ fn logprobs_request(
 
 fn chat_prompt(
     messages: Option<&[Message]>,
+    tools: Option<&Value>,
     has_prompt: bool,
     cx: &Context<'_>,
 ) -> Result<Vec<u32>, ApiError> {
@@ -441,21 +544,31 @@ fn chat_prompt(
             "the model has no chat template; use /v1/completions with a raw prompt",
         )
     })?;
+    let tool_template = template.tool_call_format().is_some();
     let mut chat = Vec::with_capacity(messages.len());
     for m in messages {
-        if !matches!(
-            m.role.as_str(),
-            "system" | "developer" | "user" | "assistant"
-        ) {
+        let role_ok = match m.role.as_str() {
+            "system" | "developer" | "user" | "assistant" => true,
+            "tool" => tool_template,
+            _ => false,
+        };
+        if !role_ok {
             return Err(ApiError::invalid(
                 Some("messages"),
                 format!(
-                    "role `{}` is not supported (system, developer, user, assistant)",
-                    m.role
+                    "role `{}` is not supported (system, developer, user, assistant{})",
+                    m.role,
+                    if tool_template { ", tool" } else { "" }
                 ),
             ));
         }
-        let _ = &m.name;
+        if m.tool_calls.is_some() && (m.role != "assistant" || !tool_template) {
+            return Err(ApiError::invalid(
+                Some("messages"),
+                "tool_calls belong to assistant messages of a model with tools",
+            ));
+        }
+        let _ = (&m.name, &m.tool_call_id);
         let text = match &m.content {
             None => String::new(),
             Some(Content::Text(t)) => t.clone(),
@@ -480,12 +593,16 @@ fn chat_prompt(
         } else {
             m.role.as_str()
         };
-        chat.push(ChatMessage::new(role, text));
+        let mut message = ChatMessage::new(role, text);
+        for c in m.tool_calls.iter().flatten() {
+            message.tool_calls.push(tool_call(c)?);
+        }
+        chat.push(message);
     }
     // Content is plain text: a message cannot open another turn by writing
     // the template's markers.
     let ids = template
-        .encode(cx.tokenizer, &chat, true, ContentTokens::Plain)
+        .encode_with_tools(cx.tokenizer, &chat, tools, true, ContentTokens::Plain)
         .map_err(|e| ApiError::invalid(Some("messages"), format!("cannot render the chat: {e}")))?;
     if ids.is_empty() {
         return Err(ApiError::invalid(
@@ -494,6 +611,47 @@ fn chat_prompt(
         ));
     }
     Ok(ids)
+}
+
+/// The function names of checked `tools`.
+fn tool_names(tools: &Value) -> Vec<String> {
+    let names = tools.as_array().into_iter().flatten();
+    names
+        .filter_map(|t| t["function"]["name"].as_str().map(String::from))
+        .collect()
+}
+
+/// An assistant message's call, its arguments an object (OpenAI sends
+/// them as a JSON string; templates print them as an object).
+fn tool_call(c: &CallIn) -> Result<ToolCall, ApiError> {
+    let bad = |what: String| ApiError::invalid(Some("messages"), what);
+    if c.kind.as_deref().is_some_and(|k| k != "function") {
+        return Err(bad(format!(
+            "a tool call of type `{}`; only functions are known",
+            c.kind.as_deref().unwrap_or_default()
+        )));
+    }
+    let arguments = match &c.function.arguments {
+        None | Some(Value::Null) => json!({}),
+        Some(Value::String(s)) => serde_json::from_str(s).map_err(|e| {
+            bad(format!(
+                "the arguments of the call to `{}` are not JSON: {e}",
+                c.function.name
+            ))
+        })?,
+        Some(v) => v.clone(),
+    };
+    if !arguments.is_object() {
+        return Err(bad(format!(
+            "the arguments of the call to `{}` must be a JSON object",
+            c.function.name
+        )));
+    }
+    Ok(ToolCall {
+        id: c.id.clone().unwrap_or_default(),
+        name: c.function.name.clone(),
+        arguments,
+    })
 }
 
 fn completion_prompt(

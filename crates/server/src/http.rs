@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use blockdraft_core::backend::prelude::*;
-use blockdraft_core::chat_template::ChatTemplate;
+use blockdraft_core::chat_template::{ChatTemplate, ToolCall, ToolCallFormat};
 use blockdraft_core::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -340,6 +340,8 @@ async fn generate(
             .map_or(0, |d| d.as_secs()),
         endpoint,
         logprobs: req.logprobs.is_some(),
+        tool_format: req.tool_format,
+        tool_names: req.tool_names.clone(),
     };
     if req.stream {
         stream(reply, req, outputs)
@@ -356,6 +358,10 @@ struct Reply {
     endpoint: Endpoint,
     /// The request asked for log-probabilities.
     logprobs: bool,
+    /// The request offered tools: calls in the answer are read back.
+    tool_format: Option<ToolCallFormat>,
+    /// The names of the tools offered.
+    tool_names: Vec<String>,
 }
 
 impl Reply {
@@ -449,6 +455,50 @@ impl Reply {
         }
     }
 
+    /// The calls in a finished answer `text` (with the text before them),
+    /// when the request offered tools and the model made some.
+    fn tool_calls(&self, text: &str) -> Option<(String, Vec<ToolCall>)> {
+        let offered = |name: &str| self.tool_names.iter().any(|n| n == name);
+        self.tool_format?
+            .parse(text, &format!("call_{}_", self.id), &offered)
+    }
+
+    /// A chat choice carrying `calls` (OpenAI's `tool_calls`, arguments as
+    /// a JSON string), their content before them; a stream's delta gives
+    /// each call its `index`.
+    fn tool_choice(&self, content: &str, calls: &[ToolCall], chunk: bool, first: bool) -> Value {
+        let calls: Vec<Value> = (calls.iter().enumerate())
+            .map(|(i, c)| {
+                let mut v = json!({
+                    "id": c.id, "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments.to_string()},
+                });
+                if chunk {
+                    v["index"] = json!(i);
+                }
+                v
+            })
+            .collect();
+        let mut msg = json!({"tool_calls": calls});
+        if first || !chunk {
+            msg["role"] = json!("assistant");
+        }
+        if !chunk || !content.is_empty() {
+            msg["content"] = if content.is_empty() {
+                Value::Null
+            } else {
+                json!(content)
+            };
+        }
+        let key = if chunk { "delta" } else { "message" };
+        let finish = if chunk {
+            Value::Null
+        } else {
+            json!("tool_calls")
+        };
+        json!({"index": 0, key: msg, "logprobs": null, "finish_reason": finish})
+    }
+
     fn envelope(&self, chunk: bool, choices: Vec<Value>, usage: Option<Value>) -> Value {
         let mut v = json!({
             "id": self.id, "object": self.object(chunk), "created": self.created,
@@ -488,7 +538,10 @@ async fn whole(reply: Reply, mut outputs: mpsc::UnboundedReceiver<Output>) -> Re
             Output::Failed(e) => return error_response(&ApiError::server(e)),
             Output::Done(done) => {
                 let finish = Some(done.finish_reason);
-                let choice = reply.choice(Some(&text), &scored, 0, false, true, finish);
+                let choice = match reply.tool_calls(&text) {
+                    Some((content, calls)) => reply.tool_choice(&content, &calls, false, true),
+                    None => reply.choice(Some(&text), &scored, 0, false, true, finish),
+                };
                 return json_response(
                     200,
                     &reply.envelope(false, vec![choice], Some(usage(&done))),
@@ -509,11 +562,31 @@ fn stream(reply: Reply, req: GenRequest, mut outputs: mpsc::UnboundedReceiver<Ou
         let mut first = true;
         // Characters sent so far (completions' `text_offset`).
         let mut offset = 0;
+        // With tools, what may be a call is held back until the answer
+        // ends (the text from a possible `<tool_call>` on, with its tokens'
+        // log-probabilities): then it is sent as calls, or as text.
+        let (mut held, mut held_scored) = (String::new(), Vec::new());
         while let Some(o) = outputs.recv().await {
             let ok = match o {
                 Output::Text(t, scored) => {
-                    let choice = reply.choice(Some(&t), &scored, offset, true, first, None);
-                    offset += t.chars().count();
+                    held.push_str(&t);
+                    held_scored.extend(scored);
+                    let send_to = match reply.tool_format {
+                        Some(f) => f.call_start(&held, first).unwrap_or(held.len()),
+                        None => held.len(),
+                    };
+                    if send_to == 0 {
+                        continue;
+                    }
+                    let text: String = held.drain(..send_to).collect();
+                    // Log-probabilities go with the text they were held with.
+                    let scored: Vec<Scored> = if held.is_empty() {
+                        std::mem::take(&mut held_scored)
+                    } else {
+                        Vec::new()
+                    };
+                    let choice = reply.choice(Some(&text), &scored, offset, true, first, None);
+                    offset += text.chars().count();
                     first = false;
                     send(reply.envelope(true, vec![choice], None))
                 }
@@ -522,9 +595,20 @@ fn stream(reply: Reply, req: GenRequest, mut outputs: mpsc::UnboundedReceiver<Ou
                     break;
                 }
                 Output::Done(done) => {
-                    let finish = Some(done.finish_reason);
+                    let mut finish = Some(done.finish_reason);
+                    let mut ok = true;
+                    if let Some((content, calls)) = reply.tool_calls(&held) {
+                        let choice = reply.tool_choice(&content, &calls, true, first);
+                        ok &= send(reply.envelope(true, vec![choice], None));
+                        finish = Some("tool_calls");
+                    } else if !held.is_empty() {
+                        let choice =
+                            reply.choice(Some(&held), &held_scored, offset, true, first, None);
+                        ok &= send(reply.envelope(true, vec![choice], None));
+                    }
+                    first = false;
                     let choice = reply.choice(None, &[], offset, true, first, finish);
-                    let mut ok = send(reply.envelope(true, vec![choice], None));
+                    ok &= send(reply.envelope(true, vec![choice], None));
                     if req.include_usage {
                         ok &= send(reply.envelope(true, vec![], Some(usage(&done))));
                     }
