@@ -4,7 +4,8 @@
 //! each give their single-request text; bad requests get OpenAI error
 //! objects; clients that leave cancel their sequence; a full queue answers
 //! 503 with Retry-After; the API key is enforced; SIGTERM lets running
-//! streams finish and refuses new requests.
+//! streams finish and refuses new requests. Tool calls, with
+//! Qwen2.5-Coder-0.5B (whose template offers tools).
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
