@@ -931,6 +931,104 @@ pub async fn device_ids<B: Backend, R: Backend>(be: &B, reference: &R) {
     }
 }
 
+/// Property-style draws: shapes the fixed cases do not name (seeded, so a
+/// failure names its draw and repeats), each compared with the reference:
+/// matmuls of every weight type with random rows, row lengths and batch
+/// rows, RMS norms of random groups, and grouped-query attention with
+/// random head counts, head widths, depths and masks.
+pub async fn random_shapes<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(2026);
+    let mut pick = |lo: usize, hi: usize| {
+        lo + (rng.next_f64() * (hi - lo + 1) as f64) as usize % (hi - lo + 1)
+    };
+    for draw in 0..24 {
+        let ty = WEIGHT_TYPES[pick(0, WEIGHT_TYPES.len() - 1)];
+        // At least 2 output rows: a 1-row weight is stored as a vector,
+        // which backends load as dense f32 (norms), not as a matrix.
+        let (rows, cols, n) = (pick(2, 200), ty.block_len() * pick(1, 6), pick(1, 20));
+        let file = weight_file(ty, rows, cols, 5000 + draw);
+        let (w, wr) = (load(be, &file), load(reference, &file));
+        let x = uniform(&mut Rng::new(draw), n * cols, 2.0);
+        let mut out = be.tensor(n, rows);
+        be.matmul(&w, &tensor(be, n, cols, &x), &mut out);
+        let mut want = reference.tensor(n, rows);
+        reference.matmul(&wr, &tensor(reference, n, cols, &x), &mut want);
+        assert_close(
+            &format!("draw {draw}: matmul {ty} {rows}x{cols}, {n} rows"),
+            &be.read(&out).await,
+            &reference.read(&want).await,
+            matmul_tolerance(ty),
+        );
+
+        let (n, group) = (pick(1, 9), 32 * pick(1, 24));
+        let cols = group * pick(1, 3);
+        let x = uniform(&mut Rng::new(100 + draw), n * cols, 3.0);
+        let file = weight_file(GgmlType::F32, 1, group, 6000 + draw);
+        let (w, wr) = (load(be, &file), load(reference, &file));
+        let mut out = be.tensor(n, cols);
+        be.rms_norm(&tensor(be, n, cols, &x), &w, group, 1e-6, &mut out);
+        let mut want = reference.tensor(n, cols);
+        reference.rms_norm(&tensor(reference, n, cols, &x), &wr, group, 1e-6, &mut want);
+        assert_close(
+            &format!("draw {draw}: rms_norm {n}x{cols}/{group}"),
+            &be.read(&out).await,
+            &reference.read(&want).await,
+            1e-5,
+        );
+
+        let n_head_kv = pick(1, 4);
+        let n_head = n_head_kv * pick(1, 4);
+        let head_dim = [32, 64, 80, 128][pick(0, 3)];
+        let rows = pick(1, 12);
+        let q_pos0 = pick(0, 300);
+        let p = AttentionParams {
+            n_head,
+            n_head_kv,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        let mask = AttentionMask {
+            q_pos0,
+            kv_len: q_pos0 + rows,
+            causal: pick(0, 3) > 0,
+            window: (pick(0, 2) == 0).then(|| pick(1, 64)),
+        };
+        let (qc, kvc, kv_rows) = (
+            n_head * head_dim,
+            n_head_kv * head_dim,
+            q_pos0 + rows + pick(0, 8),
+        );
+        let mut data = Rng::new(200 + draw);
+        let q = uniform(&mut data, rows * qc, 2.0);
+        let k = uniform(&mut data, kv_rows * kvc, 2.0);
+        let v = uniform(&mut data, kv_rows * kvc, 1.0);
+        let mut out = be.tensor(rows, qc);
+        be.attention(
+            &tensor(be, rows, qc, &q),
+            &tensor(be, kv_rows, kvc, &k),
+            &tensor(be, kv_rows, kvc, &v),
+            mask,
+            p,
+            &mut out,
+        );
+        let mut want = reference.tensor(rows, qc);
+        reference.attention(
+            &tensor(reference, rows, qc, &q),
+            &tensor(reference, kv_rows, kvc, &k),
+            &tensor(reference, kv_rows, kvc, &v),
+            mask,
+            p,
+            &mut want,
+        );
+        assert_close(
+            &format!("draw {draw}: attention {p:?} {mask:?}"),
+            &be.read(&out).await,
+            &reference.read(&want).await,
+            1e-5,
+        );
+    }
+}
+
 /// One `#[test]` per op family for a backend, each against the reference.
 /// `$backend` and `$reference` are expressions building fresh backends.
 /// With `async $attr` first, each test is an `async fn` under that test
@@ -942,13 +1040,13 @@ macro_rules! backend_conformance_tests {
         $crate::backend_conformance_tests!(@async $attr, $backend, $reference;
             matmul, matmul_fused, embed, rms_norm, rope, attention_inputs, elementwise, copy_rows,
             attention, kv_f16, grouped_conv, argmax, top_k, add_slices, selector_walk, penalize,
-            sample_to, device_ids);
+            sample_to, device_ids, random_shapes);
     };
     ($backend:expr, $reference:expr) => {
         $crate::backend_conformance_tests!(@each $backend, $reference;
             matmul, matmul_fused, embed, rms_norm, rope, attention_inputs, elementwise, copy_rows,
             attention, kv_f16, grouped_conv, argmax, top_k, add_slices, selector_walk, penalize,
-            sample_to, device_ids);
+            sample_to, device_ids, random_shapes);
     };
     (@each $backend:expr, $reference:expr; $($op:ident),*) => {
         $(
