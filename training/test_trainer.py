@@ -330,13 +330,39 @@ class WarmStart(unittest.TestCase):
         expected = torch.from_numpy(dequantize(fc.data, fc.tensor_type).copy()).float()
         self.assertTrue(torch.equal(model.fc.weight.detach(), expected))
 
+    def test_added_layers_start_as_identities(self):
+        import train
+        args = self.args(layers=2)
+        weights = train.warm_start(args, self.manifest())
+        self.assertEqual((args.layers, args.init_layers), (2, 1))
+
+        def drafter(layers):
+            return Drafter(DrafterConfig(
+                hidden_size=576, intermediate_size=args.intermediate, num_hidden_layers=layers,
+                num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+                head_dim=args.head_dim, target_layer_ids=[1, 8, 14, 20, 27], num_target_layers=30,
+                mask_token_id=args.mask_token, vocab_size=49152, block_size=args.block))
+        torch.manual_seed(0)
+        one, two = drafter(1), drafter(2)
+        one.load_state_dict(weights, strict=True)
+        missing, unexpected = two.load_state_dict(weights, strict=False)
+        self.assertTrue(missing and all(k.startswith("layers.1.") for k in missing) and not unexpected)
+        train.grow_layers(two, 1)
+        # The grown drafter's block states are the file's, exactly.
+        taps, ids = torch.randn(20, 5 * 576), torch.randint(0, 64, (20,))
+        anchors, embed = torch.tensor([3, 10]), torch.randn(64, 576)
+        with torch.no_grad():
+            self.assertTrue(torch.equal(two(taps, ids, anchors, embed), one(taps, ids, anchors, embed)))
+        # Not an identity that stays one: the new layer's projections learn.
+        self.assertGreater(float(two.layers[1].self_attn.q_proj.weight.detach().abs().sum()), 0.0)
+
     def test_a_drafter_for_other_data_or_shape_is_refused(self):
         import train
         from dflash_train.gguf_drafter import DrafterFileError
         with self.assertRaisesRegex(DrafterFileError, "taps"):
             train.warm_start(self.args(), self.manifest(taps=(2, 9, 15, 21, 29)))
-        with self.assertRaisesRegex(DrafterFileError, "--layers 2, the file has 1"):
-            train.warm_start(self.args(layers=2), self.manifest())
+        with self.assertRaisesRegex(DrafterFileError, "--layers 0, the file has 1"):
+            train.warm_start(self.args(layers=0), self.manifest())
         with self.assertRaisesRegex(DrafterFileError, "not a readable GGUF"):
             with tempfile.NamedTemporaryFile(suffix=".gguf") as f:
                 f.write(b"GGUF-not-really")

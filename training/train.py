@@ -69,15 +69,33 @@ def warm_start(args, manifest):
     if m["taps"] != manifest["tap_layers"] or m["hidden"] != manifest["n_embd"]:
         raise DrafterFileError(f"{args.init_from}: taps {m['taps']}, width {m['hidden']}; the data has "
                                f"taps {manifest['tap_layers']}, width {manifest['n_embd']}")
-    for flag, key in (("layers", "layers"), ("intermediate", "intermediate"), ("heads", "heads"),
+    # More layers than the file's: it fills the first ones and the rest start
+    # as identities (see grow_layers), so training resumes from its function.
+    args.init_layers = m["layers"]
+    if args.layers is not None and args.layers < m["layers"]:
+        raise DrafterFileError(f"{args.init_from}: --layers {args.layers}, the file has {m['layers']} "
+                               "(a warm start may add layers, not drop them)")
+    for flag, key in (("intermediate", "intermediate"), ("heads", "heads"),
                       ("kv_heads", "kv_heads"), ("head_dim", "head_dim"), ("block", "block_size"),
                       ("mask_token", "mask_token")):
         given = getattr(args, flag)
         if given is not None and given != m[key]:
             raise DrafterFileError(f"{args.init_from}: --{flag.replace('_', '-')} {given}, the file has {m[key]}")
         setattr(args, flag, m[key])
+    args.layers = args.layers or m["layers"]
     args.init_d2t = m["d2t"]
     return weights
+
+
+def grow_layers(model: Drafter, loaded: int):
+    """Layers from `loaded` on add nothing to the residual stream at first
+    (their attention and MLP output projections zeroed), so a drafter
+    warm-started with more layers than its file computes what the file
+    does; their other weights keep their random start."""
+    with torch.no_grad():
+        for layer in model.layers[loaded:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
 
 
 def lr_at(step, args):
@@ -247,8 +265,11 @@ def main():
     model = Drafter(cfg)
     if init is not None:
         missing, unexpected = model.load_state_dict(init, strict=False)
+        grown = {f"layers.{i}." for i in range(args.init_layers, args.layers)}
+        missing = [k for k in missing if not any(k.startswith(g) for g in grown)]
         if missing or unexpected:
             sys.exit(f"error: --init-from {args.init_from}: missing {missing}, unexpected {unexpected}")
+        grow_layers(model, args.init_layers)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     args.out.mkdir(parents=True, exist_ok=True)
     step, order_pos = 0, 0
