@@ -526,7 +526,11 @@ fn tool_calls_on_a_model_with_tools() {
         "tools": weather_tool(), "temperature": 0, "max_tokens": 8});
     let r = server.post("/v1/chat/completions", &follow);
     assert_eq!(r.status, 200, "{}", r.body);
-    // Without tools (or tool_choice none) the same question is answered as text.
+    // The streamed request ran only what its prompt adds to the first's
+    // (the server keeps a finished request's memory; no drafter here).
+    assert!(server.metric("blockdraft_prompt_tokens_reused_total") >= 16.0);
+    // Without tools (or tool_choice none) the same question is answered as
+    // text; asked again, from the cached prompt, the same text and usage.
     let mut none = ask(false);
     none["tool_choice"] = json!("none");
     let r = server.post("/v1/chat/completions", &none).json();
@@ -535,6 +539,11 @@ fn tool_calls_on_a_model_with_tools() {
         r["choices"][0]["message"].get("tool_calls").is_none(),
         "{r}"
     );
+    let reused = server.metric("blockdraft_prompt_tokens_reused_total");
+    let again = server.post("/v1/chat/completions", &none).json();
+    assert_eq!(again["choices"], r["choices"]);
+    assert_eq!(again["usage"]["prompt_tokens"], r["usage"]["prompt_tokens"]);
+    assert!(server.metric("blockdraft_prompt_tokens_reused_total") > reused);
     let refused = [
         ("tool_choice", json!("required")),
         (

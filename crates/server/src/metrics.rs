@@ -51,6 +51,7 @@ pub struct Metrics {
     queued: AtomicU64,
     running: AtomicU64,
     prompt_tokens: AtomicU64,
+    prompt_tokens_reused: AtomicU64,
     completion_tokens: AtomicU64,
     drafted: AtomicU64,
     accepted: AtomicU64,
@@ -99,10 +100,19 @@ impl Metrics {
         h.observe(since_queued.as_secs_f64());
     }
 
-    pub fn finished(&self, st: &SpecStats, completion_tokens: usize, since_queued: Duration) {
+    /// A finished request: `reused` of its prompt tokens came from a cached
+    /// memory (not run again), the rest are in `st`.
+    pub fn finished(
+        &self,
+        st: &SpecStats,
+        reused: usize,
+        completion_tokens: usize,
+        since_queued: Duration,
+    ) {
         self.finished.fetch_add(1, Relaxed);
         self.prompt_tokens
-            .fetch_add(st.prompt_tokens as u64, Relaxed);
+            .fetch_add((st.prompt_tokens + reused) as u64, Relaxed);
+        self.prompt_tokens_reused.fetch_add(reused as u64, Relaxed);
         self.completion_tokens
             .fetch_add(completion_tokens as u64, Relaxed);
         self.drafted.fetch_add(st.drafted as u64, Relaxed);
@@ -150,6 +160,11 @@ impl Metrics {
                 "blockdraft_prompt_tokens_total",
                 "Prompt tokens of finished requests",
                 &self.prompt_tokens,
+            ),
+            (
+                "blockdraft_prompt_tokens_reused_total",
+                "Prompt tokens a cached memory already held (not run again)",
+                &self.prompt_tokens_reused,
             ),
             (
                 "blockdraft_completion_tokens_total",

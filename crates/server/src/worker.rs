@@ -8,7 +8,7 @@ use crate::metrics::Metrics;
 use blockdraft_core::backend::prelude::*;
 use blockdraft_core::engine::{Engine, Event, Held, Sequence};
 use blockdraft_core::generate::{StopReason, TextStream};
-use blockdraft_core::model::Decoder;
+use blockdraft_core::model::{Decoder, DecoderState};
 use blockdraft_core::sampling::Sampler;
 use blockdraft_core::speculative::{DraftPolicy, PolicyConfig, SharedDrafter, SpecStats};
 use blockdraft_core::tokenizer::Tokenizer;
@@ -18,6 +18,43 @@ use tokio::sync::mpsc;
 
 /// Rows per target pass (prefill chunk, verify batch), as the CLI uses.
 const MAX_BATCH: usize = 256;
+
+/// Shortest shared prompt prefix worth reusing a finished request's memory
+/// for (a chat template's system turn is longer).
+const MIN_REUSE: usize = 16;
+
+/// A finished request's target memory, kept for a later prompt that starts
+/// the same way (llama-server's prompt cache): the memory holds the first
+/// `state.len()` of `tokens`.
+struct CachedPrefix<B: Backend> {
+    tokens: Vec<u32>,
+    state: DecoderState<B>,
+}
+
+/// Takes the cached memory sharing the longest prefix (at least
+/// [`MIN_REUSE`] tokens, and at least one prompt token left to run) with
+/// `prompt` and room for `n_ctx` positions, cut back to that prefix.
+fn reuse_prefix<B: Backend>(
+    cache: &mut Vec<CachedPrefix<B>>,
+    prompt: &[u32],
+    n_ctx: usize,
+) -> Option<(DecoderState<B>, usize)> {
+    let shared = |c: &CachedPrefix<B>| {
+        let held = &c.tokens[..c.state.len().min(c.tokens.len())];
+        let n = held.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        n.min(prompt.len().saturating_sub(1))
+    };
+    let (i, n) = (cache.iter().enumerate())
+        .filter(|(_, c)| c.state.kv.capacity() >= n_ctx)
+        .map(|(i, c)| (i, shared(c)))
+        .max_by_key(|&(_, n)| n)?;
+    if n < MIN_REUSE {
+        return None;
+    }
+    let mut state = cache.swap_remove(i).state;
+    state.truncate(n);
+    Some((state, n))
+}
 
 /// What a request hears from the worker.
 #[derive(Debug)]
@@ -86,6 +123,9 @@ struct Running<'t> {
     failed: bool,
     /// Log-probabilities of tokens whose text is not sent yet.
     scored: Vec<Scored>,
+    /// The prompt prefix a cached memory already held (not run again), when
+    /// the request may reuse and leave its memory (see `Worker::start`).
+    reused: Option<Vec<u32>>,
 }
 
 pub struct Worker<B: Backend> {
@@ -106,6 +146,7 @@ impl<B: Backend> Worker<B> {
         // Parallel vectors: the engine steps a slice of sequences.
         let mut seqs: Vec<Sequence<'static, B>> = Vec::new();
         let mut running: Vec<Running<'_>> = Vec::new();
+        let mut cache: Vec<CachedPrefix<B>> = Vec::new();
         let mut open = true;
         loop {
             while open && seqs.len() < self.parallel {
@@ -127,7 +168,7 @@ impl<B: Backend> Worker<B> {
                     self.metrics.cancelled();
                     continue;
                 }
-                match self.start(job, &tokenizer) {
+                match self.start(job, &tokenizer, &mut cache) {
                     Ok((seq, r)) => {
                         seqs.push(seq);
                         running.push(r);
@@ -151,7 +192,7 @@ impl<B: Backend> Worker<B> {
                 if seqs[i].is_finished() || running[i].failed || running[i].out.is_closed() {
                     let seq = seqs.swap_remove(i);
                     let r = running.swap_remove(i);
-                    self.finish(seq, r);
+                    self.finish(seq, r, &mut cache);
                 } else {
                     i += 1;
                 }
@@ -161,22 +202,51 @@ impl<B: Backend> Worker<B> {
     }
 
     #[allow(clippy::type_complexity)]
+    /// A sequence for `job`. Without a drafter and without penalties, on a
+    /// backend whose rows do not depend on how a sequence is split into
+    /// passes (the CPU), it may start from a cached memory holding a prefix
+    /// of its prompt and run only the rest: the same tokens, sooner. (A
+    /// drafter's context and a penalty's history would need the prefix
+    /// too.)
+    #[allow(clippy::type_complexity)]
     fn start<'t>(
         &self,
         job: Job,
         tokenizer: &'t Tokenizer,
+        cache: &mut Vec<CachedPrefix<B>>,
     ) -> Result<(Sequence<'static, B>, Running<'t>), (mpsc::UnboundedSender<Output>, String)> {
         let req = job.request;
         let n_ctx = req.prompt.len() + req.max_tokens;
         let fail = |e: String| (job.out.clone(), e);
-        let state = self
-            .decoder
-            .try_new_state(n_ctx, MAX_BATCH)
-            .map_err(|e| fail(format!("cannot allocate the request's memory: {e}")))?;
+        let drafter = match req.speculative {
+            Some(false) => None,
+            _ => (self.drafter)
+                .for_sequence(self.decoder.config.n_vocab, n_ctx, MAX_BATCH)
+                .map_err(|e| fail(e.to_string()))?,
+        };
+        let p = &req.sampling;
+        let reusable = drafter.is_none()
+            && p.repeat_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && self.decoder.backend.host_memory();
+        let cached = match reusable {
+            true => reuse_prefix(cache, &req.prompt, n_ctx),
+            false => None,
+        };
+        let (state, skip) = match cached {
+            Some(c) => c,
+            None => (
+                self.decoder
+                    .try_new_state(n_ctx, MAX_BATCH)
+                    .map_err(|e| fail(format!("cannot allocate the request's memory: {e}")))?,
+                0,
+            ),
+        };
         let eog = self.tokenizer.clone();
         let mut seq = Sequence::new(
             Held::owned(state),
-            &req.prompt,
+            &req.prompt[skip..],
             req.max_tokens,
             Held::owned(Sampler::new(req.sampling.clone())),
             move |t| eog.is_eog(t),
@@ -184,17 +254,11 @@ impl<B: Backend> Worker<B> {
         if let Some(top) = req.logprobs {
             seq = seq.with_logprobs(top);
         }
-        if req.speculative != Some(false) {
-            let n_vocab = self.decoder.config.n_vocab;
-            let drafter = (self.drafter)
-                .for_sequence(n_vocab, n_ctx, MAX_BATCH)
-                .map_err(|e| fail(e.to_string()))?;
-            if let Some(drafter) = drafter {
-                seq = seq.with_drafter(
-                    Held::Owned(drafter),
-                    Held::owned(DraftPolicy::new(self.policy)),
-                );
-            }
+        if let Some(drafter) = drafter {
+            seq = seq.with_drafter(
+                Held::Owned(drafter),
+                Held::owned(DraftPolicy::new(self.policy)),
+            );
         }
         let running = Running {
             text: TextStream::new(tokenizer, req.stop),
@@ -206,6 +270,7 @@ impl<B: Backend> Worker<B> {
             timed_out: false,
             failed: false,
             scored: Vec::new(),
+            reused: reusable.then(|| req.prompt[..skip].to_vec()),
         };
         Ok((seq, running))
     }
@@ -287,7 +352,12 @@ impl<B: Backend> Worker<B> {
     }
 
     /// Sends a request that left the engine its last text and figures.
-    fn finish(&self, seq: Sequence<'static, B>, mut r: Running<'_>) {
+    fn finish(
+        &self,
+        seq: Sequence<'static, B>,
+        mut r: Running<'_>,
+        cache: &mut Vec<CachedPrefix<B>>,
+    ) {
         if r.failed {
             self.metrics.failed();
             return;
@@ -312,14 +382,28 @@ impl<B: Backend> Worker<B> {
         };
         let stats = seq.stats().clone();
         let completion_tokens = seq.tokens().len();
+        let reused = r.reused.take();
+        let n_reused = reused.as_ref().map_or(0, Vec::len);
         self.metrics
-            .finished(&stats, completion_tokens, r.queued.elapsed());
+            .finished(&stats, n_reused, completion_tokens, r.queued.elapsed());
         let done = Done {
             finish_reason,
-            prompt_tokens: stats.prompt_tokens,
+            prompt_tokens: stats.prompt_tokens + n_reused,
             completion_tokens,
             speculative: (!stats.drafter.is_empty()).then_some(stats),
         };
         let _ = r.out.send(Output::Done(done));
+        // Keep its memory for a later prompt that starts the same way: at
+        // most one per sequence slot, the oldest dropped first.
+        if let (Some(mut tokens), (Held::Owned(state), history)) = (reused, seq.into_memory()) {
+            tokens.extend(history);
+            if cache.len() >= self.parallel {
+                cache.remove(0);
+            }
+            cache.push(CachedPrefix {
+                tokens,
+                state: *state,
+            });
+        }
     }
 }

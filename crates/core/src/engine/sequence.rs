@@ -141,6 +141,14 @@ impl<'a, B: Backend> Sequence<'a, B> {
         &self.history[self.prompt_len..]
     }
 
+    /// The target memory and the tokens this sequence was given and made
+    /// (its prompt, then its output; the memory holds the first
+    /// `state.len()` of them after what it held before): what a server
+    /// keeps to reuse a prompt's prefix.
+    pub fn into_memory(self) -> (Held<'a, DecoderState<B>>, Vec<u32>) {
+        (self.state, self.history)
+    }
+
     /// Statistics so far (speculative fields stay 0 without a drafter).
     pub fn stats(&self) -> &SpecStats {
         &self.stats
