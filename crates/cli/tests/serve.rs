@@ -136,8 +136,8 @@ impl Response {
             .collect()
     }
 
-    /// The text of a streamed reply, and its usage chunk if any.
-    fn streamed_text(&self) -> (String, Option<Value>) {
+    /// The chunks of a streamed reply, which must end with `[DONE]`.
+    fn chunks(&self) -> Vec<Value> {
         let events = self.events();
         assert_eq!(
             events.last().map(String::as_str),
@@ -145,10 +145,18 @@ impl Response {
             "{}",
             self.body
         );
+        let chunks = &events[..events.len() - 1];
+        chunks
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect()
+    }
+
+    /// The text of a streamed reply, and its usage chunk if any.
+    fn streamed_text(&self) -> (String, Option<Value>) {
         let mut text = String::new();
         let mut usage = None;
-        for e in &events[..events.len() - 1] {
-            let v: Value = serde_json::from_str(e).unwrap();
+        for v in self.chunks() {
             if let Some(u) = v.get("usage") {
                 usage = Some(u.clone());
             }
@@ -493,17 +501,7 @@ fn tool_calls_on_a_model_with_tools() {
     assert!(choice["message"]["content"].is_null(), "{}", r.body);
     // Streamed: no text before the call, the call in one delta, then the finish.
     let r = server.post("/v1/chat/completions", &ask(true));
-    let events = r.events();
-    assert_eq!(
-        events.last().map(String::as_str),
-        Some("[DONE]"),
-        "{}",
-        r.body
-    );
-    let chunks: Vec<Value> = events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).unwrap())
-        .collect();
+    let chunks = r.chunks();
     let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
     assert!(
         deltas.iter().all(|d| d.get("content").is_none()),

@@ -102,6 +102,95 @@ fn matmul_tolerance(ty: GgmlType) -> f32 {
     }
 }
 
+/// `out = x · Wᵀ` (`n` rows) on both backends, within `tol`.
+#[allow(clippy::too_many_arguments)]
+async fn check_matmul<B: Backend, R: Backend>(
+    be: &B,
+    reference: &R,
+    (w, wr): (&B::Weight, &R::Weight),
+    x: &[f32],
+    (n, rows, cols): (usize, usize, usize),
+    what: &str,
+    tol: f32,
+) {
+    let mut out = be.tensor(n, rows);
+    be.matmul(w, &tensor(be, n, cols, x), &mut out);
+    let mut want = reference.tensor(n, rows);
+    reference.matmul(wr, &tensor(reference, n, cols, x), &mut want);
+    assert_close(
+        what,
+        &be.read(&out).await,
+        &reference.read(&want).await,
+        tol,
+    );
+}
+
+/// RMS norm of `x` (`rows x cols`, in `group`-wide slices) on both backends.
+async fn check_rms_norm<B: Backend, R: Backend>(
+    be: &B,
+    reference: &R,
+    (w, wr): (&B::Weight, &R::Weight),
+    x: &[f32],
+    (rows, cols, group): (usize, usize, usize),
+    what: &str,
+) {
+    let mut out = be.tensor(rows, cols);
+    be.rms_norm(&tensor(be, rows, cols, x), w, group, 1e-6, &mut out);
+    let mut want = reference.tensor(rows, cols);
+    reference.rms_norm(
+        &tensor(reference, rows, cols, x),
+        wr,
+        group,
+        1e-6,
+        &mut want,
+    );
+    assert_close(
+        what,
+        &be.read(&out).await,
+        &reference.read(&want).await,
+        1e-5,
+    );
+}
+
+/// Attention of `q` (`rows` rows) over `k`/`v` (`kv_rows` rows) on both
+/// backends.
+#[allow(clippy::too_many_arguments)]
+async fn check_attention<B: Backend, R: Backend>(
+    be: &B,
+    reference: &R,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    (rows, kv_rows): (usize, usize),
+    mask: AttentionMask,
+    p: AttentionParams,
+    what: &str,
+) {
+    let (qc, kvc) = (p.n_head * p.head_dim, p.n_head_kv * p.head_dim);
+    let mut out = be.tensor(rows, qc);
+    be.attention(
+        &tensor(be, rows, qc, q),
+        &tensor(be, kv_rows, kvc, k),
+        &tensor(be, kv_rows, kvc, v),
+        mask,
+        p,
+        &mut out,
+    );
+    let mut want = reference.tensor(rows, qc);
+    reference.attention(
+        &tensor(reference, rows, qc, q),
+        &tensor(reference, kv_rows, kvc, k),
+        &tensor(reference, kv_rows, kvc, v),
+        mask,
+        p,
+        &mut want,
+    );
+    assert_close(
+        what,
+        &be.read(&out).await,
+        &reference.read(&want).await,
+        1e-5,
+    );
+}
+
 /// `x · Wᵀ` for every weight type, for 1..16 rows (the verify shapes) and
 /// a prefill-size batch, with output-feature counts that are not multiples
 /// of any tile.
@@ -113,16 +202,9 @@ pub async fn matmul<B: Backend, R: Backend>(be: &B, reference: &R) {
         let (w, wr) = (load(be, &file), load(reference, &file));
         for n in [1, 2, 3, 5, 8, 9, 16, 40] {
             let x = uniform(&mut Rng::new(n as u64), n * cols, 2.0);
-            let mut out = be.tensor(n, rows);
-            be.matmul(&w, &tensor(be, n, cols, &x), &mut out);
-            let mut want = reference.tensor(n, rows);
-            reference.matmul(&wr, &tensor(reference, n, cols, &x), &mut want);
-            assert_close(
-                &format!("matmul {ty} n={n}"),
-                &be.read(&out).await,
-                &reference.read(&want).await,
-                matmul_tolerance(ty),
-            );
+            let what = format!("matmul {ty} n={n}");
+            let tol = matmul_tolerance(ty);
+            check_matmul(be, reference, (&w, &wr), &x, (n, rows, cols), &what, tol).await;
         }
     }
 }
@@ -259,22 +341,8 @@ pub async fn rms_norm<B: Backend, R: Backend>(be: &B, reference: &R) {
         let x = uniform(&mut rng, rows * cols, 3.0);
         let file = weight_file(GgmlType::F32, 1, group, 300 + group as u64);
         let (w, wr) = (load(be, &file), load(reference, &file));
-        let mut out = be.tensor(rows, cols);
-        be.rms_norm(&tensor(be, rows, cols, &x), &w, group, 1e-6, &mut out);
-        let mut want = reference.tensor(rows, cols);
-        reference.rms_norm(
-            &tensor(reference, rows, cols, &x),
-            &wr,
-            group,
-            1e-6,
-            &mut want,
-        );
-        assert_close(
-            &format!("rms_norm {rows}x{cols}/{group}"),
-            &be.read(&out).await,
-            &reference.read(&want).await,
-            1e-5,
-        );
+        let what = format!("rms_norm {rows}x{cols}/{group}");
+        check_rms_norm(be, reference, (&w, &wr), &x, (rows, cols, group), &what).await;
     }
 }
 
@@ -507,30 +575,8 @@ pub async fn attention<B: Backend, R: Backend>(be: &B, reference: &R) {
         let k = uniform(&mut rng, capacity.max(q_pos0 + rows) * kvc, 2.0);
         let v = uniform(&mut rng, capacity.max(q_pos0 + rows) * kvc, 1.0);
         let kv_rows = k.len() / kvc;
-        let mut out = be.tensor(rows, qc);
-        be.attention(
-            &tensor(be, rows, qc, &q),
-            &tensor(be, kv_rows, kvc, &k),
-            &tensor(be, kv_rows, kvc, &v),
-            mask,
-            p,
-            &mut out,
-        );
-        let mut want = reference.tensor(rows, qc);
-        reference.attention(
-            &tensor(reference, rows, qc, &q),
-            &tensor(reference, kv_rows, kvc, &k),
-            &tensor(reference, kv_rows, kvc, &v),
-            mask,
-            p,
-            &mut want,
-        );
-        assert_close(
-            &format!("attention {p:?} {mask:?}"),
-            &be.read(&out).await,
-            &reference.read(&want).await,
-            1e-5,
-        );
+        let what = format!("attention {p:?} {mask:?}");
+        check_attention(be, reference, (&q, &k, &v), (rows, kv_rows), mask, p, &what).await;
     }
 }
 
@@ -949,32 +995,17 @@ pub async fn random_shapes<B: Backend, R: Backend>(be: &B, reference: &R) {
         let file = weight_file(ty, rows, cols, 5000 + draw);
         let (w, wr) = (load(be, &file), load(reference, &file));
         let x = uniform(&mut Rng::new(draw), n * cols, 2.0);
-        let mut out = be.tensor(n, rows);
-        be.matmul(&w, &tensor(be, n, cols, &x), &mut out);
-        let mut want = reference.tensor(n, rows);
-        reference.matmul(&wr, &tensor(reference, n, cols, &x), &mut want);
-        assert_close(
-            &format!("draw {draw}: matmul {ty} {rows}x{cols}, {n} rows"),
-            &be.read(&out).await,
-            &reference.read(&want).await,
-            matmul_tolerance(ty),
-        );
+        let what = format!("draw {draw}: matmul {ty} {rows}x{cols}, {n} rows");
+        let tol = matmul_tolerance(ty);
+        check_matmul(be, reference, (&w, &wr), &x, (n, rows, cols), &what, tol).await;
 
         let (n, group) = (pick(1, 9), 32 * pick(1, 24));
         let cols = group * pick(1, 3);
         let x = uniform(&mut Rng::new(100 + draw), n * cols, 3.0);
         let file = weight_file(GgmlType::F32, 1, group, 6000 + draw);
         let (w, wr) = (load(be, &file), load(reference, &file));
-        let mut out = be.tensor(n, cols);
-        be.rms_norm(&tensor(be, n, cols, &x), &w, group, 1e-6, &mut out);
-        let mut want = reference.tensor(n, cols);
-        reference.rms_norm(&tensor(reference, n, cols, &x), &wr, group, 1e-6, &mut want);
-        assert_close(
-            &format!("draw {draw}: rms_norm {n}x{cols}/{group}"),
-            &be.read(&out).await,
-            &reference.read(&want).await,
-            1e-5,
-        );
+        let what = format!("draw {draw}: rms_norm {n}x{cols}/{group}");
+        check_rms_norm(be, reference, (&w, &wr), &x, (n, cols, group), &what).await;
 
         let n_head_kv = pick(1, 4);
         let n_head = n_head_kv * pick(1, 4);
@@ -1002,30 +1033,8 @@ pub async fn random_shapes<B: Backend, R: Backend>(be: &B, reference: &R) {
         let q = uniform(&mut data, rows * qc, 2.0);
         let k = uniform(&mut data, kv_rows * kvc, 2.0);
         let v = uniform(&mut data, kv_rows * kvc, 1.0);
-        let mut out = be.tensor(rows, qc);
-        be.attention(
-            &tensor(be, rows, qc, &q),
-            &tensor(be, kv_rows, kvc, &k),
-            &tensor(be, kv_rows, kvc, &v),
-            mask,
-            p,
-            &mut out,
-        );
-        let mut want = reference.tensor(rows, qc);
-        reference.attention(
-            &tensor(reference, rows, qc, &q),
-            &tensor(reference, kv_rows, kvc, &k),
-            &tensor(reference, kv_rows, kvc, &v),
-            mask,
-            p,
-            &mut want,
-        );
-        assert_close(
-            &format!("draw {draw}: attention {p:?} {mask:?}"),
-            &be.read(&out).await,
-            &reference.read(&want).await,
-            1e-5,
-        );
+        let what = format!("draw {draw}: attention {p:?} {mask:?}");
+        check_attention(be, reference, (&q, &k, &v), (rows, kv_rows), mask, p, &what).await;
     }
 }
 

@@ -50,6 +50,16 @@ impl CpuTensor {
         &self.data[..self.rows * self.cols]
     }
 
+    /// The values in use, as f32 (an f16 cache widened).
+    fn values(&self) -> Vec<f32> {
+        if self.is_f16() {
+            let half = &self.half[..self.rows * self.cols];
+            half.iter().map(|h| h.to_f32()).collect()
+        } else {
+            self.as_slice().to_vec()
+        }
+    }
+
     fn as_mut_slice(&mut self) -> &mut [f32] {
         &mut self.data[..self.rows * self.cols]
     }
@@ -324,25 +334,11 @@ impl Device for CpuBackend {
 
     async fn read(&self, t: &CpuTensor) -> Vec<f32> {
         self.before_readback().await;
-        if t.is_f16() {
-            t.half[..t.rows * t.cols]
-                .iter()
-                .map(|h| h.to_f32())
-                .collect()
-        } else {
-            t.as_slice().to_vec()
-        }
+        t.values()
     }
 
     fn read_blocking(&self, t: &CpuTensor) -> Result<Vec<f32>, BackendError> {
-        Ok(if t.is_f16() {
-            t.half[..t.rows * t.cols]
-                .iter()
-                .map(|h| h.to_f32())
-                .collect()
-        } else {
-            t.as_slice().to_vec()
-        })
+        Ok(t.values())
     }
 
     fn record_error(&self, e: BackendError) {

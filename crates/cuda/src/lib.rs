@@ -390,12 +390,18 @@ impl CudaBackend {
     /// (tests on a GPU then show the cause, not only a wrong result).
     fn record(&self, r: Result<(), CudaError>) {
         if let Err(e) = r {
-            if let Ok(mut slot) = self.error.lock() {
-                if slot.is_none() && std::env::var_os("BLOCKDRAFT_CUDA_LOG_ERRORS").is_some() {
-                    eprintln!("blockdraft-cuda: {e}");
-                }
-                slot.get_or_insert(e.to_string());
+            self.keep_first_error(e.to_string());
+        }
+    }
+
+    /// The first error of any op (its own or a trait's host composition)
+    /// stays for `device_error`.
+    fn keep_first_error(&self, message: String) {
+        if let Ok(mut slot) = self.error.lock() {
+            if slot.is_none() && std::env::var_os("BLOCKDRAFT_CUDA_LOG_ERRORS").is_some() {
+                eprintln!("blockdraft-cuda: {message}");
             }
+            slot.get_or_insert(message);
         }
     }
 
@@ -762,9 +768,7 @@ impl Device for CudaBackend {
     }
 
     fn record_error(&self, e: BackendError) {
-        if let Ok(mut slot) = self.error.lock() {
-            slot.get_or_insert(e.to_string());
-        }
+        self.keep_first_error(e.to_string());
     }
 
     fn device_error(&self) -> Option<BackendError> {
