@@ -1038,7 +1038,82 @@ pub async fn random_shapes<B: Backend, R: Backend>(be: &B, reference: &R) {
     }
 }
 
-/// One `#[test]` per op family for a backend, each against the reference.
+/// Two threads recording into one backend at once: each embeds its own
+/// ids, multiplies by a quantized weight (quantized activations in the
+/// backend's scratch) and reads back the argmax, 64 times over. Each
+/// thread's results must equal what the same backend gives for the same
+/// inputs run alone, bit for bit: a scratch buffer or a pending command
+/// shared between the threads would hand one thread the other's data.
+/// (Threads only: the browser has one, and runs the async cases.)
+pub fn concurrent_streams<B: Backend, R: Backend>(be: &B, reference: &R) {
+    const ROUNDS: usize = 64;
+    let (rows, cols) = (96, 512);
+    let table_file = weight_file(GgmlType::Q8_0, 19, cols, 501);
+    let w_file = weight_file(GgmlType::Q4_K, rows, cols, 502);
+    let (table, w) = (load(be, &table_file), load(be, &w_file));
+    let ids_of = |stream: usize, round: usize| -> Vec<u32> {
+        let n = 1 + (stream + round) % 5;
+        (0..n)
+            .map(|j| ((stream * 7 + round * 3 + j * 5) % 19) as u32)
+            .collect()
+    };
+    let pass = |ids: &[u32]| {
+        let mut x = be.tensor(ids.len(), cols);
+        be.embed(&table, ids, &mut x);
+        let mut y = be.tensor(ids.len(), rows);
+        be.matmul(&w, &x, &mut y);
+        let top = crate::testing::block_on(be.argmax(&y));
+        (crate::testing::block_on(be.read(&y)), top)
+    };
+    let alone: Vec<Vec<_>> = (0..2)
+        .map(|stream| (0..ROUNDS).map(|r| pass(&ids_of(stream, r))).collect())
+        .collect();
+    // The serial results are right, too (the matmul case checks the rest).
+    let (tr, wr) = (load(reference, &table_file), load(reference, &w_file));
+    let ids = ids_of(0, 0);
+    let mut x = reference.tensor(ids.len(), cols);
+    reference.embed(&tr, &ids, &mut x);
+    let mut y = reference.tensor(ids.len(), rows);
+    reference.matmul(&wr, &x, &mut y);
+    let want = crate::testing::block_on(reference.read(&y));
+    assert_close(
+        "concurrent_streams: a pass alone",
+        &alone[0][0].0,
+        &want,
+        2e-4,
+    );
+
+    let together: Vec<Vec<_>> = std::thread::scope(|scope| {
+        let streams: Vec<_> = (0..2)
+            .map(|stream| {
+                let pass = &pass;
+                scope.spawn(move || {
+                    (0..ROUNDS)
+                        .map(|r| pass(&ids_of(stream, r)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        streams
+            .into_iter()
+            .map(|s| s.join().expect("a stream panicked"))
+            .collect()
+    });
+    for (stream, (got, want)) in together.iter().zip(&alone).enumerate() {
+        for (round, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                g.1 == w.1 && g.0 == w.0,
+                "stream {stream} round {round}: results differ from the same pass run alone \
+                 (argmax {:?} vs {:?})",
+                g.1,
+                w.1
+            );
+        }
+    }
+}
+
+/// One `#[test]` per op family for a backend, each against the reference
+/// (and, natively, [`concurrent_streams`]).
 /// `$backend` and `$reference` are expressions building fresh backends.
 /// With `async $attr` first, each test is an `async fn` under that test
 /// attribute instead (e.g. `wasm_bindgen_test` in a browser, where a
@@ -1064,6 +1139,10 @@ macro_rules! backend_conformance_tests {
                 $crate::testing::block_on($crate::conformance::$op(&$backend, &$reference));
             }
         )*
+        #[test]
+        fn concurrent_streams() {
+            $crate::conformance::concurrent_streams(&$backend, &$reference);
+        }
     };
     (@async $attr:path, $backend:expr, $reference:expr; $($op:ident),*) => {
         $(

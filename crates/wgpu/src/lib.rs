@@ -47,6 +47,7 @@ use shaders::Kernel;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::thread::ThreadId;
 use weights::{ActLayout, ActQuant, Epilogue};
 
 /// A row-major f32 matrix in a GPU buffer.
@@ -86,11 +87,8 @@ pub struct WgpuBackend {
     gpu_info: String,
     tuning: Tuning,
     max_binding: u64,
-    /// Token ids of `embed` calls, and argmax results.
-    ids: Mutex<Option<wgpu::Buffer>>,
-    /// Quantized activations of the current matmul (quantize.wgsl), grown
-    /// to the largest call so far.
-    act: Mutex<Option<wgpu::Buffer>>,
+    /// Each recording thread's scratch buffers (see [`StreamScratch`]).
+    scratch: Mutex<HashMap<ThreadId, StreamScratch>>,
     /// cos/sin tables by (base bits, n_rot), each for a window of
     /// positions: the rotations of a model read one until the positions
     /// leave it (the kernel is told where in it to start), so their bind
@@ -98,6 +96,21 @@ pub struct WgpuBackend {
     rope_tables: Mutex<HashMap<(u32, usize), RopeTable>>,
     /// GGUF bytes of every weight uploaded ([`blockdraft_core::backend::Device::weight_bytes_loaded`]).
     loaded_bytes: AtomicU64,
+}
+
+/// Buffers one stream of ops writes and then reads in a later dispatch or
+/// readback. WebGPU orders the dispatches of one recording thread, so that
+/// thread may reuse them op after op; a second thread recording into the
+/// same backend between a write and its read would overwrite them (its
+/// argmax results, its quantized activations), so every thread has its
+/// own. A thread's buffers live as long as the backend.
+#[derive(Default)]
+struct StreamScratch {
+    /// Token ids of `embed` calls, penalized histories and argmax results.
+    ids: Option<wgpu::Buffer>,
+    /// Quantized activations of the current matmul (quantize.wgsl), grown
+    /// to the largest call so far.
+    act: Option<wgpu::Buffer>,
 }
 
 struct RopeTable {
@@ -179,8 +192,7 @@ impl WgpuBackend {
             gpu_info,
             tuning,
             max_binding,
-            ids: Mutex::new(None),
-            act: Mutex::new(None),
+            scratch: Mutex::new(HashMap::new()),
             rope_tables: Mutex::new(HashMap::new()),
             loaded_bytes: AtomicU64::new(0),
         }
@@ -224,30 +236,34 @@ impl WgpuBackend {
         self.dev.flush();
     }
 
-    /// The shared ids buffer, grown to hold `n` u32.
+    /// This thread's ids buffer, grown to hold `n` u32.
     fn ids_buffer(&self, n: usize) -> wgpu::Buffer {
-        let mut ids = self.ids.lock().unwrap();
-        match &*ids {
-            Some(b) if b.size() >= (n * 4) as u64 => b.clone(),
-            _ => {
-                let b = self.dev.storage("ids", (n.max(256) * 4) as u64);
-                if let Some(old) = ids.replace(b.clone()) {
-                    self.dev.retired.retire(&old);
-                }
-                b
-            }
-        }
+        self.stream_buffer(|s| &mut s.ids, "ids", (n.max(256) * 4) as u64)
     }
 
-    /// The activation scratch, grown to hold `words` u32. Reusing it across
-    /// matmuls is safe: WebGPU orders the dispatches that write and read it.
+    /// This thread's activation scratch, grown to hold `words` u32. Reusing
+    /// it across matmuls is safe: WebGPU orders the dispatches that write
+    /// and read it.
     fn act_buffer(&self, words: usize) -> wgpu::Buffer {
-        let mut act = self.act.lock().unwrap();
-        match &*act {
-            Some(b) if b.size() >= (words * 4) as u64 => b.clone(),
+        self.stream_buffer(|s| &mut s.act, "activations", (words * 4) as u64)
+    }
+
+    /// The calling thread's buffer in `slot`, replaced by one of `bytes`
+    /// where it is smaller (the old one retires once submitted work no
+    /// longer reads it).
+    fn stream_buffer(
+        &self,
+        slot: impl FnOnce(&mut StreamScratch) -> &mut Option<wgpu::Buffer>,
+        label: &'static str,
+        bytes: u64,
+    ) -> wgpu::Buffer {
+        let mut scratch = self.scratch.lock().unwrap();
+        let buffer = slot(scratch.entry(std::thread::current().id()).or_default());
+        match &*buffer {
+            Some(b) if b.size() >= bytes => b.clone(),
             _ => {
-                let b = self.dev.storage("activations", (words * 4) as u64);
-                if let Some(old) = act.replace(b.clone()) {
+                let b = self.dev.storage(label, bytes);
+                if let Some(old) = buffer.replace(b.clone()) {
                     self.dev.retired.retire(&old);
                 }
                 b
