@@ -1038,6 +1038,75 @@ pub async fn random_shapes<B: Backend, R: Backend>(be: &B, reference: &R) {
     }
 }
 
+/// Runs each op that has a default composition once, on small inputs, and
+/// returns those that `be`'s type left to the default (the rest it
+/// overrides): each backend's test compares it with what it declares, so
+/// the report stays true. The values are checked by the other cases.
+pub async fn default_compositions<B: Backend>(be: &B) -> Vec<&'static str> {
+    let mut rng = Rng::new(77);
+    let mut t =
+        |rows: usize, cols: usize| tensor(be, rows, cols, &uniform(&mut rng, rows * cols, 1.0));
+    let rope = |n_head| RopeParams {
+        style: RopeStyle::Neox,
+        n_head,
+        head_dim: 8,
+        n_rot: 8,
+        base: 10_000.0,
+    };
+    let (mut q, mut k) = (t(2, 16), t(2, 8));
+    be.rope_qk(&mut q, &mut k, 3, rope(2), rope(1));
+
+    let file = weight_file(GgmlType::F32, 4, 8, 78);
+    let w = load(be, &file);
+    let x = t(2, 8);
+    let (mut a, mut b, mut out) = (t(2, 4), t(2, 4), t(2, 4));
+    be.matmul_many(
+        &x,
+        &mut [Projection {
+            weight: &w,
+            bias: None,
+            out: &mut a,
+        }],
+    );
+    be.gated_projection(
+        GatedActivation::SwiGlu,
+        &x,
+        &w,
+        &w,
+        &mut a,
+        &mut b,
+        &mut out,
+    );
+    be.matmul_accumulate(&w, &x, &mut out, &mut a);
+
+    let logits = t(2, 8);
+    be.argmax(&logits).await;
+    let (mut values, mut ids) = (t(2, 3), t(2, 3));
+    be.top_k(&logits, 3, &mut values, &mut ids);
+    let mut one = t(1, 8);
+    be.penalize(&mut one, &[1, 2], None, 1.1, 64);
+    let mut picked = t(1, 1);
+    be.sample_to(&one, &SamplingParams::default(), 0, &mut picked, 0, 0);
+
+    let mut fused = t(1, 4);
+    be.add_slices(&t(1, 8), &[0.5, 1.0], &mut fused);
+    let (n, cands, rank) = (2, 2, 2);
+    let cand = tensor(be, n, cands, &[0.0, 1.0, 2.0, 3.0]);
+    let mut walk = t(n, 1);
+    be.selector_walk(
+        &t(n, rank),
+        &t(n * cands, rank),
+        &t(n * cands, rank),
+        &t(n, cands),
+        &cand,
+        &mut walk,
+        0,
+    );
+    be.read(&walk).await;
+    assert!(be.device_error().is_none(), "{:?}", be.device_error());
+    crate::backend::composed::composed_ops::<B>()
+}
+
 /// Two threads recording into one backend at once: each embeds its own
 /// ids, multiplies by a quantized weight (quantized activations in the
 /// backend's scratch) and reads back the argmax, 64 times over. Each

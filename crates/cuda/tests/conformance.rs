@@ -12,3 +12,30 @@ blockdraft_core::backend_conformance_tests!(
     },
     CpuBackend::new(1)
 );
+
+/// The ops the CUDA backend leaves to their default compositions (all but
+/// `add_slices` so far: the sampling ones on the host): the suite's report
+/// of what it overrides, checked so that it stays true.
+#[test]
+fn default_compositions() {
+    let Some(be) = common::cuda() else {
+        return;
+    };
+    let composed =
+        blockdraft_core::testing::block_on(blockdraft_core::conformance::default_compositions(&be));
+    eprintln!("cuda: default compositions {composed:?}");
+    assert_eq!(
+        composed,
+        [
+            "argmax",
+            "gated_projection",
+            "matmul_accumulate",
+            "matmul_many",
+            "penalize",
+            "rope_qk",
+            "sample_to",
+            "selector_walk",
+            "top_k"
+        ]
+    );
+}

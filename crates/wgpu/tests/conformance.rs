@@ -63,3 +63,11 @@ mod portable {
 
     blockdraft_core::backend_conformance_tests!(portable(), CpuBackend::new(1));
 }
+
+/// The wgpu backend overrides every default composition with its own
+/// kernels (the suite's report, checked so that it stays true).
+#[test]
+fn default_compositions() {
+    let composed = pollster::block_on(blockdraft_core::conformance::default_compositions(&gpu()));
+    assert_eq!(composed, Vec::<&str>::new(), "wgpu: default compositions");
+}

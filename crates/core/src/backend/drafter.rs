@@ -25,6 +25,7 @@ pub trait DrafterOps: Device {
     /// (`n x w.len()·d`), DFly's per-layer fusion of the raw taps.
     /// [`host_ops::add_slices`] is the reference and the default.
     fn add_slices(&self, x: &Self::Tensor, w: &[f32], out: &mut Self::Tensor) {
+        super::composed::note::<Self>("add_slices");
         record(self, || {
             let ((n, cols), (o_rows, d)) = (self.shape(x), self.shape(out));
             shapes_agree(n == o_rows && cols == w.len() * d, "add_slices", || {
@@ -58,6 +59,7 @@ pub trait DrafterOps: Device {
         out: &mut Self::Tensor,
         col: usize,
     ) {
+        super::composed::note::<Self>("selector_walk");
         record(self, || {
             let ((n, r), k) = (self.shape(gates), self.shape(unary).1);
             let (o_rows, o_cols) = self.shape(out);

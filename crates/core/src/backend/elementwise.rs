@@ -26,6 +26,7 @@ pub trait ElementwiseOps: Device {
         q_p: RopeParams,
         k_p: RopeParams,
     ) {
+        super::composed::note::<Self>("rope_qk");
         self.rope(q, pos0, q_p);
         self.rope(k, pos0, k_p);
     }

@@ -25,6 +25,7 @@ pub trait LinearOps: ElementwiseOps {
     /// one by one; a backend may prepare `x` once for all of them (a GPU
     /// quantizes it once) and add the bias as each product is stored.
     fn matmul_many(&self, x: &Self::Tensor, projections: &mut [Projection<'_, Self>]) {
+        super::composed::note::<Self>("matmul_many");
         for p in projections {
             self.matmul(p.weight, x, p.out);
             if let Some(b) = p.bias {
@@ -49,6 +50,7 @@ pub trait LinearOps: ElementwiseOps {
         up: &mut Self::Tensor,
         out: &mut Self::Tensor,
     ) {
+        super::composed::note::<Self>("gated_projection");
         self.matmul_many(
             x,
             &mut [
@@ -77,6 +79,7 @@ pub trait LinearOps: ElementwiseOps {
         acc: &mut Self::Tensor,
         scratch: &mut Self::Tensor,
     ) {
+        super::composed::note::<Self>("matmul_accumulate");
         self.matmul(w, x, scratch);
         self.add(acc, scratch);
     }

@@ -21,6 +21,7 @@
 //! block on them.
 
 mod attention;
+pub mod composed;
 mod device;
 mod drafter;
 mod elementwise;

@@ -18,6 +18,7 @@ pub trait SamplingOps: Device {
     /// Index of the largest value of each row (first on ties). The default
     /// reads back [`Self::argmax_to`]'s column.
     async fn argmax(&self, x: &Self::Tensor) -> Vec<u32> {
+        super::composed::note::<Self>("argmax");
         let mut ids = self.tensor(self.shape(x).0, 1);
         self.argmax_to(x, &mut ids, 0, 0);
         let ids = self.read(&ids).await;
@@ -29,6 +30,7 @@ pub trait SamplingOps: Device {
     /// into `values` and their column indices as f32 into `ids` (both
     /// `n x k`). [`host_ops::top_k`] is the reference and the default.
     fn top_k(&self, x: &Self::Tensor, k: usize, values: &mut Self::Tensor, ids: &mut Self::Tensor) {
+        super::composed::note::<Self>("top_k");
         record(self, || {
             let (n, cols) = self.shape(x);
             let (vs, is) = (self.shape(values), self.shape(ids));
@@ -58,6 +60,7 @@ pub trait SamplingOps: Device {
         penalty: f32,
         last_n: usize,
     ) {
+        super::composed::note::<Self>("penalize");
         record(self, || {
             let (n, cols) = self.shape(x);
             let ids: Vec<u32> = match batch {
@@ -105,6 +108,7 @@ pub trait SamplingOps: Device {
         row: usize,
         col: usize,
     ) {
+        super::composed::note::<Self>("sample_to");
         record(self, || {
             let ((n, cols), (o_rows, o_cols)) = (self.shape(x), self.shape(out));
             shapes_agree(row + n <= o_rows && col < o_cols, "sample_to", || {
