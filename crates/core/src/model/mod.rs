@@ -39,6 +39,9 @@ pub enum LogitRows {
     Last,
     /// Every row (verification of a drafted block, scoring).
     All,
+    /// The first rows, as many as given (a block drafter's drafting rows;
+    /// the rest of its block shapes them but is not read).
+    First(usize),
 }
 
 /// Hidden states to capture during a forward pass: the input of each listed
@@ -357,10 +360,16 @@ impl<B: Backend> Decoder<B> {
                 state.max_batch
             )));
         }
-        if logits == LogitRows::All && n > state.logit_rows {
+        let logit_rows = match logits {
+            LogitRows::None => 0,
+            LogitRows::Last => 1,
+            LogitRows::All => n,
+            LogitRows::First(m) => m.min(n),
+        };
+        if logit_rows > state.logit_rows {
             return Err(ModelError::Usage(format!(
-                "a forward pass with logits for every row takes at most {} rows on this backend \
-                 (as many rows of the {}-entry vocabulary as its largest tensor holds), got {n}",
+                "a forward pass with logits for its rows takes at most {} of them on this backend \
+                 (as many rows of the {}-entry vocabulary as its largest tensor holds), got {logit_rows}",
                 state.logit_rows, cfg.n_vocab_head
             )));
         }
@@ -386,7 +395,9 @@ impl<B: Backend> Decoder<B> {
         match logits {
             LogitRows::None => {}
             LogitRows::Last => self.head(s, &[n - 1], out),
-            LogitRows::All => self.head(s, &(0..n).collect::<Vec<_>>(), out),
+            LogitRows::All | LogitRows::First(_) => {
+                self.head(s, &(0..logit_rows).collect::<Vec<_>>(), out)
+            }
         }
         Ok(())
     }
