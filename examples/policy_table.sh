@@ -43,11 +43,19 @@ measure() { # name model prompts drafter...
             sed "s/^/$name t=$t /"
     done
 }
+# Every drafter kind on every target. Where no drafter of a kind is made
+# for a target, one that loses stands in (the promise is about those too):
+# SmolLM2 drafting for itself (always right, as dear as the target),
+# Qwen2.5-Coder-1.5B drafting for 0.5B (slower than its target), a DFlash
+# drafter with random weights (never right) for 1.5B.
 for target in $TARGETS; do
     case $target in
-    smollm2) measure smollm2 "$smol" chat-heldout.jsonl --drafter dflash=drafters/smollm2-dflash.gguf --drafter ngram ;;
-    qwen05) measure qwen05 "$q05" code-heldout.jsonl --drafter dflash=drafters/qwen05-dflash.gguf --drafter ngram ;;
-    qwen15) measure qwen15 "$q15" code-heldout.jsonl --drafter draft-model="$q05" --drafter ngram ;;
+    smollm2) measure smollm2 "$smol" chat-heldout.jsonl --drafter dflash=drafters/smollm2-dflash.gguf \
+        --drafter ngram --drafter draft-model-self="$smol" ;;
+    qwen05) measure qwen05 "$q05" code-heldout.jsonl --drafter dflash=drafters/qwen05-dflash.gguf \
+        --drafter ngram --drafter draft-model-1.5b="$q15" ;;
+    qwen15) measure qwen15 "$q15" code-heldout.jsonl --drafter draft-model="$q05" --drafter ngram \
+        --drafter dflash-random ;;
     *) echo "unknown target $target (smollm2, qwen05, qwen15)" >&2; exit 1 ;;
     esac
 done
