@@ -102,27 +102,42 @@ fn matmul_tolerance(ty: GgmlType) -> f32 {
     }
 }
 
+/// `x · Wᵀ` (`n` rows) on `be`, read back.
+async fn matmul_on<B: Backend>(
+    be: &B,
+    w: &B::Weight,
+    x: &[f32],
+    (n, rows, cols): (usize, usize, usize),
+) -> Vec<f32> {
+    let mut out = be.tensor(n, rows);
+    be.matmul(w, &tensor(be, n, cols, x), &mut out);
+    be.read(&out).await
+}
+
 /// `out = x · Wᵀ` (`n` rows) on both backends, within `tol`.
-#[allow(clippy::too_many_arguments)]
 async fn check_matmul<B: Backend, R: Backend>(
     be: &B,
     reference: &R,
     (w, wr): (&B::Weight, &R::Weight),
     x: &[f32],
-    (n, rows, cols): (usize, usize, usize),
+    dims: (usize, usize, usize),
     what: &str,
     tol: f32,
 ) {
-    let mut out = be.tensor(n, rows);
-    be.matmul(w, &tensor(be, n, cols, x), &mut out);
-    let mut want = reference.tensor(n, rows);
-    reference.matmul(wr, &tensor(reference, n, cols, x), &mut want);
-    assert_close(
-        what,
-        &be.read(&out).await,
-        &reference.read(&want).await,
-        tol,
-    );
+    let got = matmul_on(be, w, x, dims).await;
+    assert_close(what, &got, &matmul_on(reference, wr, x, dims).await, tol);
+}
+
+/// RMS norm of `x` (`rows x cols`, in `group`-wide slices) on `be`.
+async fn rms_norm_on<B: Backend>(
+    be: &B,
+    w: &B::Weight,
+    x: &[f32],
+    (rows, cols, group): (usize, usize, usize),
+) -> Vec<f32> {
+    let mut out = be.tensor(rows, cols);
+    be.rms_norm(&tensor(be, rows, cols, x), w, group, 1e-6, &mut out);
+    be.read(&out).await
 }
 
 /// RMS norm of `x` (`rows x cols`, in `group`-wide slices) on both backends.
@@ -131,39 +146,21 @@ async fn check_rms_norm<B: Backend, R: Backend>(
     reference: &R,
     (w, wr): (&B::Weight, &R::Weight),
     x: &[f32],
-    (rows, cols, group): (usize, usize, usize),
+    dims: (usize, usize, usize),
     what: &str,
 ) {
-    let mut out = be.tensor(rows, cols);
-    be.rms_norm(&tensor(be, rows, cols, x), w, group, 1e-6, &mut out);
-    let mut want = reference.tensor(rows, cols);
-    reference.rms_norm(
-        &tensor(reference, rows, cols, x),
-        wr,
-        group,
-        1e-6,
-        &mut want,
-    );
-    assert_close(
-        what,
-        &be.read(&out).await,
-        &reference.read(&want).await,
-        1e-5,
-    );
+    let got = rms_norm_on(be, w, x, dims).await;
+    assert_close(what, &got, &rms_norm_on(reference, wr, x, dims).await, 1e-5);
 }
 
-/// Attention of `q` (`rows` rows) over `k`/`v` (`kv_rows` rows) on both
-/// backends.
-#[allow(clippy::too_many_arguments)]
-async fn check_attention<B: Backend, R: Backend>(
+/// Attention of `q` (`rows` rows) over `k`/`v` (`kv_rows` rows) on `be`.
+async fn attention_on<B: Backend>(
     be: &B,
-    reference: &R,
     (q, k, v): (&[f32], &[f32], &[f32]),
     (rows, kv_rows): (usize, usize),
     mask: AttentionMask,
     p: AttentionParams,
-    what: &str,
-) {
+) -> Vec<f32> {
     let (qc, kvc) = (p.n_head * p.head_dim, p.n_head_kv * p.head_dim);
     let mut out = be.tensor(rows, qc);
     be.attention(
@@ -174,21 +171,23 @@ async fn check_attention<B: Backend, R: Backend>(
         p,
         &mut out,
     );
-    let mut want = reference.tensor(rows, qc);
-    reference.attention(
-        &tensor(reference, rows, qc, q),
-        &tensor(reference, kv_rows, kvc, k),
-        &tensor(reference, kv_rows, kvc, v),
-        mask,
-        p,
-        &mut want,
-    );
-    assert_close(
-        what,
-        &be.read(&out).await,
-        &reference.read(&want).await,
-        1e-5,
-    );
+    be.read(&out).await
+}
+
+/// Attention of `q` (`rows` rows) over `k`/`v` (`kv_rows` rows) on both
+/// backends.
+async fn check_attention<B: Backend, R: Backend>(
+    be: &B,
+    reference: &R,
+    qkv: (&[f32], &[f32], &[f32]),
+    rows: (usize, usize),
+    mask: AttentionMask,
+    p: AttentionParams,
+    what: &str,
+) {
+    let got = attention_on(be, qkv, rows, mask, p).await;
+    let want = attention_on(reference, qkv, rows, mask, p).await;
+    assert_close(what, &got, &want, 1e-5);
 }
 
 /// `x · Wᵀ` for every weight type, for 1..16 rows (the verify shapes) and
@@ -1105,6 +1104,14 @@ pub async fn default_compositions<B: Backend>(be: &B) -> Vec<&'static str> {
     be.read(&walk).await;
     assert!(be.device_error().is_none(), "{:?}", be.device_error());
     crate::backend::composed::composed_ops::<B>()
+}
+
+/// [`default_compositions`] printed and checked against what a backend's
+/// test declares it leaves to the defaults.
+pub fn check_default_compositions<B: Backend>(be: &B, declared: &[&str]) {
+    let composed = crate::testing::block_on(default_compositions(be));
+    eprintln!("{}: default compositions {composed:?}", be.name());
+    assert_eq!(composed, declared, "{}: default compositions", be.name());
 }
 
 /// Two threads recording into one backend at once: each embeds its own
