@@ -454,6 +454,58 @@ pub fn synthetic_block_drafters(n_vocab: usize) -> [(&'static str, Vec<u8>); 4] 
     ]
 }
 
+/// Each drafter of [`synthetic_block_drafters`] for `dec` (a synthetic
+/// target), by kind, having observed the taps of a prefill of `history`:
+/// ready to draft after it.
+pub fn observed_block_drafters<B: crate::Backend>(
+    dec: &crate::model::Decoder<B>,
+    history: &[u32],
+) -> Vec<(&'static str, crate::speculative::DFlashDrafter<B>)> {
+    use crate::speculative::Drafter;
+    synthetic_block_drafters(dec.config.n_vocab)
+        .into_iter()
+        .map(|(kind, bytes)| {
+            let f = blockdraft_gguf::GgufFile::from_bytes(bytes).expect("a drafter file");
+            let mut d = crate::speculative::DFlashDrafter::load(&f, dec, 64, 32).expect(kind);
+            let mut state = dec.new_state(64, 32);
+            let mut taps = crate::model::Taps::new(&*dec.backend, &dec.config, d.tap_layers(), 32)
+                .expect(kind);
+            dec.forward(
+                &mut state,
+                history,
+                crate::model::LogitRows::Last,
+                true,
+                Some(&mut taps),
+            )
+            .expect(kind);
+            block_on(d.observe(history, 0, Some(taps.output()))).expect(kind);
+            (kind, d)
+        })
+        .collect()
+}
+
+/// The greedy draft of up to `n` tokens after `history` that `d` makes on
+/// the device (`None` where it drafts on the host only), read back from
+/// its round tensor.
+pub fn device_draft<B: crate::Backend>(
+    be: &B,
+    d: &mut dyn crate::speculative::Drafter<B>,
+    history: &[u32],
+    n: usize,
+) -> Option<Vec<u32>> {
+    let mut round = be.tensor(n + 1, 2);
+    let drafted = d
+        .propose_on_device(history, n, &mut round)
+        .expect("a device draft")?;
+    let ids = block_on(be.read(&round));
+    assert_eq!(
+        ids[0],
+        history[history.len() - 1] as f32,
+        "row 0 holds the anchor"
+    );
+    Some((1..=drafted).map(|r| ids[r * 2] as u32).collect())
+}
+
 /// Plain greedy decoding of `n` tokens after `prompt` (the reference every
 /// speculative and cross-backend test compares with).
 pub fn greedy_plain<B: crate::Backend>(

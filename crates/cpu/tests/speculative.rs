@@ -7,8 +7,7 @@
 
 mod common;
 
-use blockdraft_core::backend::prelude::*;
-use blockdraft_core::model::{Decoder, LogitRows, Taps};
+use blockdraft_core::model::Decoder;
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{
     generate_speculative, DFlashDrafter, DraftModelDrafter, DraftPolicy, Drafter, NgramDrafter,
@@ -16,9 +15,9 @@ use blockdraft_core::speculative::{
 };
 use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
-    greedy_plain, greedy_speculative, sampled_plain, sampled_speculative, synthetic_block_drafters,
-    synthetic_decoder, synthetic_dflash, synthetic_dflash2, synthetic_dflash2_d2t, synthetic_dfly,
-    SyntheticDFlash, SyntheticDFlash2, SyntheticDims,
+    device_draft, greedy_plain, greedy_speculative, observed_block_drafters, sampled_plain,
+    sampled_speculative, synthetic_decoder, synthetic_dflash, synthetic_dflash2,
+    synthetic_dflash2_d2t, synthetic_dfly, SyntheticDFlash, SyntheticDFlash2, SyntheticDims,
 };
 use blockdraft_core::ModelError;
 use blockdraft_cpu::CpuBackend;
@@ -766,28 +765,16 @@ fn a_short_draft_is_the_start_of_the_whole_blocks_draft_for_every_variant() {
         &mut |_| {},
     )
     .unwrap();
-    for (kind, bytes) in synthetic_block_drafters(dec.config.n_vocab) {
-        let f = GgufFile::from_bytes(bytes).unwrap();
-        let mut d = DFlashDrafter::load(&f, &dec, 64, 32).unwrap();
-        let mut state = dec.new_state(64, 32);
-        let mut taps = Taps::new(&*be, &dec.config, d.tap_layers(), 32).unwrap();
-        let mut history = vec![3u32, 14, 15, 9, 26, 5];
-        dec.forward(&mut state, &history, LogitRows::Last, true, Some(&mut taps))
-            .unwrap();
-        block_on(d.observe(&history, 0, Some(taps.output()))).unwrap();
-        history.push(40);
+    let mut history = vec![3u32, 14, 15, 9, 26, 5];
+    let drafters = observed_block_drafters(&dec, &history);
+    history.push(40);
+    for (kind, mut d) in drafters {
         let whole = block_on(d.propose(&history, 7)).unwrap().tokens;
         assert_eq!(whole.len(), 7, "{kind}");
         for k in 1..7 {
             let short = block_on(d.propose(&history, k)).unwrap().tokens;
             assert_eq!(short, whole[..k], "{kind}: a draft of {k}");
-            let mut round = be.tensor(k + 1, 2);
-            let n = d
-                .propose_on_device(&history, k, &mut round)
-                .unwrap()
-                .expect("drafts on the device");
-            let ids = block_on(be.read(&round));
-            let device: Vec<u32> = (1..=n).map(|r| ids[r * 2] as u32).collect();
+            let device = device_draft(&*be, &mut d, &history, k).expect("drafts on the device");
             assert_eq!(
                 device,
                 whole[..k],

@@ -4,15 +4,16 @@
 //! decoding; and the counters show what crosses the host/device boundary.
 
 use blockdraft_core::backend::prelude::*;
-use blockdraft_core::model::{Decoder, LogitRows, Taps};
+use blockdraft_core::model::{Decoder, LogitRows};
 use blockdraft_core::sampling::SamplingParams;
 use blockdraft_core::speculative::{
     DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter, OracleDrafter, PolicyConfig,
 };
 use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
-    greedy_plain, greedy_speculative, real_model, sampled_plain, sampled_speculative,
-    synthetic_block_drafters, synthetic_decoder, synthetic_dflash, SyntheticDFlash, SyntheticDims,
+    device_draft, greedy_plain, greedy_speculative, observed_block_drafters, real_model,
+    sampled_plain, sampled_speculative, synthetic_block_drafters, synthetic_decoder,
+    synthetic_dflash, SyntheticDFlash, SyntheticDims,
 };
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile};
@@ -129,27 +130,13 @@ fn device_drafts_equal_host_drafts_for_every_variant() {
         let m = synthetic_decoder("qwen3", SyntheticDims::default(), 11);
         let file = GgufFile::from_bytes(m.bytes).unwrap();
         let dec = load(&file, be.clone());
-        for (kind, bytes) in synthetic_block_drafters(dec.config.n_vocab) {
-            let f = GgufFile::from_bytes(bytes).unwrap();
-            let mut d = DFlashDrafter::load(&f, &dec, 64, 32).unwrap();
-            let mut state = dec.new_state(64, 32);
-            let mut taps = Taps::new(&*be, &dec.config, d.tap_layers(), 32).unwrap();
-            let mut history = vec![3u32, 14, 15, 9, 26, 5];
-            dec.forward(&mut state, &history, LogitRows::Last, true, Some(&mut taps))
-                .unwrap();
-            block_on(d.observe(&history, 0, Some(taps.output()))).unwrap();
+        let mut history = vec![3u32, 14, 15, 9, 26, 5];
+        for (kind, mut d) in observed_block_drafters(&dec, &history) {
             for anchor in [7u32, 40, 2] {
                 history.push(anchor);
                 let host = block_on(d.propose(&history, 7)).unwrap().tokens;
-                let mut round = be.tensor(8, 2);
-                let n = d
-                    .propose_on_device(&history, 7, &mut round)
-                    .unwrap()
-                    .expect("drafts on the device");
-                let ids = block_on(be.read(&round));
-                let device: Vec<u32> = (1..=n).map(|r| ids[r * 2] as u32).collect();
+                let device = device_draft(&*be, &mut d, &history, 7).expect("drafts on the device");
                 assert_eq!(device, host, "{kind} after {history:?} on {}", be.name());
-                assert_eq!(ids[0], anchor as f32, "{kind}: row 0 holds the anchor");
                 history.pop();
             }
         }
