@@ -356,6 +356,17 @@ class WarmStart(unittest.TestCase):
         # Not an identity that stays one: the new layer's projections learn.
         self.assertGreater(float(two.layers[1].self_attn.q_proj.weight.detach().abs().sum()), 0.0)
 
+    def test_a_warm_start_may_train_on_another_block_length(self):
+        import train
+        args = self.args(block=16)
+        weights = train.warm_start(args, self.manifest())
+        self.assertEqual(args.block, 16)  # not the file's 8: the block shapes no weight
+        self.assertIn("fc.weight", weights)
+        # Other shape flags that disagree with the file are still refused.
+        from dflash_train.gguf_drafter import DrafterFileError
+        with self.assertRaisesRegex(DrafterFileError, "--heads 4, the file has 9"):
+            train.warm_start(self.args(block=16, heads=4), self.manifest())
+
     def test_a_drafter_for_other_data_or_shape_is_refused(self):
         import train
         from dflash_train.gguf_drafter import DrafterFileError

@@ -76,12 +76,14 @@ def warm_start(args, manifest):
         raise DrafterFileError(f"{args.init_from}: --layers {args.layers}, the file has {m['layers']} "
                                "(a warm start may add layers, not drop them)")
     for flag, key in (("intermediate", "intermediate"), ("heads", "heads"),
-                      ("kv_heads", "kv_heads"), ("head_dim", "head_dim"), ("block", "block_size"),
-                      ("mask_token", "mask_token")):
+                      ("kv_heads", "kv_heads"), ("head_dim", "head_dim"), ("mask_token", "mask_token")):
         given = getattr(args, flag)
         if given is not None and given != m[key]:
             raise DrafterFileError(f"{args.init_from}: --{flag.replace('_', '-')} {given}, the file has {m[key]}")
         setattr(args, flag, m[key])
+    # The block is not a weight shape: a warm start may train on longer (or
+    # shorter) blocks than the file's, and the file written names the new one.
+    args.block = args.block or m["block_size"]
     args.layers = args.layers or m["layers"]
     args.init_d2t = m["d2t"]
     return weights

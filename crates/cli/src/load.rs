@@ -28,13 +28,15 @@ pub struct ModelArgs {
     pub backend: BackendKind,
     /// CPU: keep every weight in place in the memory map instead of moving
     /// each matrix into huge-page memory on first use, packed for the
-    /// faster x86 kernels where they exist (Q4_K, Q4_0): a one-time cost of
-    /// under a second per GB; memory use is about the same either way.
+    /// faster x86 kernels where they exist (Q4_K, Q4_0; Q6_K, Q5_0, Q8_0
+    /// with AVX-512 VNNI): a one-time cost of under a second per GB; memory
+    /// use is about the same either way. Packed Q6_K, Q5_0 and Q8_0 round
+    /// differently from llama.cpp (its tokens bit for bit need this flag).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
     /// How the KV cache stores keys and values: `f16` (half the memory;
-    /// on the CPU the same tokens as llama.cpp's default configuration,
-    /// f16 cache with flash attention) or `f32` (llama.cpp's precise one,
+    /// on the CPU llama.cpp's default configuration, f16 cache with flash
+    /// attention) or `f32` (llama.cpp's precise one,
     /// `-fa off -ctk f32 -ctv f32`).
     #[arg(long = "kv-type", value_enum, default_value_t = KvTypeArg::from(KvType::FRONT_END_DEFAULT))]
     pub kv_type: KvTypeArg,

@@ -71,8 +71,9 @@ impl CpuTensor {
 /// On its first matmul a matrix moves into huge-page memory
 /// ([`WeightBuffer`]), where decoding streams it faster: re-laid out if this
 /// CPU has a packed kernel for it (`kernels::pack`: Q4_K and Q4_0 on x86,
-/// about twice as fast, in llama.cpp's float sequence for them), copied as
-/// it is otherwise. The copy replaces the mapped pages in memory, which are
+/// in llama.cpp's float sequence for them, and Q6_K, Q5_0 and Q8_0 on
+/// AVX-512 VNNI, in their own; about twice as fast), copied as it is
+/// otherwise. The copy replaces the mapped pages in memory, which are
 /// released. Tables that are only embedded from stay in the map.
 pub struct CpuWeight {
     ty: GgmlType,
@@ -112,8 +113,8 @@ pub struct CpuBackend {
     /// reference.
     simd: bool,
     llamacpp_batches: bool,
-    /// Matrices move into huge-page memory on first use, Q4_K and Q4_0
-    /// packed for the faster kernels (see [`CpuWeight`]).
+    /// Matrices move into huge-page memory on first use, packed for the
+    /// faster kernels where they exist (see [`CpuWeight`]).
     packing: bool,
     /// Bytes of packed copies made so far.
     packed_bytes: AtomicUsize,
@@ -134,6 +135,11 @@ impl CpuBackend {
     /// Its float sequences are llama.cpp's (AVX2 build) for one token, for
     /// every row of a forward pass: a row's logits do not depend on how the
     /// sequence was split into passes (speculative decoding relies on this).
+    /// Except on AVX-512 VNNI, where Q6_K, Q5_0 and Q8_0 matrices run packed
+    /// kernels with their own sequence (about 2x the speed; equal to
+    /// llama.cpp's to rounding, still independent of the batch): for
+    /// llama.cpp's exact results use [`Self::without_packing`] or
+    /// [`Self::matching_llamacpp_batches`].
     pub fn new(n_threads: usize) -> Self {
         CpuBackend {
             pool: ThreadPool::new(n_threads.max(1)),
@@ -168,7 +174,8 @@ impl CpuBackend {
 
     /// Like `new`, but passes of several rows use the float sequences
     /// llama.cpp uses for batches where they differ (attention's value
-    /// product, repacked Q4_K), so logits are bit-equal to llama.cpp's for
+    /// product, repacked Q4_K), and only the packed layouts in llama.cpp's
+    /// sequence are used, so logits are bit-equal to llama.cpp's for
     /// the same batching, e.g. a prompt in one batch then one token at a
     /// time. Results then depend on the batching, so speculative decoding
     /// is no longer exactly identical to plain greedy decoding.
@@ -183,7 +190,7 @@ impl CpuBackend {
     /// huge-page copies (see [`CpuWeight`]): loads faster, runs the
     /// ggml-layout kernels (slower on multi-row batches and on
     /// compute-bound CPUs; the same results for Q4_K, llama.cpp's unpacked
-    /// sequence for Q4_0) and streams the weights from 4 KiB pages.
+    /// sequence for the others) and streams the weights from 4 KiB pages.
     pub fn without_packing(mut self) -> Self {
         self.packing = false;
         self
@@ -219,7 +226,12 @@ impl CpuBackend {
     /// `w` in huge-page memory: packed where a packed kernel exists, else
     /// copied, where the OS gives huge pages for it.
     fn make_resident(&self, w: &CpuWeight) -> Option<Resident> {
-        if let Some(p) = kernels::pack(&self.pool, &w.matrix()) {
+        // Matching llama.cpp bit for bit, only the layouts in its sequence.
+        let pack = !self.llamacpp_batches || kernels::packed_follows_llamacpp(w.ty);
+        if let Some(p) = pack
+            .then(|| kernels::pack(&self.pool, &w.matrix()))
+            .flatten()
+        {
             self.packed_bytes.fetch_add(p.bytes(), Ordering::Relaxed);
             return Some(Resident::Packed(p));
         }

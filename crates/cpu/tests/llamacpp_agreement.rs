@@ -74,10 +74,26 @@ enum Traces {
     Default,
 }
 
+/// Which CPU backend runs the model.
+#[derive(Clone, Copy, PartialEq)]
+enum Kernels {
+    /// `CpuBackend::matching_llamacpp_batches`: llama.cpp's float sequences.
+    LlamaCpp,
+    /// `CpuBackend::new`, what users run: on AVX-512 VNNI, packed Q6_K,
+    /// Q5_0 and Q8_0 kernels with their own sequences (elsewhere the same
+    /// as `LlamaCpp` for one row).
+    Default,
+}
+
 /// `key` with a `kv` cache against llama.cpp's `traces`: forced-decoding
 /// agreement >= `floor`, and free generation equal to llama.cpp's where
-/// the two are meant to be bit-equal (precise traces, f32 cache).
+/// the two are meant to be bit-equal (llama.cpp's kernels, and precise
+/// traces with an f32 cache or default ones with an f16 cache).
 fn check_model(key: &str, traces: Traces, kv: KvType, floor: f64) {
+    check_model_on(Kernels::LlamaCpp, key, traces, kv, floor)
+}
+
+fn check_model_on(kernels: Kernels, key: &str, traces: Traces, kv: KvType, floor: f64) {
     let suffix = if traces == Traces::Default {
         "-default"
     } else {
@@ -87,13 +103,21 @@ fn check_model(key: &str, traces: Traces, kv: KvType, floor: f64) {
     let Some(path) = common::model(fx["model"].as_str().expect("model file name")) else {
         return;
     };
-    let bit_equal = matches!(
-        (traces, kv),
-        (Traces::Precise, KvType::F32) | (Traces::Default, KvType::F16)
-    );
-    let key = &format!("{key}{suffix} ({} KV)", kv.name());
+    let bit_equal = kernels == Kernels::LlamaCpp
+        && matches!(
+            (traces, kv),
+            (Traces::Precise, KvType::F32) | (Traces::Default, KvType::F16)
+        );
+    let kernels_name = match kernels {
+        Kernels::LlamaCpp => "",
+        Kernels::Default => ", default kernels",
+    };
+    let key = &format!("{key}{suffix} ({} KV{kernels_name})", kv.name());
     let file = GgufFile::open(&path).unwrap();
-    let backend = Arc::new(CpuBackend::matching_llamacpp_batches(2));
+    let backend = Arc::new(match kernels {
+        Kernels::LlamaCpp => CpuBackend::matching_llamacpp_batches(2),
+        Kernels::Default => CpuBackend::new(2),
+    });
     let dec = Decoder::load(&file, backend.clone(), &mut |_| {})
         .unwrap()
         .with_kv_type(kv);
@@ -229,13 +253,26 @@ fn free_generation_mismatch(
 // llama.cpp's two configurations differ from each other (measured:
 // SmolLM2 96.84 %, Qwen2.5-Coder-0.5B 99.68 %, 1.5B 99.05 %, Gemma 3 270M
 // 98.75 %); those floors sit just under the figure, so a regression still
-// fails.
+// fails. The default backend (on AVX-512 VNNI its packed Q6_K, Q5_0 and
+// Q8_0 kernels have their own float sequences) against llama-server's
+// defaults, as a user compares them out of the box: measured SmolLM2
+// 100 % (no such matrices), Qwen2.5-Coder-0.5B 99.35 %, 1.5B 99.37 %,
+// Gemma 3 270M 98.42 % (its tied Q8_0 head: as far from llama.cpp as
+// llama.cpp's own two configurations are from each other, 98.75 %); with
+// llama.cpp's kernels (`--no-repack`) 100 % for all four, above.
 
 #[test]
 fn smollm2_agrees_with_llamacpp() {
     check_model("smollm2", Traces::Precise, KvType::F32, 0.99);
     check_model("smollm2", Traces::Precise, KvType::F16, 0.965);
     check_model("smollm2", Traces::Default, KvType::F16, 0.99);
+    check_model_on(
+        Kernels::Default,
+        "smollm2",
+        Traces::Default,
+        KvType::F16,
+        0.99,
+    );
 }
 
 #[test]
@@ -243,6 +280,13 @@ fn qwen2_5_coder_0_5b_agrees_with_llamacpp() {
     check_model("qwen05", Traces::Precise, KvType::F32, 0.99);
     check_model("qwen05", Traces::Precise, KvType::F16, 0.99);
     check_model("qwen05", Traces::Default, KvType::F16, 0.99);
+    check_model_on(
+        Kernels::Default,
+        "qwen05",
+        Traces::Default,
+        KvType::F16,
+        0.99,
+    );
 }
 
 #[test]
@@ -250,6 +294,13 @@ fn qwen2_5_coder_1_5b_agrees_with_llamacpp() {
     check_model("qwen15", Traces::Precise, KvType::F32, 0.99);
     check_model("qwen15", Traces::Precise, KvType::F16, 0.99);
     check_model("qwen15", Traces::Default, KvType::F16, 0.99);
+    check_model_on(
+        Kernels::Default,
+        "qwen15",
+        Traces::Default,
+        KvType::F16,
+        0.99,
+    );
 }
 
 #[test]
@@ -257,4 +308,11 @@ fn gemma3_270m_agrees_with_llamacpp() {
     check_model("gemma", Traces::Precise, KvType::F32, 0.99);
     check_model("gemma", Traces::Precise, KvType::F16, 0.985);
     check_model("gemma", Traces::Default, KvType::F16, 0.99);
+    check_model_on(
+        Kernels::Default,
+        "gemma",
+        Traces::Default,
+        KvType::F16,
+        0.98,
+    );
 }

@@ -57,9 +57,9 @@ impl MemoryLimits {
 }
 
 /// How a KV cache stores its keys and values. F16 halves the cache's
-/// memory and what attention reads at depth; with it the CPU backend
-/// follows llama.cpp's default configuration (f16 cache, flash attention)
-/// bit for bit, so the CLI and the browser package use it unless told
+/// memory and what attention reads at depth; with it the CPU backend's
+/// attention follows llama.cpp's default configuration (f16 cache, flash
+/// attention) bit for bit, so the CLI and the browser package use it unless told
 /// otherwise. F32 is the precise one (llama.cpp's `-fa off -ctk f32 -ctv f32`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvType {

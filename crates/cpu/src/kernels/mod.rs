@@ -358,9 +358,11 @@ pub(crate) fn matmul_with(
 }
 
 /// A weight matrix re-laid out for a kernel that reads several weight rows
-/// per vector (see `x86_packed`). Its float sequence is llama.cpp's for the
-/// same weights (Q4_K: bit-identical to the ggml-layout kernel; Q4_0:
-/// llama.cpp's repacked one), so the CPU backend uses it wherever it exists.
+/// per vector (see `x86_packed`). Its float sequence is llama.cpp's for
+/// Q4_K (bit-identical to the ggml-layout kernel) and Q4_0 (llama.cpp's
+/// repacked one), and its own, documented, for the others
+/// ([`packed_follows_llamacpp`]); every row's result is independent of the
+/// rows beside it either way.
 pub struct PackedWeight {
     data: crate::WeightBuffer,
     ty: GgmlType,
@@ -384,15 +386,29 @@ impl PackedWeight {
     }
 }
 
+/// Whether `ty`'s packed kernel on this CPU keeps llama.cpp's float sequence
+/// for single rows (Q4_K: bit-identical to the ggml-layout kernel; Q4_0:
+/// llama.cpp's repacked one). Q6_K, Q5_0 and Q8_0, packed on AVX-512 VNNI,
+/// have their own (`x86_packed`): faster, equal to llama.cpp's only to
+/// rounding.
+pub fn packed_follows_llamacpp(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q4_0)
+}
+
 /// The packed form of `w`, where this CPU has a packed kernel for its type
-/// and shape (x86 AVX2: Q4_K and Q4_0 with whole groups of 8 rows). Packing
-/// runs on the pool.
+/// and shape (x86: Q4_K and Q4_0 on AVX2 and AVX-512 VNNI, Q6_K, Q5_0 and
+/// Q8_0 on AVX-512 VNNI, with whole groups of 8 rows). Packing runs on the
+/// pool.
 pub fn pack(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
     #[cfg(target_arch = "x86_64")]
     if let Some(layout) = x86_packed::layout(w.ty) {
         use x86_packed::GROUP_ROWS;
-        if !x86::has_avx2()
-            || w.rows == 0
+        let kernel = match (layout.kernel_avx512, layout.kernel) {
+            (Some(wide), _) if x86::has_avx512_vnni() => wide,
+            (_, Some(avx2)) if x86::has_avx2() => avx2,
+            _ => return None,
+        };
+        if w.rows == 0
             || !w.rows.is_multiple_of(GROUP_ROWS)
             || !w.cols.is_multiple_of(layout.block_len)
         {
@@ -421,10 +437,7 @@ pub fn pack(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
             rows: w.rows,
             cols: w.cols,
             row_bytes: group_bytes / GROUP_ROWS,
-            kernel: match layout.kernel_avx512 {
-                Some(wide) if x86::has_avx512_vnni() => wide,
-                _ => layout.kernel,
-            },
+            kernel,
             llamacpp_gemm_order: layout.llamacpp_gemm_order,
         });
     }

@@ -678,12 +678,23 @@ fn results_independent_of_batch_and_tiling() {
     }
 }
 
-/// `pack(w)`, which packs exactly where this CPU has packed kernels (x86
-/// AVX2).
+/// `pack(w)`, which packs exactly where this CPU has packed kernels (x86:
+/// Q4_K and Q4_0 on AVX2 and AVX-512 VNNI; Q6_K, Q5_0 and Q8_0 on AVX-512
+/// VNNI only).
 fn packed_where_supported(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
     let packed = pack(pool, w);
-    // Both x86 builds (avx2+fma, avx512+vnni) pack.
-    let supported = cfg!(target_arch = "x86_64") && simd_level().starts_with("avx");
+    let supported = cfg!(target_arch = "x86_64")
+        && match w.ty {
+            Q6_K | Q5_0 | Q8_0 => simd_level() == "avx512+vnni",
+            _ => simd_level().starts_with("avx"),
+        };
+    if !supported {
+        eprintln!(
+            "skipped: no packed {} kernel on this CPU ({})",
+            w.ty,
+            simd_level()
+        );
+    }
     assert_eq!(
         packed.is_some(),
         supported,
@@ -731,7 +742,7 @@ fn packed_weights_match_the_ggml_layout_bit_for_bit() {
                 // above was the AVX-512 one.
                 #[cfg(target_arch = "x86_64")]
                 {
-                    let avx2 = super::x86_packed::layout(Q4_K).unwrap().kernel;
+                    let avx2 = super::x86_packed::layout(Q4_K).unwrap().kernel.unwrap();
                     let mut base = vec![f32::NAN; n * rows];
                     let pw = WeightRef {
                         data: packed.data.as_slice(),
@@ -744,7 +755,7 @@ fn packed_weights_match_the_ggml_layout_bit_for_bit() {
             }
         }
     }
-    for (ty, rows) in [(Q4_K, 7), (Q4_K, 12), (Q4_0, 12), (Q6_K, 8), (Q8_0, 8)] {
+    for (ty, rows) in [(Q4_K, 7), (Q4_K, 12), (Q4_0, 12), (Q6_K, 12), (Q8_0, 12)] {
         let data = random_weights(ty, rows, 256, &mut rng);
         let w = WeightRef {
             ty,
@@ -756,20 +767,38 @@ fn packed_weights_match_the_ggml_layout_bit_for_bit() {
     }
 }
 
-/// llama.cpp's repacked Q4_0 float sequence for one output (its AVX2 gemv
-/// and gemm alike): `acc = fma(sum_b, d_w * d_x, acc)` over the 32-blocks,
-/// `sum_b` the block's exact integer dot.
-fn q4_0_repacked_reference(w_row: &[u8], xq: &[i8], dx: &[f32]) -> f32 {
+/// The float sequence of packed 32-value blocks with one scale (Q4_0, as
+/// llama.cpp's repacked kernels run it, its AVX2 gemv and gemm alike; Q5_0
+/// and Q8_0, packed on AVX-512 VNNI) for one output: `acc = fma(sum_b,
+/// d_w * d_x, acc)` over the blocks, `sum_b` the block's exact integer dot.
+fn block32_packed_reference(ty: GgmlType, w_row: &[u8], xq: &[i8], dx: &[f32]) -> f32 {
     let mut acc = 0f32;
-    for (b, blk) in w_row.chunks_exact(18).enumerate() {
+    for (b, blk) in w_row.chunks_exact(ty.block_bytes()).enumerate() {
         let dw = f16v(blk, 0);
-        let sum: i32 = (0..32)
-            .map(|t| {
-                let byte = blk[2 + t % 16];
-                let q = if t < 16 { byte & 15 } else { byte >> 4 } as i32 - 8;
-                q * xq[32 * b + t] as i32
-            })
-            .sum();
+        let value = |t: usize| -> i32 {
+            match ty {
+                Q4_0 => {
+                    (if t < 16 {
+                        blk[2 + t] & 15
+                    } else {
+                        blk[2 + t - 16] >> 4
+                    }) as i32
+                        - 8
+                }
+                Q5_0 => {
+                    let qh = u32::from_le_bytes(blk[2..6].try_into().unwrap());
+                    let nibble = if t < 16 {
+                        blk[6 + t] & 15
+                    } else {
+                        blk[6 + t - 16] >> 4
+                    };
+                    (nibble as i32 | ((qh >> t & 1) << 4) as i32) - 16
+                }
+                Q8_0 => blk[2 + t] as i8 as i32,
+                _ => unreachable!("{ty}"),
+            }
+        };
+        let sum: i32 = (0..32).map(|t| value(t) * xq[32 * b + t] as i32).sum();
         acc = (sum as f32).mul_add(dw * dx[b], acc);
     }
     acc
@@ -777,15 +806,117 @@ fn q4_0_repacked_reference(w_row: &[u8], xq: &[i8], dx: &[f32]) -> f32 {
 
 /// Packed Q4_0 gives llama.cpp's repacked-Q4_0 results bit for bit (the
 /// ggml-layout kernel follows its unpacked gemv instead, so the two agree
-/// only to rounding), for every batch size and thread count.
+/// only to rounding), and packed Q5_0 and Q8_0 the same sequence, for
+/// every batch size and thread count, with an odd last group of 8 rows.
 #[test]
-fn packed_q4_0_follows_llamacpp_repacked_sequence() {
+fn packed_32_blocks_follow_llamacpp_repacked_sequence() {
     let mut rng = Rng::new(6);
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
-    for (rows, cols) in [(8, 32), (16, 256), (40, 1536)] {
-        let data = random_weights(Q4_0, rows, cols, &mut rng);
+    for ty in [Q4_0, Q5_0, Q8_0] {
+        for (rows, cols) in [(8, 32), (16, 256), (24, 64), (40, 1536)] {
+            let data = random_weights(ty, rows, cols, &mut rng);
+            let w = WeightRef {
+                ty,
+                data: &data,
+                rows,
+                cols,
+            };
+            let Some(packed) = packed_where_supported(&pools[1], &w) else {
+                continue;
+            };
+            assert_eq!(packed.bytes(), data.len());
+            let row_bytes = cols / 32 * ty.block_bytes();
+            for n in [1, 3, 8, 11] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
+                let mut want = vec![0f32; n * rows];
+                for r in 0..n {
+                    let (mut xq, mut dx, mut s) = (
+                        vec![0i8; cols],
+                        vec![0f32; cols / 32],
+                        vec![0f32; cols / 32],
+                    );
+                    scalar::quantize_q8_0(
+                        &x[r * cols..(r + 1) * cols],
+                        &mut xq,
+                        &mut dx,
+                        &mut s,
+                        &mut vec![0i16; cols / 32],
+                        false,
+                    );
+                    for o in 0..rows {
+                        let w_row = &data[o * row_bytes..(o + 1) * row_bytes];
+                        want[r * rows + o] = block32_packed_reference(ty, w_row, &xq, &dx);
+                    }
+                }
+                for pool in &pools {
+                    let mut got = vec![f32::NAN; n * rows];
+                    matmul_packed(pool, &packed, &x, &mut got);
+                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            e.to_bits(),
+                            "{ty} {rows}x{cols} n={n} [{i}]: {g} vs {e}"
+                        );
+                    }
+                    let mut ggml = vec![0f32; n * rows];
+                    matmul(pool, &w, &x, &mut ggml);
+                    for (g, e) in got.iter().zip(&ggml) {
+                        assert!(
+                            (g - e).abs() <= 1e-4 * e.abs() + 1e-4,
+                            "{ty}: {g} vs ggml layout {e}"
+                        );
+                    }
+                    // Q4_0's AVX2 kernel on the same packed data.
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(avx2) = super::x86_packed::layout(ty).unwrap().kernel {
+                        let mut base = vec![f32::NAN; n * rows];
+                        let pw = WeightRef {
+                            data: packed.data.as_slice(),
+                            ..w
+                        };
+                        run(pool, &pw, packed.row_bytes, &x, &mut base, avx2, false);
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&base), bits(&got), "{ty} n={n}: AVX2 packed");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The documented float sequence of packed Q6_K (`x86_packed::q6_k_group16`)
+/// for one output: per super-block the exact integer
+/// `sum_s sc_s sum_t (q_t - 32) x_t`, then `acc = fma(sum, d_w * d_x, acc)`.
+fn q6_k_packed_reference(w_row: &[u8], xq: &[i8], dx: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for (b, blk) in w_row.chunks_exact(210).enumerate() {
+        let (ql, qh, sc) = (&blk[..128], &blk[128..192], &blk[192..208]);
+        let mut sum = 0i32;
+        for v in 0..256 {
+            // ggml's Q6_K: value 128h + 32c + l from ql[64h + l + 32 (c % 2)]
+            // (low nibble for c < 2) and bits 2c, 2c+1 of qh[32h + l].
+            let (h, c, l) = (v / 128, v % 128 / 32, v % 32);
+            let low = ql[64 * h + l + 32 * (c % 2)] >> (4 * (c / 2)) & 15;
+            let high = qh[32 * h + l] >> (2 * c) & 3;
+            let q = (low | high << 4) as i32 - 32;
+            sum += sc[v / 16] as i8 as i32 * q * xq[256 * b + v] as i32;
+        }
+        acc = (sum as f32).mul_add(f16v(blk, 208) * dx[b], acc);
+    }
+    acc
+}
+
+/// Packed Q6_K gives its documented sequence bit for bit, for every batch
+/// size, thread count and an odd last group of 8 rows; it agrees with the
+/// ggml-layout kernels (llama.cpp's sequence) to rounding.
+#[test]
+fn packed_q6_k_follows_its_documented_sequence() {
+    let mut rng = Rng::new(7);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    for (rows, cols) in [(8, 256), (24, 512), (48, 1536)] {
+        let data = random_weights(Q6_K, rows, cols, &mut rng);
         let w = WeightRef {
-            ty: Q4_0,
+            ty: Q6_K,
             data: &data,
             rows,
             cols,
@@ -794,27 +925,17 @@ fn packed_q4_0_follows_llamacpp_repacked_sequence() {
             return;
         };
         assert_eq!(packed.bytes(), data.len());
-        let row_bytes = cols / 32 * 18;
-        for n in [1, 3, 8, 11] {
+        let row_bytes = cols / 256 * 210;
+        for n in [1, 2, 5, 8, 11] {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
             let mut want = vec![0f32; n * rows];
             for r in 0..n {
-                let (mut xq, mut dx, mut s) = (
-                    vec![0i8; cols],
-                    vec![0f32; cols / 32],
-                    vec![0f32; cols / 32],
-                );
-                scalar::quantize_q8_0(
-                    &x[r * cols..(r + 1) * cols],
-                    &mut xq,
-                    &mut dx,
-                    &mut s,
-                    &mut vec![0i16; cols / 32],
-                    false,
-                );
+                let (mut xq, mut dx) = (vec![0i8; cols], vec![0f32; cols / 256]);
+                let mut bs = vec![0i16; cols / 16];
+                scalar::quantize_q8_k(&x[r * cols..(r + 1) * cols], &mut xq, &mut dx, &mut bs);
                 for o in 0..rows {
                     let w_row = &data[o * row_bytes..(o + 1) * row_bytes];
-                    want[r * rows + o] = q4_0_repacked_reference(w_row, &xq, &dx);
+                    want[r * rows + o] = q6_k_packed_reference(w_row, &xq, &dx);
                 }
             }
             for pool in &pools {

@@ -41,7 +41,9 @@ pub(crate) struct Layout {
     pub group_block_bytes: usize,
     /// Packs `GROUP_ROWS` rows of `nb` blocks (`src`) into `out`.
     pub pack_group: fn(src: &[u8], nb: usize, out: &mut [u8]),
-    pub kernel: Kernel,
+    /// The AVX2 kernel, where the layout has one (packing needs a kernel
+    /// for the CPU it runs on).
+    pub kernel: Option<Kernel>,
     /// The same float sequence on AVX-512 VNNI, where there is one.
     pub kernel_avx512: Option<Kernel>,
     /// The kernel's float sequence is also llama.cpp's for batches of 4 or
@@ -82,7 +84,7 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         src_block_bytes: 144,
         group_block_bytes: Q4_K_GROUP_BLOCK,
         pack_group: pack_q4_k_group,
-        kernel: x8_kernel!(q4_k_group),
+        kernel: Some(x8_kernel!(q4_k_group)),
         kernel_avx512: Some(tile_kernel!(q4_k_group_pairs)),
         llamacpp_gemm_order: false,
     };
@@ -91,13 +93,46 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         src_block_bytes: 18,
         group_block_bytes: Q4_0_GROUP_BLOCK,
         pack_group: pack_q4_0_group,
-        kernel: x8_kernel!(q4_0_group),
-        kernel_avx512: None,
+        kernel: Some(x8_kernel!(q4_0_group)),
+        kernel_avx512: Some(tile_kernel!(q4_0_group_pairs)),
         llamacpp_gemm_order: true,
     };
+    // AVX-512 VNNI only: on AVX2 a packed Q6_K saves no instructions (its
+    // 6-bit products overflow the i16 sums that make packed Q4_K cheap).
+    static Q6_K: Layout = Layout {
+        block_len: 256,
+        src_block_bytes: 210,
+        group_block_bytes: Q6_K_GROUP_BLOCK,
+        pack_group: pack_q6_k_group,
+        kernel: None,
+        kernel_avx512: Some(tile_kernel!(q6_k_group_pairs)),
+        llamacpp_gemm_order: false,
+    };
+    // AVX-512 VNNI only, like Q6_K: AVX2 has no cheaper dot for them.
+    static Q5_0: Layout = Layout {
+        block_len: 32,
+        src_block_bytes: 22,
+        group_block_bytes: Q5_0_GROUP_BLOCK,
+        pack_group: pack_q5_0_group,
+        kernel: None,
+        kernel_avx512: Some(tile_kernel!(q5_0_group_pairs)),
+        llamacpp_gemm_order: false,
+    };
+    static Q8_0: Layout = Layout {
+        block_len: 32,
+        src_block_bytes: 34,
+        group_block_bytes: Q8_0_GROUP_BLOCK,
+        pack_group: pack_q8_0_group,
+        kernel: None,
+        kernel_avx512: Some(tile_kernel!(q8_0_group_pairs)),
+        llamacpp_gemm_order: false,
+    };
     match ty {
+        GgmlType::Q5_0 => Some(&Q5_0),
+        GgmlType::Q8_0 => Some(&Q8_0),
         GgmlType::Q4_K => Some(&Q4_K),
         GgmlType::Q4_0 => Some(&Q4_0),
+        GgmlType::Q6_K => Some(&Q6_K),
         _ => None,
     }
 }
@@ -113,12 +148,34 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
 const Q4_K_GROUP_BLOCK: usize = 1184;
 /// Rows per group.
 pub(crate) const GROUP_ROWS: usize = 8;
+
+/// Bytes of one Q6_K super-block of eight rows, ggml's bytes regrouped by
+/// four so that the unpacking shifts of the row kernel apply unchanged:
+/// - `0..16`: the rows' `d` (f16), row r at `2r`;
+/// - `16..144`: scales (i8), `16 + 8s + r` = row r's scale of sub-block s;
+/// - `144..1168`: `ql`, 32 bytes per word k at `144 + 32k`, bytes `4r..4r+4`
+///   holding row r's `ql[4k..4k+4]`;
+/// - `1168..1680`: `qh`, laid out like `ql` (16 words).
+const Q6_K_GROUP_BLOCK: usize = 1680;
+const Q6_QL: usize = 144;
+const Q6_QH: usize = 1168;
 const QS: usize = 160;
 
 /// Bytes of one Q4_0 block of eight rows: the rows' `d` (f16) at `2r`,
 /// then 32 bytes per quarter c at `16 + 32c`, byte `4r + t` holding row r's
 /// ggml quant byte `4c + t` (values `4c + t` low, `16 + 4c + t` high).
 const Q4_0_GROUP_BLOCK: usize = 144;
+
+/// Bytes of one Q5_0 block of eight rows: the rows' `d` (f16) at `2r`;
+/// the fifth bits at `16 + 4r`, regrouped per quarter c into byte c of
+/// row r's word (bit t: value `4c + t`, bit 4 + t: value `16 + 4c + t`);
+/// then the nibbles as Q4_0's, 32 bytes per quarter c at `48 + 32c`.
+const Q5_0_GROUP_BLOCK: usize = 176;
+
+/// Bytes of one Q8_0 block of eight rows: the rows' `d` (f16) at `2r`,
+/// then 32 bytes per word k at `16 + 32k`, bytes `4r..4r+4` holding row
+/// r's quants `4k..4k+4`.
+const Q8_0_GROUP_BLOCK: usize = 272;
 
 /// Calls `f(r, block, packed)` for every block b of every row r of a group
 /// of [`GROUP_ROWS`] rows (`nb` blocks each): `block` is row r's ggml block
@@ -162,6 +219,55 @@ fn pack_q4_k_group(src: &[u8], nb: usize, out: &mut [u8]) {
                 let at = QS + 32 * (4 * j + c) + 4 * r;
                 dst[at..at + 4].copy_from_slice(&(lo | (hi << 4)).to_le_bytes());
             }
+        }
+    });
+}
+
+/// Re-lays out eight rows of a Q6_K matrix (`nb` super-blocks per row).
+fn pack_q6_k_group(src: &[u8], nb: usize, out: &mut [u8]) {
+    for_each_block(src, nb, 210, out, Q6_K_GROUP_BLOCK, |r, blk, dst| {
+        dst[2 * r..2 * r + 2].copy_from_slice(&blk[208..210]);
+        for s in 0..16 {
+            dst[16 + 8 * s + r] = blk[192 + s];
+        }
+        for k in 0..32 {
+            let at = Q6_QL + 32 * k + 4 * r;
+            dst[at..at + 4].copy_from_slice(&blk[4 * k..4 * k + 4]);
+        }
+        for k in 0..16 {
+            let at = Q6_QH + 32 * k + 4 * r;
+            dst[at..at + 4].copy_from_slice(&blk[128 + 4 * k..128 + 4 * k + 4]);
+        }
+    });
+}
+
+/// Re-lays out eight rows of a Q5_0 matrix (`nb` blocks per row).
+fn pack_q5_0_group(src: &[u8], nb: usize, out: &mut [u8]) {
+    for_each_block(src, nb, 22, out, Q5_0_GROUP_BLOCK, |r, blk, dst| {
+        dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+        let qh = u32::from_le_bytes(blk[2..6].try_into().unwrap());
+        let mut bits = 0u32;
+        for c in 0..4 {
+            for t in 0..4 {
+                bits |= (qh >> (4 * c + t) & 1) << (8 * c + t);
+                bits |= (qh >> (16 + 4 * c + t) & 1) << (8 * c + 4 + t);
+            }
+        }
+        dst[16 + 4 * r..20 + 4 * r].copy_from_slice(&bits.to_le_bytes());
+        for c in 0..4 {
+            let at = 48 + 32 * c + 4 * r;
+            dst[at..at + 4].copy_from_slice(&blk[6 + 4 * c..6 + 4 * c + 4]);
+        }
+    });
+}
+
+/// Re-lays out eight rows of a Q8_0 matrix (`nb` blocks per row).
+fn pack_q8_0_group(src: &[u8], nb: usize, out: &mut [u8]) {
+    for_each_block(src, nb, 34, out, Q8_0_GROUP_BLOCK, |r, blk, dst| {
+        dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+        for k in 0..8 {
+            let at = 16 + 32 * k + 4 * r;
+            dst[at..at + 4].copy_from_slice(&blk[2 + 4 * k..2 + 4 * k + 4]);
         }
     });
 }
@@ -407,4 +513,345 @@ unsafe fn q4_k_group16<const NR: usize>(
         }
     }
     std::array::from_fn(|i| _mm512_sub_ps(acc[i], acc_min[i]))
+}
+
+/// Q6_K on AVX-512 VNNI, a [`Kernel`] over packed groups: pairs of groups
+/// through [`q6_k_group16`], a last odd group as a pair with itself (the
+/// high half's duplicate results dropped).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q6_k_group_pairs<const NR: usize>(
+    w: *const u8,
+    row_bytes: usize,
+    nw: usize,
+    nb: usize,
+    x: &[Act],
+    out: *mut f32,
+    ldo: usize,
+) {
+    debug_assert_eq!(nw % GROUP_ROWS, 0);
+    let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+    let group = |g: usize| w.add(g * GROUP_ROWS * row_bytes);
+    let n_groups = nw / GROUP_ROWS;
+    let mut g = 0;
+    while g + 2 <= n_groups {
+        let r = q6_k_group16::<NR>(group(g), group(g + 1), nb, x);
+        for (i, v) in r.iter().enumerate() {
+            _mm512_storeu_ps(out.add(i * ldo + g * GROUP_ROWS), *v);
+        }
+        g += 2;
+    }
+    if g < n_groups {
+        let r = q6_k_group16::<NR>(group(g), group(g), nb, x);
+        for (i, v) in r.iter().enumerate() {
+            _mm256_storeu_ps(
+                out.add(i * ldo + g * GROUP_ROWS),
+                _mm512_castps512_ps256(*v),
+            );
+        }
+    }
+}
+
+/// The outputs of two packed Q6_K groups (`a`: lanes 0..8, `b`: 8..16) for
+/// each activation row, one i32 lane per weight row.
+///
+/// Float sequence (its own, not the ggml-layout kernels'): per super-block,
+/// the exact integer `sum_s sc_s sum_t (q_t - 32) x_t` over all 256 values,
+/// then `acc = fma(sum, d * dx, acc)`. Each sub-block's 16 products come
+/// from four `vpdpbusd` started at `-32 * bsum_s` (the quants are stored
+/// +32) and are scaled by `vpmulld`: 7 instructions per (sub-block,
+/// activation row, 16 weight rows) where the two-rows-per-vector kernel
+/// takes 24. The sums are exact in i32 (|each| < 2^28 per super-block).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn q6_k_group16<const NR: usize>(
+    a: *const u8,
+    b: *const u8,
+    nb: usize,
+    x: &[Act; NR],
+) -> [__m512; NR] {
+    let mut acc = [_mm512_setzero_ps(); NR];
+    let low4 = _mm512_set1_epi8(0x0F);
+    let bits45 = _mm512_set1_epi8(0x30);
+    for blk in 0..nb {
+        let (pa, pb) = (a.add(blk * Q6_K_GROUP_BLOCK), b.add(blk * Q6_K_GROUP_BLOCK));
+        let both32 = |off: usize| {
+            let lo = _mm256_loadu_si256(pa.add(off) as *const __m256i);
+            let hi = _mm256_loadu_si256(pb.add(off) as *const __m256i);
+            _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+        };
+        // Eight i8 scales of each group at `off`, sign-extended to i32 lanes.
+        let scales = |off: usize| {
+            let lo = _mm_loadl_epi64(pa.add(off) as *const __m128i);
+            let hi = _mm_loadl_epi64(pb.add(off) as *const __m128i);
+            _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(lo, hi))
+        };
+        let d = _mm512_cvtph_ps(_mm256_set_m128i(
+            _mm_loadu_si128(pb as *const __m128i),
+            _mm_loadu_si128(pa as *const __m128i),
+        ));
+        let mut sum = [_mm512_setzero_si512(); NR];
+        for h in 0..2 {
+            for half in 0..2 {
+                // Values 128h + 32c + 16 half + 4m' + t (m = 4 half + m'):
+                // quarter c of word m's low (c even) or high (c odd) nibbles
+                // of `ql` and bits 2c, 2c+1 of `qh`, as in the row kernel.
+                let mut v = [[_mm512_setzero_si512(); 4]; 4];
+                for (mi, vm) in v.iter_mut().enumerate() {
+                    let m = 4 * half + mi;
+                    let qa = both32(Q6_QL + 32 * (16 * h + m));
+                    let qb = both32(Q6_QL + 32 * (16 * h + 8 + m));
+                    let qh = both32(Q6_QH + 32 * (8 * h + m));
+                    let hi2 = |v: __m512i| _mm512_and_si512(v, bits45);
+                    vm[0] =
+                        _mm512_or_si512(_mm512_and_si512(qa, low4), hi2(_mm512_slli_epi16(qh, 4)));
+                    vm[1] =
+                        _mm512_or_si512(_mm512_and_si512(qb, low4), hi2(_mm512_slli_epi16(qh, 2)));
+                    vm[2] =
+                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(qa, 4), low4), hi2(qh));
+                    vm[3] = _mm512_or_si512(
+                        _mm512_and_si512(_mm512_srli_epi16(qb, 4), low4),
+                        hi2(_mm512_srli_epi16(qh, 2)),
+                    );
+                }
+                for c in 0..4 {
+                    let sub = 8 * h + 2 * c + half;
+                    let scale = scales(16 + 8 * sub);
+                    for i in 0..NR {
+                        let bsum = *x[i].bs.add(16 * blk + sub) as i32;
+                        let mut s = _mm512_set1_epi32(-32 * bsum);
+                        let xp = x[i].qs.add(256 * blk + 128 * h + 32 * c + 16 * half);
+                        for (mi, vm) in v.iter().enumerate() {
+                            let x4 = (xp.add(4 * mi) as *const i32).read_unaligned();
+                            s = _mm512_dpbusd_epi32(s, vm[c], _mm512_set1_epi32(x4));
+                        }
+                        sum[i] = _mm512_add_epi32(sum[i], _mm512_mullo_epi32(s, scale));
+                    }
+                }
+            }
+        }
+        for i in 0..NR {
+            let dx = _mm512_set1_ps(*x[i].d.add(blk));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i]), _mm512_mul_ps(d, dx), acc[i]);
+        }
+    }
+    acc
+}
+
+/// The 32-value block types with one scale per block, packed.
+#[derive(PartialEq, Eq)]
+enum Block32 {
+    Q4_0,
+    Q5_0,
+    Q8_0,
+}
+
+/// Pairs of packed groups of a [`Block32`] type through [`block32_group16`],
+/// a last odd group as a pair with itself.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block32_group_pairs<const NR: usize>(
+    ty: Block32,
+    w: *const u8,
+    row_bytes: usize,
+    nw: usize,
+    nb: usize,
+    x: &[Act],
+    out: *mut f32,
+    ldo: usize,
+) {
+    debug_assert_eq!(nw % GROUP_ROWS, 0);
+    let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+    let group = |g: usize| w.add(g * GROUP_ROWS * row_bytes);
+    let n_groups = nw / GROUP_ROWS;
+    let mut g = 0;
+    while g + 2 <= n_groups {
+        let r = block32_group16::<NR>(&ty, group(g), group(g + 1), nb, x);
+        for (i, v) in r.iter().enumerate() {
+            _mm512_storeu_ps(out.add(i * ldo + g * GROUP_ROWS), *v);
+        }
+        g += 2;
+    }
+    if g < n_groups {
+        let r = block32_group16::<NR>(&ty, group(g), group(g), nb, x);
+        for (i, v) in r.iter().enumerate() {
+            _mm256_storeu_ps(
+                out.add(i * ldo + g * GROUP_ROWS),
+                _mm512_castps512_ps256(*v),
+            );
+        }
+    }
+}
+
+macro_rules! block32_kernel {
+    ($name:ident, $ty:ident) => {
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn $name<const NR: usize>(
+            w: *const u8,
+            row_bytes: usize,
+            nw: usize,
+            nb: usize,
+            x: &[Act],
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            block32_group_pairs::<NR>(Block32::$ty, w, row_bytes, nw, nb, x, out, ldo)
+        }
+    };
+}
+block32_kernel!(q4_0_group_pairs, Q4_0);
+block32_kernel!(q5_0_group_pairs, Q5_0);
+block32_kernel!(q8_0_group_pairs, Q8_0);
+
+/// The outputs of two packed groups (`a`: lanes 0..8, `b`: 8..16) of a
+/// [`Block32`] type for each activation row, one i32 lane per weight row.
+///
+/// Float sequence: per block, the exact integer dot `sum_t q_t x_t` of the
+/// block's signed values, then `acc = fma(sum, d * dx, acc)` — llama.cpp's
+/// repacked Q4_0 sequence, so packed Q4_0 gives its AVX2 kernel's results
+/// bit for bit; for Q5_0 and Q8_0 this sequence is their packed layout's
+/// own (the ggml-layout kernels keep llama.cpp's eight-lane one). The
+/// values go to `vpdpbusd` unsigned, stored + 8 (Q4_0), + 16 (Q5_0) or
+/// made so (+ 128, Q8_0), the offset taken off with the block's sum of
+/// activation quants: eight instructions per (block, activation row, 16
+/// weight rows).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn block32_group16<const NR: usize>(
+    ty: &Block32,
+    a: *const u8,
+    b: *const u8,
+    nb: usize,
+    x: &[Act; NR],
+) -> [__m512; NR] {
+    let (block_bytes, offset) = match ty {
+        Block32::Q4_0 => (Q4_0_GROUP_BLOCK, 8),
+        Block32::Q5_0 => (Q5_0_GROUP_BLOCK, 16),
+        Block32::Q8_0 => (Q8_0_GROUP_BLOCK, 128),
+    };
+    let mut acc = [_mm512_setzero_ps(); NR];
+    let low4 = _mm512_set1_epi8(0x0F);
+    let sixteen = _mm512_set1_epi8(0x10);
+    let sign = _mm512_set1_epi8(-128);
+    for blk in 0..nb {
+        let (pa, pb) = (a.add(blk * block_bytes), b.add(blk * block_bytes));
+        let both32 = |off: usize| {
+            let lo = _mm256_loadu_si256(pa.add(off) as *const __m256i);
+            let hi = _mm256_loadu_si256(pb.add(off) as *const __m256i);
+            _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+        };
+        let d = _mm512_cvtph_ps(_mm256_set_m128i(
+            _mm_loadu_si128(pb as *const __m128i),
+            _mm_loadu_si128(pa as *const __m128i),
+        ));
+        // q[k]: values 4k..4k+4 of each row, in its lane.
+        let mut q = [_mm512_setzero_si512(); 8];
+        match ty {
+            Block32::Q8_0 => {
+                for (k, qk) in q.iter_mut().enumerate() {
+                    *qk = _mm512_xor_si512(both32(16 + 32 * k), sign);
+                }
+            }
+            Block32::Q4_0 | Block32::Q5_0 => {
+                let nibbles = if *ty == Block32::Q4_0 { 16 } else { 48 };
+                for c in 0..4 {
+                    let v = both32(nibbles + 32 * c);
+                    q[c] = _mm512_and_si512(v, low4);
+                    q[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                }
+                if *ty == Block32::Q5_0 {
+                    // Byte c of a row's word to its lane's four bytes, then
+                    // bit t (low nibbles) or 4 + t (high) of byte t to 16.
+                    let bits = both32(16);
+                    for c in 0..4 {
+                        let c = c as i8;
+                        let idx = _mm512_set_epi8(
+                            12 + c,
+                            12 + c,
+                            12 + c,
+                            12 + c,
+                            8 + c,
+                            8 + c,
+                            8 + c,
+                            8 + c,
+                            4 + c,
+                            4 + c,
+                            4 + c,
+                            4 + c,
+                            c,
+                            c,
+                            c,
+                            c,
+                            12 + c,
+                            12 + c,
+                            12 + c,
+                            12 + c,
+                            8 + c,
+                            8 + c,
+                            8 + c,
+                            8 + c,
+                            4 + c,
+                            4 + c,
+                            4 + c,
+                            4 + c,
+                            c,
+                            c,
+                            c,
+                            c,
+                            12 + c,
+                            12 + c,
+                            12 + c,
+                            12 + c,
+                            8 + c,
+                            8 + c,
+                            8 + c,
+                            8 + c,
+                            4 + c,
+                            4 + c,
+                            4 + c,
+                            4 + c,
+                            c,
+                            c,
+                            c,
+                            c,
+                            12 + c,
+                            12 + c,
+                            12 + c,
+                            12 + c,
+                            8 + c,
+                            8 + c,
+                            8 + c,
+                            8 + c,
+                            4 + c,
+                            4 + c,
+                            4 + c,
+                            4 + c,
+                            c,
+                            c,
+                            c,
+                            c,
+                        );
+                        let spread = _mm512_shuffle_epi8(bits, idx);
+                        let c = c as usize;
+                        let k_lo = _mm512_test_epi8_mask(spread, _mm512_set1_epi32(0x0804_0201));
+                        let k_hi =
+                            _mm512_test_epi8_mask(spread, _mm512_set1_epi32(0x8040_2010u32 as i32));
+                        q[c] = _mm512_mask_add_epi8(q[c], k_lo, q[c], sixteen);
+                        q[4 + c] = _mm512_mask_add_epi8(q[4 + c], k_hi, q[4 + c], sixteen);
+                    }
+                }
+            }
+        }
+        for i in 0..NR {
+            let xp = x[i].qs.add(32 * blk);
+            let mut s = _mm512_set1_epi32(-offset * *x[i].b32.add(blk) as i32);
+            for (k, &qk) in q.iter().enumerate() {
+                let x4 = (xp.add(4 * k) as *const i32).read_unaligned();
+                s = _mm512_dpbusd_epi32(s, qk, _mm512_set1_epi32(x4));
+            }
+            let dx = _mm512_set1_ps(*x[i].d.add(blk));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, dx), acc[i]);
+        }
+    }
+    acc
 }
