@@ -740,18 +740,7 @@ fn packed_weights_match_the_ggml_layout_bit_for_bit() {
                 }
                 // The AVX2 kernel on the same packed data, where the one
                 // above was the AVX-512 one.
-                #[cfg(target_arch = "x86_64")]
-                {
-                    let avx2 = super::x86_packed::layout(Q4_K).unwrap().kernel.unwrap();
-                    let mut base = vec![f32::NAN; n * rows];
-                    let pw = WeightRef {
-                        data: packed.data.as_slice(),
-                        ..w
-                    };
-                    run(pool, &pw, packed.row_bytes, &x, &mut base, avx2, false);
-                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&base), bits(&got), "{rows}x{cols} n={n}: AVX2 packed");
-                }
+                assert_avx2_packed_kernel_agrees(pool, &w, &packed, &x, &got);
             }
         }
     }
@@ -810,77 +799,14 @@ fn block32_packed_reference(ty: GgmlType, w_row: &[u8], xq: &[i8], dx: &[f32]) -
 /// every batch size and thread count, with an odd last group of 8 rows.
 #[test]
 fn packed_32_blocks_follow_llamacpp_repacked_sequence() {
-    let mut rng = Rng::new(6);
-    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
-    for ty in [Q4_0, Q5_0, Q8_0] {
-        for (rows, cols) in [(8, 32), (16, 256), (24, 64), (40, 1536)] {
-            let data = random_weights(ty, rows, cols, &mut rng);
-            let w = WeightRef {
-                ty,
-                data: &data,
-                rows,
-                cols,
-            };
-            let Some(packed) = packed_where_supported(&pools[1], &w) else {
-                continue;
-            };
-            assert_eq!(packed.bytes(), data.len());
-            let row_bytes = cols / 32 * ty.block_bytes();
-            for n in [1, 3, 8, 11] {
-                let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
-                let mut want = vec![0f32; n * rows];
-                for r in 0..n {
-                    let (mut xq, mut dx, mut s) = (
-                        vec![0i8; cols],
-                        vec![0f32; cols / 32],
-                        vec![0f32; cols / 32],
-                    );
-                    scalar::quantize_q8_0(
-                        &x[r * cols..(r + 1) * cols],
-                        &mut xq,
-                        &mut dx,
-                        &mut s,
-                        &mut vec![0i16; cols / 32],
-                        false,
-                    );
-                    for o in 0..rows {
-                        let w_row = &data[o * row_bytes..(o + 1) * row_bytes];
-                        want[r * rows + o] = block32_packed_reference(ty, w_row, &xq, &dx);
-                    }
-                }
-                for pool in &pools {
-                    let mut got = vec![f32::NAN; n * rows];
-                    matmul_packed(pool, &packed, &x, &mut got);
-                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                        assert_eq!(
-                            g.to_bits(),
-                            e.to_bits(),
-                            "{ty} {rows}x{cols} n={n} [{i}]: {g} vs {e}"
-                        );
-                    }
-                    let mut ggml = vec![0f32; n * rows];
-                    matmul(pool, &w, &x, &mut ggml);
-                    for (g, e) in got.iter().zip(&ggml) {
-                        assert!(
-                            (g - e).abs() <= 1e-4 * e.abs() + 1e-4,
-                            "{ty}: {g} vs ggml layout {e}"
-                        );
-                    }
-                    // Q4_0's AVX2 kernel on the same packed data.
-                    #[cfg(target_arch = "x86_64")]
-                    if let Some(avx2) = super::x86_packed::layout(ty).unwrap().kernel {
-                        let mut base = vec![f32::NAN; n * rows];
-                        let pw = WeightRef {
-                            data: packed.data.as_slice(),
-                            ..w
-                        };
-                        run(pool, &pw, packed.row_bytes, &x, &mut base, avx2, false);
-                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                        assert_eq!(bits(&base), bits(&got), "{ty} n={n}: AVX2 packed");
-                    }
-                }
-            }
-        }
+    for (ty, seed) in [(Q4_0, 6), (Q5_0, 8), (Q8_0, 9)] {
+        check_packed_sequence(
+            ty,
+            seed,
+            &[(8, 32), (16, 256), (24, 64), (40, 1536)],
+            &[1, 3, 8, 11],
+            |w_row, xq, dx| block32_packed_reference(ty, w_row, xq, dx),
+        );
     }
 }
 
@@ -911,12 +837,34 @@ fn q6_k_packed_reference(w_row: &[u8], xq: &[i8], dx: &[f32]) -> f32 {
 /// ggml-layout kernels (llama.cpp's sequence) to rounding.
 #[test]
 fn packed_q6_k_follows_its_documented_sequence() {
-    let mut rng = Rng::new(7);
+    check_packed_sequence(
+        Q6_K,
+        7,
+        &[(8, 256), (24, 512), (48, 1536)],
+        &[1, 2, 5, 8, 11],
+        q6_k_packed_reference,
+    );
+}
+
+/// Packed `ty` against `reference` (one output of its documented float
+/// sequence, from a weight row and a quantized activation row) bit for bit,
+/// for every shape, batch size `n` and thread count; within rounding of
+/// the ggml-layout kernels; and, where the layout has an AVX2 kernel too,
+/// bit-identical to it. Skips visibly where this CPU does not pack `ty`.
+fn check_packed_sequence(
+    ty: GgmlType,
+    seed: u64,
+    shapes: &[(usize, usize)],
+    ns: &[usize],
+    reference: impl Fn(&[u8], &[i8], &[f32]) -> f32,
+) {
+    let mut rng = Rng::new(seed);
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
-    for (rows, cols) in [(8, 256), (24, 512), (48, 1536)] {
-        let data = random_weights(Q6_K, rows, cols, &mut rng);
+    let bl = ty.block_len();
+    for &(rows, cols) in shapes {
+        let data = random_weights(ty, rows, cols, &mut rng);
         let w = WeightRef {
-            ty: Q6_K,
+            ty,
             data: &data,
             rows,
             cols,
@@ -925,17 +873,30 @@ fn packed_q6_k_follows_its_documented_sequence() {
             return;
         };
         assert_eq!(packed.bytes(), data.len());
-        let row_bytes = cols / 256 * 210;
-        for n in [1, 2, 5, 8, 11] {
+        let row_bytes = cols / bl * ty.block_bytes();
+        for &n in ns {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
             let mut want = vec![0f32; n * rows];
             for r in 0..n {
-                let (mut xq, mut dx) = (vec![0i8; cols], vec![0f32; cols / 256]);
-                let mut bs = vec![0i16; cols / 16];
-                scalar::quantize_q8_k(&x[r * cols..(r + 1) * cols], &mut xq, &mut dx, &mut bs);
+                let x_row = &x[r * cols..(r + 1) * cols];
+                let (mut xq, mut dx) = (vec![0i8; cols], vec![0f32; cols / bl]);
+                match act_kind(ty) {
+                    ActKind::Q8_0 => scalar::quantize_q8_0(
+                        x_row,
+                        &mut xq,
+                        &mut dx,
+                        &mut vec![0f32; cols / 32],
+                        &mut vec![0i16; cols / 32],
+                        false,
+                    ),
+                    ActKind::Q8K => {
+                        scalar::quantize_q8_k(x_row, &mut xq, &mut dx, &mut vec![0i16; cols / 16])
+                    }
+                    ActKind::F32 => unreachable!("{ty} is not packed"),
+                }
                 for o in 0..rows {
                     let w_row = &data[o * row_bytes..(o + 1) * row_bytes];
-                    want[r * rows + o] = q6_k_packed_reference(w_row, &xq, &dx);
+                    want[r * rows + o] = reference(w_row, &xq, &dx);
                 }
             }
             for pool in &pools {
@@ -945,7 +906,7 @@ fn packed_q6_k_follows_its_documented_sequence() {
                     assert_eq!(
                         g.to_bits(),
                         e.to_bits(),
-                        "{rows}x{cols} n={n} [{i}]: {g} vs {e}"
+                        "{ty} {rows}x{cols} n={n} [{i}]: {g} vs {e}"
                     );
                 }
                 let mut ggml = vec![0f32; n * rows];
@@ -953,10 +914,40 @@ fn packed_q6_k_follows_its_documented_sequence() {
                 for (g, e) in got.iter().zip(&ggml) {
                     assert!(
                         (g - e).abs() <= 1e-4 * e.abs() + 1e-4,
-                        "{g} vs ggml layout {e}"
+                        "{ty}: {g} vs ggml layout {e}"
                     );
                 }
+                assert_avx2_packed_kernel_agrees(pool, &w, &packed, &x, &got);
             }
         }
     }
+}
+
+/// Where `packed`'s layout has an AVX2 kernel beside the one that ran
+/// (`got`), that kernel on the same packed data gives `got` bit for bit.
+fn assert_avx2_packed_kernel_agrees(
+    pool: &ThreadPool,
+    w: &WeightRef,
+    packed: &PackedWeight,
+    x: &[f32],
+    got: &[f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(avx2) = super::x86_packed::layout(w.ty).unwrap().kernel {
+        let mut base = vec![f32::NAN; got.len()];
+        let pw = WeightRef {
+            data: packed.data.as_slice(),
+            ..*w
+        };
+        run(pool, &pw, packed.row_bytes, x, &mut base, avx2, false);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&base),
+            bits(got),
+            "{} n={}: AVX2 packed",
+            w.ty,
+            x.len() / w.cols
+        );
+    }
+    let _ = (pool, w, packed, x, got);
 }

@@ -1,5 +1,5 @@
-//! Q4_K and Q4_0 weights re-laid out eight rows at a time, and their AVX2
-//! kernels.
+//! Weights re-laid out eight rows at a time, and their kernels: Q4_K and
+//! Q4_0 on AVX2 and AVX-512 VNNI; Q6_K, Q5_0 and Q8_0 on AVX-512 VNNI.
 //!
 //! In ggml's layout one 32-byte vector holds 64 values of one weight row, so
 //! every 32-value (sub-)block, which has its own scale, costs one `maddubs`
@@ -12,11 +12,11 @@
 //! instructions per (weight row, activation row, super-block) instead of
 //! 17, which is what makes a verify batch of 8 rows cheap.
 //!
-//! On AVX-512 VNNI, Q4_K takes two groups side by side (16 rows, one per
-//! i32 lane of a 512-bit vector) and `vpdpbusd` sums each 32-value block
-//! in one instruction per four values, scaled once per block by `vpmulld`:
-//! 11 instructions per (block, activation row, 16 weight rows) instead of
-//! 2 x 17.
+//! On AVX-512 VNNI every packed type takes two groups side by side (16
+//! rows, one per i32 lane of a 512-bit vector, `x16_kernel!`) and
+//! `vpdpbusd` sums each (sub-)block in one instruction per four values,
+//! scaled once per block: for Q4_K by `vpmulld`, 11 instructions per
+//! (block, activation row, 16 weight rows) instead of 2 x 17.
 //!
 //! Float sequences: Q4_K's per-super-block integer sums are the row
 //! kernel's exact values and its float steps per output the same (`fma(sum,
@@ -25,6 +25,8 @@
 //! llama.cpp's repacked Q4_0 kernels (what it runs on AVX2 for matrices
 //! with whole groups of 8 rows): `acc = fma(sum_b, d_w * d_x, acc)` per
 //! 32-block with the block's exact integer sum, in every batch shape.
+//! Q5_0 and Q8_0 take that sequence too, and Q6_K its per-super-block
+//! form: their own, equal to llama.cpp's eight-lane ones to rounding.
 
 use super::x86::k4_scales;
 use super::{tile_kernel, Act, Kernel};
@@ -77,6 +79,44 @@ macro_rules! x8_kernel {
     }};
 }
 
+/// The [`Kernel`] running `$group16` (the outputs of two packed groups,
+/// the first in lanes 0..8, for NR activation rows; `$ty` first where it
+/// takes a type) over pairs of groups, a last odd group as a pair with
+/// itself (the duplicate high half dropped): as `x8_kernel!`, on AVX-512
+/// VNNI.
+macro_rules! x16_kernel {
+    ($group16:ident $(, $ty:expr)?) => {{
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn pairs<const NR: usize>(
+            w: *const u8,
+            row_bytes: usize,
+            nw: usize,
+            nb: usize,
+            x: &[Act],
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            debug_assert_eq!(nw % GROUP_ROWS, 0);
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            let group = |g: usize| w.add(g * GROUP_ROWS * row_bytes);
+            let n_groups = nw / GROUP_ROWS;
+            for g in (0..n_groups).step_by(2) {
+                let second = (g + 1).min(n_groups - 1);
+                let r = $group16::<NR>($($ty,)? group(g), group(second), nb, x);
+                for (i, v) in r.iter().enumerate() {
+                    let at = out.add(i * ldo + g * GROUP_ROWS);
+                    if second > g {
+                        _mm512_storeu_ps(at, *v);
+                    } else {
+                        _mm256_storeu_ps(at, _mm512_castps512_ps256(*v));
+                    }
+                }
+            }
+        }
+        tile_kernel!(pairs)
+    }};
+}
+
 /// The packed layout of `ty`, if it has one.
 pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
     static Q4_K: Layout = Layout {
@@ -85,7 +125,7 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         group_block_bytes: Q4_K_GROUP_BLOCK,
         pack_group: pack_q4_k_group,
         kernel: Some(x8_kernel!(q4_k_group)),
-        kernel_avx512: Some(tile_kernel!(q4_k_group_pairs)),
+        kernel_avx512: Some(x16_kernel!(q4_k_group16)),
         llamacpp_gemm_order: false,
     };
     static Q4_0: Layout = Layout {
@@ -94,7 +134,7 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         group_block_bytes: Q4_0_GROUP_BLOCK,
         pack_group: pack_q4_0_group,
         kernel: Some(x8_kernel!(q4_0_group)),
-        kernel_avx512: Some(tile_kernel!(q4_0_group_pairs)),
+        kernel_avx512: Some(x16_kernel!(block32_group16, Block32::Q4_0)),
         llamacpp_gemm_order: true,
     };
     // AVX-512 VNNI only: on AVX2 a packed Q6_K saves no instructions (its
@@ -105,7 +145,7 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         group_block_bytes: Q6_K_GROUP_BLOCK,
         pack_group: pack_q6_k_group,
         kernel: None,
-        kernel_avx512: Some(tile_kernel!(q6_k_group_pairs)),
+        kernel_avx512: Some(x16_kernel!(q6_k_group16)),
         llamacpp_gemm_order: false,
     };
     // AVX-512 VNNI only, like Q6_K: AVX2 has no cheaper dot for them.
@@ -115,7 +155,7 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         group_block_bytes: Q5_0_GROUP_BLOCK,
         pack_group: pack_q5_0_group,
         kernel: None,
-        kernel_avx512: Some(tile_kernel!(q5_0_group_pairs)),
+        kernel_avx512: Some(x16_kernel!(block32_group16, Block32::Q5_0)),
         llamacpp_gemm_order: false,
     };
     static Q8_0: Layout = Layout {
@@ -124,7 +164,7 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         group_block_bytes: Q8_0_GROUP_BLOCK,
         pack_group: pack_q8_0_group,
         kernel: None,
-        kernel_avx512: Some(tile_kernel!(q8_0_group_pairs)),
+        kernel_avx512: Some(x16_kernel!(block32_group16, Block32::Q8_0)),
         llamacpp_gemm_order: false,
     };
     match ty {
@@ -283,6 +323,34 @@ fn pack_q4_0_group(src: &[u8], nb: usize, out: &mut [u8]) {
     });
 }
 
+/// 32 bytes at `off` of each of two packed groups, `a`'s in the low half.
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+unsafe fn both32(a: *const u8, b: *const u8, off: usize) -> __m512i {
+    let lo = _mm256_loadu_si256(a.add(off) as *const __m256i);
+    let hi = _mm256_loadu_si256(b.add(off) as *const __m256i);
+    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+}
+
+/// Eight bytes at `off` of each of two packed groups, `a`'s first.
+#[target_feature(enable = "sse2")]
+#[inline]
+unsafe fn both8(a: *const u8, b: *const u8, off: usize) -> __m128i {
+    let lo = _mm_loadl_epi64(a.add(off) as *const __m128i);
+    let hi = _mm_loadl_epi64(b.add(off) as *const __m128i);
+    _mm_unpacklo_epi64(lo, hi)
+}
+
+/// Eight f16 at `off` of each of two packed groups as f32, `a`'s in lanes
+/// 0..8.
+#[target_feature(enable = "avx2,f16c,avx512f")]
+#[inline]
+unsafe fn both_f16(a: *const u8, b: *const u8, off: usize) -> __m512 {
+    let lo = _mm_loadu_si128(a.add(off) as *const __m128i);
+    let hi = _mm_loadu_si128(b.add(off) as *const __m128i);
+    _mm512_cvtph_ps(_mm256_set_m128i(hi, lo))
+}
+
 /// A group's eight outputs for each activation row: row i's go to
 /// `out + i * ldo + col`.
 #[target_feature(enable = "avx2")]
@@ -402,37 +470,6 @@ unsafe fn q4_k_group<const NR: usize>(w: *const u8, nb: usize, x: &[Act; NR]) ->
     std::array::from_fn(|i| _mm256_sub_ps(acc[i], acc_min[i]))
 }
 
-/// Q4_K on AVX-512 VNNI, a [`Kernel`] over packed groups as `x8_kernel!`'s:
-/// pairs of groups through [`q4_k_group16`], a last odd group through the
-/// AVX2 [`q4_k_group`] (same float sequence).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q4_k_group_pairs<const NR: usize>(
-    w: *const u8,
-    row_bytes: usize,
-    nw: usize,
-    nb: usize,
-    x: &[Act],
-    out: *mut f32,
-    ldo: usize,
-) {
-    debug_assert_eq!(nw % GROUP_ROWS, 0);
-    let x: &[Act; NR] = x.try_into().unwrap_unchecked();
-    let group = |g: usize| w.add(g * GROUP_ROWS * row_bytes);
-    let n_groups = nw / GROUP_ROWS;
-    let mut g = 0;
-    while g + 2 <= n_groups {
-        let r = q4_k_group16::<NR>(group(g), group(g + 1), nb, x);
-        for (i, v) in r.iter().enumerate() {
-            _mm512_storeu_ps(out.add(i * ldo + g * GROUP_ROWS), *v);
-        }
-        g += 2;
-    }
-    if g < n_groups {
-        let r = q4_k_group::<NR>(group(g), nb, x);
-        store_group(&r, out, ldo, g * GROUP_ROWS);
-    }
-}
-
 /// [`q4_k_group`] for two groups at once (`a`: lanes 0..8, `b`: 8..16).
 /// Lane r's integer sums are the same exact values (`vpdpbusd` per block
 /// times the block's scale, where `q4_k_group` has maddubs + madd) and its
@@ -450,31 +487,16 @@ unsafe fn q4_k_group16<const NR: usize>(
     let low4 = _mm512_set1_epi8(0x0F);
     for blk in 0..nb {
         let (pa, pb) = (a.add(blk * Q4_K_GROUP_BLOCK), b.add(blk * Q4_K_GROUP_BLOCK));
-        // 32 bytes of each group at `off`: a's in the low half.
-        let both32 = |off: usize| {
-            let lo = _mm256_loadu_si256(pa.add(off) as *const __m256i);
-            let hi = _mm256_loadu_si256(pb.add(off) as *const __m256i);
-            _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
-        };
         // Eight u8 of each group at `off`, one per i32 lane.
-        let both8 = |off: usize| {
-            let lo = _mm_loadl_epi64(pa.add(off) as *const __m128i);
-            let hi = _mm_loadl_epi64(pb.add(off) as *const __m128i);
-            _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi))
-        };
-        let both_f16 = |off: usize| {
-            let lo = _mm_loadu_si128(pa.add(off) as *const __m128i);
-            let hi = _mm_loadu_si128(pb.add(off) as *const __m128i);
-            _mm512_cvtph_ps(_mm256_set_m128i(hi, lo))
-        };
-        let d = both_f16(0);
-        let dmin = both_f16(16);
+        let both_u8 = |off: usize| _mm512_cvtepu8_epi32(both8(pa, pb, off));
+        let d = both_f16(pa, pb, 0);
+        let dmin = both_f16(pa, pb, 16);
         let mut sum = [_mm512_setzero_si512(); NR];
         for j in 0..8 {
-            let scale = both8(32 + 8 * j);
+            let scale = both_u8(32 + 8 * j);
             let mut q = [_mm512_setzero_si512(); 8];
             for c in 0..4 {
-                let v = both32(QS + 128 * j + 32 * c);
+                let v = both32(pa, pb, QS + 128 * j + 32 * c);
                 q[c] = _mm512_and_si512(v, low4);
                 q[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
             }
@@ -492,8 +514,8 @@ unsafe fn q4_k_group16<const NR: usize>(
         // Mins: rows' (m_2k, m_2k+1) as i16 pairs times the activation's
         // broadcast pair of 32-sums, as in `q4_k_group`.
         let mins: [__m512i; 4] = std::array::from_fn(|k| {
-            let lo = both8(96 + 16 * k);
-            let hi = both8(104 + 16 * k);
+            let lo = both_u8(96 + 16 * k);
+            let hi = both_u8(104 + 16 * k);
             _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16))
         });
         for i in 0..NR {
@@ -513,42 +535,6 @@ unsafe fn q4_k_group16<const NR: usize>(
         }
     }
     std::array::from_fn(|i| _mm512_sub_ps(acc[i], acc_min[i]))
-}
-
-/// Q6_K on AVX-512 VNNI, a [`Kernel`] over packed groups: pairs of groups
-/// through [`q6_k_group16`], a last odd group as a pair with itself (the
-/// high half's duplicate results dropped).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q6_k_group_pairs<const NR: usize>(
-    w: *const u8,
-    row_bytes: usize,
-    nw: usize,
-    nb: usize,
-    x: &[Act],
-    out: *mut f32,
-    ldo: usize,
-) {
-    debug_assert_eq!(nw % GROUP_ROWS, 0);
-    let x: &[Act; NR] = x.try_into().unwrap_unchecked();
-    let group = |g: usize| w.add(g * GROUP_ROWS * row_bytes);
-    let n_groups = nw / GROUP_ROWS;
-    let mut g = 0;
-    while g + 2 <= n_groups {
-        let r = q6_k_group16::<NR>(group(g), group(g + 1), nb, x);
-        for (i, v) in r.iter().enumerate() {
-            _mm512_storeu_ps(out.add(i * ldo + g * GROUP_ROWS), *v);
-        }
-        g += 2;
-    }
-    if g < n_groups {
-        let r = q6_k_group16::<NR>(group(g), group(g), nb, x);
-        for (i, v) in r.iter().enumerate() {
-            _mm256_storeu_ps(
-                out.add(i * ldo + g * GROUP_ROWS),
-                _mm512_castps512_ps256(*v),
-            );
-        }
-    }
 }
 
 /// The outputs of two packed Q6_K groups (`a`: lanes 0..8, `b`: 8..16) for
@@ -574,21 +560,7 @@ unsafe fn q6_k_group16<const NR: usize>(
     let bits45 = _mm512_set1_epi8(0x30);
     for blk in 0..nb {
         let (pa, pb) = (a.add(blk * Q6_K_GROUP_BLOCK), b.add(blk * Q6_K_GROUP_BLOCK));
-        let both32 = |off: usize| {
-            let lo = _mm256_loadu_si256(pa.add(off) as *const __m256i);
-            let hi = _mm256_loadu_si256(pb.add(off) as *const __m256i);
-            _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
-        };
-        // Eight i8 scales of each group at `off`, sign-extended to i32 lanes.
-        let scales = |off: usize| {
-            let lo = _mm_loadl_epi64(pa.add(off) as *const __m128i);
-            let hi = _mm_loadl_epi64(pb.add(off) as *const __m128i);
-            _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(lo, hi))
-        };
-        let d = _mm512_cvtph_ps(_mm256_set_m128i(
-            _mm_loadu_si128(pb as *const __m128i),
-            _mm_loadu_si128(pa as *const __m128i),
-        ));
+        let d = both_f16(pa, pb, 0);
         let mut sum = [_mm512_setzero_si512(); NR];
         for h in 0..2 {
             for half in 0..2 {
@@ -598,9 +570,9 @@ unsafe fn q6_k_group16<const NR: usize>(
                 let mut v = [[_mm512_setzero_si512(); 4]; 4];
                 for (mi, vm) in v.iter_mut().enumerate() {
                     let m = 4 * half + mi;
-                    let qa = both32(Q6_QL + 32 * (16 * h + m));
-                    let qb = both32(Q6_QL + 32 * (16 * h + 8 + m));
-                    let qh = both32(Q6_QH + 32 * (8 * h + m));
+                    let qa = both32(pa, pb, Q6_QL + 32 * (16 * h + m));
+                    let qb = both32(pa, pb, Q6_QL + 32 * (16 * h + 8 + m));
+                    let qh = both32(pa, pb, Q6_QH + 32 * (8 * h + m));
                     let hi2 = |v: __m512i| _mm512_and_si512(v, bits45);
                     vm[0] =
                         _mm512_or_si512(_mm512_and_si512(qa, low4), hi2(_mm512_slli_epi16(qh, 4)));
@@ -615,7 +587,8 @@ unsafe fn q6_k_group16<const NR: usize>(
                 }
                 for c in 0..4 {
                     let sub = 8 * h + 2 * c + half;
-                    let scale = scales(16 + 8 * sub);
+                    // The rows' i8 scales, sign-extended to their lanes.
+                    let scale = _mm512_cvtepi8_epi32(both8(pa, pb, 16 + 8 * sub));
                     for i in 0..NR {
                         let bsum = *x[i].bs.add(16 * blk + sub) as i32;
                         let mut s = _mm512_set1_epi32(-32 * bsum);
@@ -638,70 +611,12 @@ unsafe fn q6_k_group16<const NR: usize>(
 }
 
 /// The 32-value block types with one scale per block, packed.
-#[derive(PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Block32 {
     Q4_0,
     Q5_0,
     Q8_0,
 }
-
-/// Pairs of packed groups of a [`Block32`] type through [`block32_group16`],
-/// a last odd group as a pair with itself.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-#[allow(clippy::too_many_arguments)]
-unsafe fn block32_group_pairs<const NR: usize>(
-    ty: Block32,
-    w: *const u8,
-    row_bytes: usize,
-    nw: usize,
-    nb: usize,
-    x: &[Act],
-    out: *mut f32,
-    ldo: usize,
-) {
-    debug_assert_eq!(nw % GROUP_ROWS, 0);
-    let x: &[Act; NR] = x.try_into().unwrap_unchecked();
-    let group = |g: usize| w.add(g * GROUP_ROWS * row_bytes);
-    let n_groups = nw / GROUP_ROWS;
-    let mut g = 0;
-    while g + 2 <= n_groups {
-        let r = block32_group16::<NR>(&ty, group(g), group(g + 1), nb, x);
-        for (i, v) in r.iter().enumerate() {
-            _mm512_storeu_ps(out.add(i * ldo + g * GROUP_ROWS), *v);
-        }
-        g += 2;
-    }
-    if g < n_groups {
-        let r = block32_group16::<NR>(&ty, group(g), group(g), nb, x);
-        for (i, v) in r.iter().enumerate() {
-            _mm256_storeu_ps(
-                out.add(i * ldo + g * GROUP_ROWS),
-                _mm512_castps512_ps256(*v),
-            );
-        }
-    }
-}
-
-macro_rules! block32_kernel {
-    ($name:ident, $ty:ident) => {
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn $name<const NR: usize>(
-            w: *const u8,
-            row_bytes: usize,
-            nw: usize,
-            nb: usize,
-            x: &[Act],
-            out: *mut f32,
-            ldo: usize,
-        ) {
-            block32_group_pairs::<NR>(Block32::$ty, w, row_bytes, nw, nb, x, out, ldo)
-        }
-    };
-}
-block32_kernel!(q4_0_group_pairs, Q4_0);
-block32_kernel!(q5_0_group_pairs, Q5_0);
-block32_kernel!(q8_0_group_pairs, Q8_0);
 
 /// The outputs of two packed groups (`a`: lanes 0..8, `b`: 8..16) of a
 /// [`Block32`] type for each activation row, one i32 lane per weight row.
@@ -718,7 +633,7 @@ block32_kernel!(q8_0_group_pairs, Q8_0);
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn block32_group16<const NR: usize>(
-    ty: &Block32,
+    ty: Block32,
     a: *const u8,
     b: *const u8,
     nb: usize,
@@ -735,104 +650,34 @@ unsafe fn block32_group16<const NR: usize>(
     let sign = _mm512_set1_epi8(-128);
     for blk in 0..nb {
         let (pa, pb) = (a.add(blk * block_bytes), b.add(blk * block_bytes));
-        let both32 = |off: usize| {
-            let lo = _mm256_loadu_si256(pa.add(off) as *const __m256i);
-            let hi = _mm256_loadu_si256(pb.add(off) as *const __m256i);
-            _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
-        };
-        let d = _mm512_cvtph_ps(_mm256_set_m128i(
-            _mm_loadu_si128(pb as *const __m128i),
-            _mm_loadu_si128(pa as *const __m128i),
-        ));
+        let d = both_f16(pa, pb, 0);
         // q[k]: values 4k..4k+4 of each row, in its lane.
         let mut q = [_mm512_setzero_si512(); 8];
         match ty {
             Block32::Q8_0 => {
                 for (k, qk) in q.iter_mut().enumerate() {
-                    *qk = _mm512_xor_si512(both32(16 + 32 * k), sign);
+                    *qk = _mm512_xor_si512(both32(pa, pb, 16 + 32 * k), sign);
                 }
             }
             Block32::Q4_0 | Block32::Q5_0 => {
-                let nibbles = if *ty == Block32::Q4_0 { 16 } else { 48 };
+                let nibbles = if ty == Block32::Q4_0 { 16 } else { 48 };
                 for c in 0..4 {
-                    let v = both32(nibbles + 32 * c);
+                    let v = both32(pa, pb, nibbles + 32 * c);
                     q[c] = _mm512_and_si512(v, low4);
                     q[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
                 }
-                if *ty == Block32::Q5_0 {
+                if ty == Block32::Q5_0 {
                     // Byte c of a row's word to its lane's four bytes, then
                     // bit t (low nibbles) or 4 + t (high) of byte t to 16.
-                    let bits = both32(16);
+                    let bits = both32(pa, pb, 16);
                     for c in 0..4 {
-                        let c = c as i8;
-                        let idx = _mm512_set_epi8(
-                            12 + c,
-                            12 + c,
-                            12 + c,
-                            12 + c,
-                            8 + c,
-                            8 + c,
-                            8 + c,
-                            8 + c,
-                            4 + c,
-                            4 + c,
-                            4 + c,
-                            4 + c,
-                            c,
-                            c,
-                            c,
-                            c,
-                            12 + c,
-                            12 + c,
-                            12 + c,
-                            12 + c,
-                            8 + c,
-                            8 + c,
-                            8 + c,
-                            8 + c,
-                            4 + c,
-                            4 + c,
-                            4 + c,
-                            4 + c,
-                            c,
-                            c,
-                            c,
-                            c,
-                            12 + c,
-                            12 + c,
-                            12 + c,
-                            12 + c,
-                            8 + c,
-                            8 + c,
-                            8 + c,
-                            8 + c,
-                            4 + c,
-                            4 + c,
-                            4 + c,
-                            4 + c,
-                            c,
-                            c,
-                            c,
-                            c,
-                            12 + c,
-                            12 + c,
-                            12 + c,
-                            12 + c,
-                            8 + c,
-                            8 + c,
-                            8 + c,
-                            8 + c,
-                            4 + c,
-                            4 + c,
-                            4 + c,
-                            4 + c,
-                            c,
-                            c,
-                            c,
-                            c,
+                        // Byte 4j + c for the four bytes of dword j of each
+                        // 128-bit lane (vpshufb indexes within the lane).
+                        let idx = _mm512_add_epi8(
+                            _mm512_set4_epi32(0x0C0C_0C0C, 0x0808_0808, 0x0404_0404, 0),
+                            _mm512_set1_epi8(c as i8),
                         );
                         let spread = _mm512_shuffle_epi8(bits, idx);
-                        let c = c as usize;
                         let k_lo = _mm512_test_epi8_mask(spread, _mm512_set1_epi32(0x0804_0201));
                         let k_hi =
                             _mm512_test_epi8_mask(spread, _mm512_set1_epi32(0x8040_2010u32 as i32));
