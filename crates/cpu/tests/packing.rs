@@ -64,7 +64,7 @@ fn packed_types() -> (Vec<GgmlType>, Vec<GgmlType>) {
     use GgmlType::*;
     let level = blockdraft_cpu::kernels::simd_level();
     match (cfg!(target_arch = "x86_64"), level) {
-        (true, "avx512+vnni") => (vec![Q4_K, Q4_0], vec![Q6_K, Q5_0, Q8_0]),
+        (true, "avx512+vnni") => (vec![Q4_K, Q4_0], vec![Q6_K, Q4_1, Q5_0, Q8_0]),
         (true, l) if l.starts_with("avx") => (vec![Q4_K, Q4_0], vec![]),
         _ => (vec![], vec![]),
     }

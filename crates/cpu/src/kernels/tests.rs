@@ -679,13 +679,13 @@ fn results_independent_of_batch_and_tiling() {
 }
 
 /// `pack(w)`, which packs exactly where this CPU has packed kernels (x86:
-/// Q4_K and Q4_0 on AVX2 and AVX-512 VNNI; Q6_K, Q5_0 and Q8_0 on AVX-512
-/// VNNI only).
+/// Q4_K and Q4_0 on AVX2 and AVX-512 VNNI; Q6_K, Q4_1, Q5_0 and Q8_0 on
+/// AVX-512 VNNI only).
 fn packed_where_supported(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
     let packed = pack(pool, w);
     let supported = cfg!(target_arch = "x86_64")
         && match w.ty {
-            Q6_K | Q5_0 | Q8_0 => simd_level() == "avx512+vnni",
+            Q6_K | Q4_1 | Q5_0 | Q8_0 => simd_level() == "avx512+vnni",
             _ => simd_level().starts_with("avx"),
         };
     if !supported {
@@ -757,31 +757,24 @@ fn packed_weights_match_the_ggml_layout_bit_for_bit() {
 }
 
 /// The float sequence of packed 32-value blocks with one scale (Q4_0, as
-/// llama.cpp's repacked kernels run it, its AVX2 gemv and gemm alike; Q5_0
-/// and Q8_0, packed on AVX-512 VNNI) for one output: `acc = fma(sum_b,
-/// d_w * d_x, acc)` over the blocks, `sum_b` the block's exact integer dot.
-fn block32_packed_reference(ty: GgmlType, w_row: &[u8], xq: &[i8], dx: &[f32]) -> f32 {
-    let mut acc = 0f32;
+/// llama.cpp's repacked kernels run it, its AVX2 gemv and gemm alike; Q4_1,
+/// Q5_0 and Q8_0, packed on AVX-512 VNNI) for one output: `acc = fma(sum_b,
+/// d_w * d_x, acc)` over the blocks, `sum_b` the block's exact integer dot;
+/// Q4_1's mins as llama.cpp takes them, `acc_min = fma(m, s_x, acc_min)`
+/// (`sx`: the activation blocks' stored sums), added at the end.
+fn block32_packed_reference(ty: GgmlType, w_row: &[u8], xq: &[i8], dx: &[f32], sx: &[f32]) -> f32 {
+    let (mut acc, mut acc_min) = (0f32, 0f32);
     for (b, blk) in w_row.chunks_exact(ty.block_bytes()).enumerate() {
         let dw = f16v(blk, 0);
+        // Value t's nibble of the 16 bytes at `at` (low: t < 16).
+        let nibble = |at: usize, t: usize| (blk[at + t % 16] >> (4 * (t / 16)) & 15) as i32;
         let value = |t: usize| -> i32 {
             match ty {
-                Q4_0 => {
-                    (if t < 16 {
-                        blk[2 + t] & 15
-                    } else {
-                        blk[2 + t - 16] >> 4
-                    }) as i32
-                        - 8
-                }
+                Q4_0 => nibble(2, t) - 8,
+                Q4_1 => nibble(4, t),
                 Q5_0 => {
                     let qh = u32::from_le_bytes(blk[2..6].try_into().unwrap());
-                    let nibble = if t < 16 {
-                        blk[6 + t] & 15
-                    } else {
-                        blk[6 + t - 16] >> 4
-                    };
-                    (nibble as i32 | ((qh >> t & 1) << 4) as i32) - 16
+                    (nibble(6, t) | ((qh >> t & 1) << 4) as i32) - 16
                 }
                 Q8_0 => blk[2 + t] as i8 as i32,
                 _ => unreachable!("{ty}"),
@@ -789,23 +782,30 @@ fn block32_packed_reference(ty: GgmlType, w_row: &[u8], xq: &[i8], dx: &[f32]) -
         };
         let sum: i32 = (0..32).map(|t| value(t) * xq[32 * b + t] as i32).sum();
         acc = (sum as f32).mul_add(dw * dx[b], acc);
+        if ty == Q4_1 {
+            acc_min = f16v(blk, 2).mul_add(sx[b], acc_min);
+        }
     }
-    acc
+    if ty == Q4_1 {
+        acc + acc_min
+    } else {
+        acc
+    }
 }
 
 /// Packed Q4_0 gives llama.cpp's repacked-Q4_0 results bit for bit (the
 /// ggml-layout kernel follows its unpacked gemv instead, so the two agree
-/// only to rounding), and packed Q5_0 and Q8_0 the same sequence, for
+/// only to rounding), and packed Q4_1, Q5_0 and Q8_0 the same sequence, for
 /// every batch size and thread count, with an odd last group of 8 rows.
 #[test]
 fn packed_32_blocks_follow_llamacpp_repacked_sequence() {
-    for (ty, seed) in [(Q4_0, 6), (Q5_0, 8), (Q8_0, 9)] {
+    for (ty, seed) in [(Q4_0, 6), (Q4_1, 10), (Q5_0, 8), (Q8_0, 9)] {
         check_packed_sequence(
             ty,
             seed,
             &[(8, 32), (16, 256), (24, 64), (40, 1536)],
             &[1, 3, 8, 11],
-            |w_row, xq, dx| block32_packed_reference(ty, w_row, xq, dx),
+            |w_row, xq, dx, sx| block32_packed_reference(ty, w_row, xq, dx, sx),
         );
     }
 }
@@ -842,12 +842,13 @@ fn packed_q6_k_follows_its_documented_sequence() {
         7,
         &[(8, 256), (24, 512), (48, 1536)],
         &[1, 2, 5, 8, 11],
-        q6_k_packed_reference,
+        |w_row, xq, dx, _| q6_k_packed_reference(w_row, xq, dx),
     );
 }
 
 /// Packed `ty` against `reference` (one output of its documented float
-/// sequence, from a weight row and a quantized activation row) bit for bit,
+/// sequence, from a weight row and a quantized activation row: quants,
+/// scales, and the block sums llama.cpp stores with them) bit for bit,
 /// for every shape, batch size `n` and thread count; within rounding of
 /// the ggml-layout kernels; and, where the layout has an AVX2 kernel too,
 /// bit-identical to it. Skips visibly where this CPU does not pack `ty`.
@@ -856,7 +857,7 @@ fn check_packed_sequence(
     seed: u64,
     shapes: &[(usize, usize)],
     ns: &[usize],
-    reference: impl Fn(&[u8], &[i8], &[f32]) -> f32,
+    reference: impl Fn(&[u8], &[i8], &[f32], &[f32]) -> f32,
 ) {
     let mut rng = Rng::new(seed);
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
@@ -880,14 +881,15 @@ fn check_packed_sequence(
             for r in 0..n {
                 let x_row = &x[r * cols..(r + 1) * cols];
                 let (mut xq, mut dx) = (vec![0i8; cols], vec![0f32; cols / bl]);
+                let mut sx = vec![0f32; cols / 32];
                 match act_kind(ty) {
                     ActKind::Q8_0 => scalar::quantize_q8_0(
                         x_row,
                         &mut xq,
                         &mut dx,
-                        &mut vec![0f32; cols / 32],
+                        &mut sx,
                         &mut vec![0i16; cols / 32],
-                        false,
+                        matches!(ty, Q4_1 | Q5_1),
                     ),
                     ActKind::Q8K => {
                         scalar::quantize_q8_k(x_row, &mut xq, &mut dx, &mut vec![0i16; cols / 16])
@@ -896,7 +898,7 @@ fn check_packed_sequence(
                 }
                 for o in 0..rows {
                     let w_row = &data[o * row_bytes..(o + 1) * row_bytes];
-                    want[r * rows + o] = reference(w_row, &xq, &dx);
+                    want[r * rows + o] = reference(w_row, &xq, &dx, &sx);
                 }
             }
             for pool in &pools {

@@ -1,5 +1,6 @@
 //! Weights re-laid out eight rows at a time, and their kernels: Q4_K and
-//! Q4_0 on AVX2 and AVX-512 VNNI; Q6_K, Q5_0 and Q8_0 on AVX-512 VNNI.
+//! Q4_0 on AVX2 and AVX-512 VNNI; Q6_K, Q4_1, Q5_0 and Q8_0 on AVX-512
+//! VNNI.
 //!
 //! In ggml's layout one 32-byte vector holds 64 values of one weight row, so
 //! every 32-value (sub-)block, which has its own scale, costs one `maddubs`
@@ -25,8 +26,9 @@
 //! llama.cpp's repacked Q4_0 kernels (what it runs on AVX2 for matrices
 //! with whole groups of 8 rows): `acc = fma(sum_b, d_w * d_x, acc)` per
 //! 32-block with the block's exact integer sum, in every batch shape.
-//! Q5_0 and Q8_0 take that sequence too, and Q6_K its per-super-block
-//! form: their own, equal to llama.cpp's eight-lane ones to rounding.
+//! Q4_1 (its mins as llama.cpp takes them), Q5_0 and Q8_0 take that
+//! sequence too, and Q6_K its per-super-block form: their own, equal to
+//! llama.cpp's eight-lane ones to rounding.
 
 use super::x86::k4_scales;
 use super::{tile_kernel, Act, Kernel};
@@ -158,6 +160,15 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         kernel_avx512: Some(x16_kernel!(block32_group16, Block32::Q5_0)),
         llamacpp_gemm_order: false,
     };
+    static Q4_1: Layout = Layout {
+        block_len: 32,
+        src_block_bytes: 20,
+        group_block_bytes: Q4_1_GROUP_BLOCK,
+        pack_group: pack_q4_1_group,
+        kernel: None,
+        kernel_avx512: Some(x16_kernel!(block32_group16, Block32::Q4_1)),
+        llamacpp_gemm_order: false,
+    };
     static Q8_0: Layout = Layout {
         block_len: 32,
         src_block_bytes: 34,
@@ -168,6 +179,7 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         llamacpp_gemm_order: false,
     };
     match ty {
+        GgmlType::Q4_1 => Some(&Q4_1),
         GgmlType::Q5_0 => Some(&Q5_0),
         GgmlType::Q8_0 => Some(&Q8_0),
         GgmlType::Q4_K => Some(&Q4_K),
@@ -205,6 +217,10 @@ const QS: usize = 160;
 /// then 32 bytes per quarter c at `16 + 32c`, byte `4r + t` holding row r's
 /// ggml quant byte `4c + t` (values `4c + t` low, `16 + 4c + t` high).
 const Q4_0_GROUP_BLOCK: usize = 144;
+
+/// Bytes of one Q4_1 block of eight rows: the rows' `d` (f16) at `2r`,
+/// their `m` (f16) at `16 + 2r`, then the nibbles as Q4_0's at `32 + 32c`.
+const Q4_1_GROUP_BLOCK: usize = 160;
 
 /// Bytes of one Q5_0 block of eight rows: the rows' `d` (f16) at `2r`;
 /// the fifth bits at `16 + 4r`, regrouped per quarter c into byte c of
@@ -308,6 +324,18 @@ fn pack_q8_0_group(src: &[u8], nb: usize, out: &mut [u8]) {
         for k in 0..8 {
             let at = 16 + 32 * k + 4 * r;
             dst[at..at + 4].copy_from_slice(&blk[2 + 4 * k..2 + 4 * k + 4]);
+        }
+    });
+}
+
+/// Re-lays out eight rows of a Q4_1 matrix (`nb` blocks per row).
+fn pack_q4_1_group(src: &[u8], nb: usize, out: &mut [u8]) {
+    for_each_block(src, nb, 20, out, Q4_1_GROUP_BLOCK, |r, blk, dst| {
+        dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+        dst[16 + 2 * r..18 + 2 * r].copy_from_slice(&blk[2..4]);
+        for c in 0..4 {
+            let at = 32 + 32 * c + 4 * r;
+            dst[at..at + 4].copy_from_slice(&blk[4 + 4 * c..4 + 4 * c + 4]);
         }
     });
 }
@@ -614,6 +642,7 @@ unsafe fn q6_k_group16<const NR: usize>(
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Block32 {
     Q4_0,
+    Q4_1,
     Q5_0,
     Q8_0,
 }
@@ -624,8 +653,10 @@ enum Block32 {
 /// Float sequence: per block, the exact integer dot `sum_t q_t x_t` of the
 /// block's signed values, then `acc = fma(sum, d * dx, acc)` — llama.cpp's
 /// repacked Q4_0 sequence, so packed Q4_0 gives its AVX2 kernel's results
-/// bit for bit; for Q5_0 and Q8_0 this sequence is their packed layout's
-/// own (the ggml-layout kernels keep llama.cpp's eight-lane one). The
+/// bit for bit; for Q4_1, Q5_0 and Q8_0 this sequence is their packed
+/// layout's own (the ggml-layout kernels keep llama.cpp's eight-lane one).
+/// Q4_1's mins go as in llama.cpp, `acc_min = fma(m, s_x, acc_min)` per
+/// block (`s_x` its activation block's stored sum), added at the end. The
 /// values go to `vpdpbusd` unsigned, stored + 8 (Q4_0), + 16 (Q5_0) or
 /// made so (+ 128, Q8_0), the offset taken off with the block's sum of
 /// activation quants: eight instructions per (block, activation row, 16
@@ -641,10 +672,12 @@ unsafe fn block32_group16<const NR: usize>(
 ) -> [__m512; NR] {
     let (block_bytes, offset) = match ty {
         Block32::Q4_0 => (Q4_0_GROUP_BLOCK, 8),
+        Block32::Q4_1 => (Q4_1_GROUP_BLOCK, 0),
         Block32::Q5_0 => (Q5_0_GROUP_BLOCK, 16),
         Block32::Q8_0 => (Q8_0_GROUP_BLOCK, 128),
     };
     let mut acc = [_mm512_setzero_ps(); NR];
+    let mut acc_min = [_mm512_setzero_ps(); NR];
     let low4 = _mm512_set1_epi8(0x0F);
     let sixteen = _mm512_set1_epi8(0x10);
     let sign = _mm512_set1_epi8(-128);
@@ -659,8 +692,12 @@ unsafe fn block32_group16<const NR: usize>(
                     *qk = _mm512_xor_si512(both32(pa, pb, 16 + 32 * k), sign);
                 }
             }
-            Block32::Q4_0 | Block32::Q5_0 => {
-                let nibbles = if ty == Block32::Q4_0 { 16 } else { 48 };
+            Block32::Q4_0 | Block32::Q4_1 | Block32::Q5_0 => {
+                let nibbles = match ty {
+                    Block32::Q4_0 => 16,
+                    Block32::Q4_1 => 32,
+                    _ => 48,
+                };
                 for c in 0..4 {
                     let v = both32(pa, pb, nibbles + 32 * c);
                     q[c] = _mm512_and_si512(v, low4);
@@ -697,6 +734,16 @@ unsafe fn block32_group16<const NR: usize>(
             let dx = _mm512_set1_ps(*x[i].d.add(blk));
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, dx), acc[i]);
         }
+        if ty == Block32::Q4_1 {
+            let m = both_f16(pa, pb, 16);
+            for i in 0..NR {
+                let s = _mm512_set1_ps(*x[i].s.add(blk));
+                acc_min[i] = _mm512_fmadd_ps(m, s, acc_min[i]);
+            }
+        }
     }
-    acc
+    match ty {
+        Block32::Q4_1 => std::array::from_fn(|i| _mm512_add_ps(acc[i], acc_min[i])),
+        _ => acc,
+    }
 }
