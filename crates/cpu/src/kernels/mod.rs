@@ -354,7 +354,7 @@ pub(crate) fn matmul_with(
         w.cols
     );
     let row_bytes = w.cols / bl * w.ty.block_bytes();
-    run(pool, w, row_bytes, x, out, kernel, gemm_groups);
+    run(pool, w, row_bytes, 8, x, out, kernel, gemm_groups);
 }
 
 /// A weight matrix re-laid out for a kernel that reads several weight rows
@@ -369,6 +369,8 @@ pub struct PackedWeight {
     rows: usize,
     cols: usize,
     row_bytes: usize,
+    /// Rows the kernel reads as one unit (tasks start at multiples).
+    tile_rows: usize,
     kernel: Kernel,
     llamacpp_gemm_order: bool,
 }
@@ -402,47 +404,67 @@ pub fn packed_follows_llamacpp(ty: GgmlType) -> bool {
 pub fn pack(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
     #[cfg(target_arch = "x86_64")]
     if let Some(layout) = x86_packed::layout(w.ty) {
-        use x86_packed::GROUP_ROWS;
-        let kernel = match (layout.kernel_avx512, layout.kernel) {
-            (Some(wide), _) if x86::has_avx512_vnni() => wide,
-            (_, Some(avx2)) if x86::has_avx2() => avx2,
+        // The AVX-512 kernels read groups in pairs, laid out interleaved.
+        let (kernel, tile_groups) = match (layout.kernel_avx512, layout.kernel) {
+            (Some(wide), _) if x86::has_avx512_vnni() => (wide, 2),
+            (_, Some(avx2)) if x86::has_avx2() => (avx2, 1),
             _ => return None,
         };
-        if w.rows == 0
-            || !w.rows.is_multiple_of(GROUP_ROWS)
-            || !w.cols.is_multiple_of(layout.block_len)
-        {
-            return None;
-        }
-        let nb = w.cols / layout.block_len;
-        let group_bytes = nb * layout.group_block_bytes;
-        let src_group = GROUP_ROWS * nb * layout.src_block_bytes;
-        let n_groups = w.rows / GROUP_ROWS;
-        assert!(
-            w.data.len() >= n_groups * src_group,
-            "pack: weight data too short"
-        );
-        let mut data = crate::WeightBuffer::zeroed(n_groups * group_bytes);
-        let dst = SendPtr(data.as_mut_slice().as_mut_ptr());
-        pool.run(n_groups, &|g| {
-            // SAFETY: group g owns its disjoint range of `data`.
-            let out = unsafe {
-                std::slice::from_raw_parts_mut(dst.get().add(g * group_bytes), group_bytes)
-            };
-            (layout.pack_group)(&w.data[g * src_group..(g + 1) * src_group], nb, out);
-        });
-        return Some(PackedWeight {
-            data,
-            ty: w.ty,
-            rows: w.rows,
-            cols: w.cols,
-            row_bytes: group_bytes / GROUP_ROWS,
-            kernel,
-            llamacpp_gemm_order: layout.llamacpp_gemm_order,
-        });
+        return pack_for(pool, w, layout, kernel, tile_groups);
     }
     let _ = (pool, w);
     None
+}
+
+/// `w` packed in `layout` for `kernel`, which reads `tile_groups` groups
+/// (1, or 2 interleaved block by block) as one unit; `None` where the
+/// shape has no whole groups.
+#[cfg(target_arch = "x86_64")]
+fn pack_for(
+    pool: &ThreadPool,
+    w: &WeightRef,
+    layout: &x86_packed::Layout,
+    kernel: Kernel,
+    tile_groups: usize,
+) -> Option<PackedWeight> {
+    use x86_packed::GROUP_ROWS;
+    if w.rows == 0 || !w.rows.is_multiple_of(GROUP_ROWS) || !w.cols.is_multiple_of(layout.block_len)
+    {
+        return None;
+    }
+    let nb = w.cols / layout.block_len;
+    let block = layout.group_block_bytes;
+    let group_bytes = nb * block;
+    let src_group = GROUP_ROWS * nb * layout.src_block_bytes;
+    let n_groups = w.rows / GROUP_ROWS;
+    assert!(
+        w.data.len() >= n_groups * src_group,
+        "pack: weight data too short"
+    );
+    let mut data = crate::WeightBuffer::zeroed(n_groups * group_bytes);
+    let dst = SendPtr(data.as_mut_slice().as_mut_ptr());
+    pool.run(n_groups.div_ceil(tile_groups), &|t| {
+        let g0 = t * tile_groups;
+        let groups = tile_groups.min(n_groups - g0);
+        // SAFETY: tile t owns its disjoint range of `data`.
+        let out = unsafe {
+            std::slice::from_raw_parts_mut(dst.get().add(g0 * group_bytes), groups * group_bytes)
+        };
+        for i in 0..groups {
+            let src = &w.data[(g0 + i) * src_group..(g0 + i + 1) * src_group];
+            (layout.pack_group)(src, nb, &mut out[i * block..], groups * block);
+        }
+    });
+    Some(PackedWeight {
+        data,
+        ty: w.ty,
+        rows: w.rows,
+        cols: w.cols,
+        row_bytes: group_bytes / GROUP_ROWS,
+        tile_rows: tile_groups * GROUP_ROWS,
+        kernel,
+        llamacpp_gemm_order: layout.llamacpp_gemm_order,
+    })
 }
 
 /// `matmul` on a packed weight (same results as on the original).
@@ -453,15 +475,17 @@ pub fn matmul_packed(pool: &ThreadPool, p: &PackedWeight, x: &[f32], out: &mut [
         rows: p.rows,
         cols: p.cols,
     };
-    run(pool, &w, p.row_bytes, x, out, p.kernel, false);
+    run(pool, &w, p.row_bytes, p.tile_rows, x, out, p.kernel, false);
 }
 
 /// The matmul driver: `w.data` holds `w.rows` rows of `row_bytes` each in
-/// the layout `kernel` reads (tasks start at multiples of 8 rows).
+/// the layout `kernel` reads (tasks start at multiples of `tile_rows`).
+#[allow(clippy::too_many_arguments)]
 fn run(
     pool: &ThreadPool,
     w: &WeightRef,
     row_bytes: usize,
+    tile_rows: usize,
     x: &[f32],
     out: &mut [f32],
     kernel: Kernel,
@@ -539,15 +563,15 @@ fn run(
         let mut chunk = if nt == 1 {
             rows
         } else {
-            // Whole tiles of weight rows (the kernels take up to 8 at once).
-            rows.div_ceil(nt * 8).next_multiple_of(8)
+            // Whole tiles of weight rows.
+            rows.div_ceil(nt * tile_rows).next_multiple_of(tile_rows)
         };
         if n > MAX_NR {
             // Several passes over the chunk (one per group of MAX_NR
             // activation rows): keep it small enough to stay in L2, so only
             // the first pass reads DRAM.
             const CHUNK_BYTES: usize = 192 << 10;
-            chunk = chunk.min((CHUNK_BYTES / row_bytes).max(8) / 8 * 8);
+            chunk = chunk.min((CHUNK_BYTES / row_bytes).max(tile_rows) / tile_rows * tile_rows);
         }
         let n_chunks = rows.div_ceil(chunk);
         let task = |t: usize| {

@@ -58,6 +58,24 @@ pub(crate) fn avx512_kernel(ty: GgmlType) -> Option<Kernel> {
     super::x86_avx512::kernel(ty).or_else(|| avx512::kernel(ty))
 }
 
+/// Asks for part `part` of `parts` of the `bytes` at `PREFETCH_DISTANCE`
+/// past `p` (whole cache lines): a decode streams each weight once, and
+/// with the hardware prefetcher alone the kernels wait on DRAM. Kernels
+/// spread a block's requests over their inner loop: a burst of them at the
+/// start of each block gained less (at `PREFETCH_DISTANCE`: Qwen2.5-Coder
+/// decodes up to ~1.5x faster on a Zen 5 core with this than without).
+#[inline(always)]
+pub(crate) unsafe fn prefetch_ahead(p: *const u8, bytes: usize, part: usize, parts: usize) {
+    let lines = bytes.div_ceil(64);
+    let (first, end) = (part * lines / parts, (part + 1) * lines / parts);
+    for line in first..end {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_DISTANCE + 64 * line) as *const i8);
+    }
+}
+
+/// How far ahead of use the kernels ask for weights.
+const PREFETCH_DISTANCE: usize = 8192;
+
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 pub(crate) unsafe fn hsum(v: __m256) -> f32 {

@@ -8,7 +8,7 @@
 //! Q6_K and the 32-block types (Q4_0 .. Q8_1) have one.
 
 use super::x86::avx512::{self, load};
-use super::x86::hsum;
+use super::x86::{hsum, prefetch_ahead};
 use super::{tile_kernel, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -109,6 +109,8 @@ unsafe fn q6_k_pair<const NR: usize>(
     let low2 = _mm512_set1_epi8(0x03);
     for b in 0..nb {
         let (b0, b1) = (w0.add(b * 210), w1.add(b * 210));
+        prefetch_ahead(b0, 210, 0, 1);
+        prefetch_ahead(b1, 210, 0, 1);
         let both = |off: usize| halves(load(b0.add(off)), load(b1.add(off)));
         let (d0, d1) = (avx512::h2f(b0.add(208)), avx512::h2f(b1.add(208)));
         let scales = |p: *const u8| _mm256_cvtepi8_epi16(_mm_loadu_si128(p as *const __m128i));
@@ -193,6 +195,8 @@ macro_rules! pair_32 {
             let zero = _mm512_setzero_si512();
             for b in 0..nb {
                 let (b0, b1) = (w0.add(b * $bytes), w1.add(b * $bytes));
+                prefetch_ahead(b0, $bytes, 0, 1);
+                prefetch_ahead(b1, $bytes, 0, 1);
                 let dw = halves_ps(avx512::h2f8(b0), avx512::h2f8(b1));
                 let q = halves($unpack(b0), $unpack(b1));
                 let q = if $offset != 0 {

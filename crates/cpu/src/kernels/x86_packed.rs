@@ -30,7 +30,7 @@
 //! sequence too, and Q6_K its per-super-block form: their own, equal to
 //! llama.cpp's eight-lane ones to rounding.
 
-use super::x86::k4_scales;
+use super::x86::{k4_scales, prefetch_ahead};
 use super::{tile_kernel, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -43,8 +43,10 @@ pub(crate) struct Layout {
     pub src_block_bytes: usize,
     /// Bytes of one block of [`GROUP_ROWS`] rows packed.
     pub group_block_bytes: usize,
-    /// Packs `GROUP_ROWS` rows of `nb` blocks (`src`) into `out`.
-    pub pack_group: fn(src: &[u8], nb: usize, out: &mut [u8]),
+    /// Packs `GROUP_ROWS` rows of `nb` blocks (`src`) into `out`, block b
+    /// at `b * stride` (`group_block_bytes` for a group alone, twice that
+    /// for a group interleaved with its pair).
+    pub pack_group: fn(src: &[u8], nb: usize, out: &mut [u8], stride: usize),
     /// The AVX2 kernel, where the layout has one (packing needs a kernel
     /// for the CPU it runs on).
     pub kernel: Option<Kernel>,
@@ -83,11 +85,13 @@ macro_rules! x8_kernel {
 
 /// The [`Kernel`] running `$group16` (the outputs of two packed groups,
 /// the first in lanes 0..8, for NR activation rows; `$ty` first where it
-/// takes a type) over pairs of groups, a last odd group as a pair with
-/// itself (the duplicate high half dropped): as `x8_kernel!`, on AVX-512
-/// VNNI.
+/// takes a type) over pairs of groups, as `x8_kernel!` on AVX-512 VNNI.
+/// A pair's blocks are interleaved (`$block` bytes each: block b of the
+/// first group, then of the second), so that the kernel streams one run of
+/// memory; a last odd group is laid out alone and runs as a pair with
+/// itself (the duplicate high half dropped).
 macro_rules! x16_kernel {
-    ($group16:ident $(, $ty:expr)?) => {{
+    ($group16:ident, $block:expr $(, $ty:expr)?) => {{
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         unsafe fn pairs<const NR: usize>(
             w: *const u8,
@@ -100,14 +104,15 @@ macro_rules! x16_kernel {
         ) {
             debug_assert_eq!(nw % GROUP_ROWS, 0);
             let x: &[Act; NR] = x.try_into().unwrap_unchecked();
-            let group = |g: usize| w.add(g * GROUP_ROWS * row_bytes);
             let n_groups = nw / GROUP_ROWS;
             for g in (0..n_groups).step_by(2) {
-                let second = (g + 1).min(n_groups - 1);
-                let r = $group16::<NR>($($ty,)? group(g), group(second), nb, x);
+                let a = w.add(g * GROUP_ROWS * row_bytes);
+                let paired = g + 1 < n_groups;
+                let (b, stride) = if paired { (a.add($block), 2 * $block) } else { (a, $block) };
+                let r = $group16::<NR>($($ty,)? a, b, stride, nb, x);
                 for (i, v) in r.iter().enumerate() {
                     let at = out.add(i * ldo + g * GROUP_ROWS);
-                    if second > g {
+                    if paired {
                         _mm512_storeu_ps(at, *v);
                     } else {
                         _mm256_storeu_ps(at, _mm512_castps512_ps256(*v));
@@ -127,7 +132,7 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         group_block_bytes: Q4_K_GROUP_BLOCK,
         pack_group: pack_q4_k_group,
         kernel: Some(x8_kernel!(q4_k_group)),
-        kernel_avx512: Some(x16_kernel!(q4_k_group16)),
+        kernel_avx512: Some(x16_kernel!(q4_k_group16, Q4_K_GROUP_BLOCK)),
         llamacpp_gemm_order: false,
     };
     static Q4_0: Layout = Layout {
@@ -136,7 +141,11 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         group_block_bytes: Q4_0_GROUP_BLOCK,
         pack_group: pack_q4_0_group,
         kernel: Some(x8_kernel!(q4_0_group)),
-        kernel_avx512: Some(x16_kernel!(block32_group16, Block32::Q4_0)),
+        kernel_avx512: Some(x16_kernel!(
+            block32_group16,
+            Q4_0_GROUP_BLOCK,
+            Block32::Q4_0
+        )),
         llamacpp_gemm_order: true,
     };
     // AVX-512 VNNI only: on AVX2 a packed Q6_K saves no instructions (its
@@ -147,7 +156,7 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         group_block_bytes: Q6_K_GROUP_BLOCK,
         pack_group: pack_q6_k_group,
         kernel: None,
-        kernel_avx512: Some(x16_kernel!(q6_k_group16)),
+        kernel_avx512: Some(x16_kernel!(q6_k_group16, Q6_K_GROUP_BLOCK)),
         llamacpp_gemm_order: false,
     };
     // AVX-512 VNNI only, like Q6_K: AVX2 has no cheaper dot for them.
@@ -157,7 +166,11 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         group_block_bytes: Q5_0_GROUP_BLOCK,
         pack_group: pack_q5_0_group,
         kernel: None,
-        kernel_avx512: Some(x16_kernel!(block32_group16, Block32::Q5_0)),
+        kernel_avx512: Some(x16_kernel!(
+            block32_group16,
+            Q5_0_GROUP_BLOCK,
+            Block32::Q5_0
+        )),
         llamacpp_gemm_order: false,
     };
     static Q4_1: Layout = Layout {
@@ -166,7 +179,11 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         group_block_bytes: Q4_1_GROUP_BLOCK,
         pack_group: pack_q4_1_group,
         kernel: None,
-        kernel_avx512: Some(x16_kernel!(block32_group16, Block32::Q4_1)),
+        kernel_avx512: Some(x16_kernel!(
+            block32_group16,
+            Q4_1_GROUP_BLOCK,
+            Block32::Q4_1
+        )),
         llamacpp_gemm_order: false,
     };
     static Q8_0: Layout = Layout {
@@ -175,7 +192,11 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         group_block_bytes: Q8_0_GROUP_BLOCK,
         pack_group: pack_q8_0_group,
         kernel: None,
-        kernel_avx512: Some(x16_kernel!(block32_group16, Block32::Q8_0)),
+        kernel_avx512: Some(x16_kernel!(
+            block32_group16,
+            Q8_0_GROUP_BLOCK,
+            Block32::Q8_0
+        )),
         llamacpp_gemm_order: false,
     };
     match ty {
@@ -235,18 +256,22 @@ const Q8_0_GROUP_BLOCK: usize = 272;
 
 /// Calls `f(r, block, packed)` for every block b of every row r of a group
 /// of [`GROUP_ROWS`] rows (`nb` blocks each): `block` is row r's ggml block
-/// b (`src_bytes` long), `packed` the group's packed block b.
+/// b (`src_bytes` long), `packed` the group's packed block b
+/// (`group_bytes` at `b * stride` in `out`).
 fn for_each_block(
     src: &[u8],
     nb: usize,
     src_bytes: usize,
     out: &mut [u8],
     group_bytes: usize,
+    stride: usize,
     f: impl Fn(usize, &[u8], &mut [u8]),
 ) {
     let row_bytes = nb * src_bytes;
-    assert!(src.len() >= GROUP_ROWS * row_bytes && out.len() == nb * group_bytes);
-    for (b, packed) in out.chunks_exact_mut(group_bytes).enumerate() {
+    assert!(src.len() >= GROUP_ROWS * row_bytes && stride >= group_bytes);
+    assert!(nb == 0 || out.len() >= (nb - 1) * stride + group_bytes);
+    for b in 0..nb {
+        let packed = &mut out[b * stride..b * stride + group_bytes];
         for r in 0..GROUP_ROWS {
             let at = r * row_bytes + b * src_bytes;
             f(r, &src[at..at + src_bytes], packed);
@@ -255,51 +280,67 @@ fn for_each_block(
 }
 
 /// Re-lays out eight rows of a Q4_K matrix (`nb` super-blocks per row).
-fn pack_q4_k_group(src: &[u8], nb: usize, out: &mut [u8]) {
-    for_each_block(src, nb, 144, out, Q4_K_GROUP_BLOCK, |r, blk, dst| {
-        dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
-        dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&blk[2..4]);
-        let (sc, mn) = k4_scales(blk[4..16].as_ptr());
-        for j in 0..8 {
-            dst[32 + 8 * j + r] = sc[j];
-            dst[96 + 8 * j + r] = mn[j];
-        }
-        // Sub-block j's 32 values are the low (j even) or high nibbles
-        // of the 32 bytes at 16 + 32 (j / 2); four values per word.
-        let word = |at: usize| u32::from_le_bytes(blk[at..at + 4].try_into().unwrap());
-        for j in 0..8 {
-            let (src, shift) = (16 + 32 * (j / 2), 4 * (j % 2));
-            for c in 0..4 {
-                let lo = (word(src + 4 * c) >> shift) & 0x0F0F_0F0F;
-                let hi = (word(src + 16 + 4 * c) >> shift) & 0x0F0F_0F0F;
-                let at = QS + 32 * (4 * j + c) + 4 * r;
-                dst[at..at + 4].copy_from_slice(&(lo | (hi << 4)).to_le_bytes());
+fn pack_q4_k_group(src: &[u8], nb: usize, out: &mut [u8], stride: usize) {
+    for_each_block(
+        src,
+        nb,
+        144,
+        out,
+        Q4_K_GROUP_BLOCK,
+        stride,
+        |r, blk, dst| {
+            dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+            dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&blk[2..4]);
+            let (sc, mn) = k4_scales(blk[4..16].as_ptr());
+            for j in 0..8 {
+                dst[32 + 8 * j + r] = sc[j];
+                dst[96 + 8 * j + r] = mn[j];
             }
-        }
-    });
+            // Sub-block j's 32 values are the low (j even) or high nibbles
+            // of the 32 bytes at 16 + 32 (j / 2); four values per word.
+            let word = |at: usize| u32::from_le_bytes(blk[at..at + 4].try_into().unwrap());
+            for j in 0..8 {
+                let (src, shift) = (16 + 32 * (j / 2), 4 * (j % 2));
+                for c in 0..4 {
+                    let lo = (word(src + 4 * c) >> shift) & 0x0F0F_0F0F;
+                    let hi = (word(src + 16 + 4 * c) >> shift) & 0x0F0F_0F0F;
+                    let at = QS + 32 * (4 * j + c) + 4 * r;
+                    dst[at..at + 4].copy_from_slice(&(lo | (hi << 4)).to_le_bytes());
+                }
+            }
+        },
+    );
 }
 
 /// Re-lays out eight rows of a Q6_K matrix (`nb` super-blocks per row).
-fn pack_q6_k_group(src: &[u8], nb: usize, out: &mut [u8]) {
-    for_each_block(src, nb, 210, out, Q6_K_GROUP_BLOCK, |r, blk, dst| {
-        dst[2 * r..2 * r + 2].copy_from_slice(&blk[208..210]);
-        for s in 0..16 {
-            dst[16 + 8 * s + r] = blk[192 + s];
-        }
-        for k in 0..32 {
-            let at = Q6_QL + 32 * k + 4 * r;
-            dst[at..at + 4].copy_from_slice(&blk[4 * k..4 * k + 4]);
-        }
-        for k in 0..16 {
-            let at = Q6_QH + 32 * k + 4 * r;
-            dst[at..at + 4].copy_from_slice(&blk[128 + 4 * k..128 + 4 * k + 4]);
-        }
-    });
+fn pack_q6_k_group(src: &[u8], nb: usize, out: &mut [u8], stride: usize) {
+    for_each_block(
+        src,
+        nb,
+        210,
+        out,
+        Q6_K_GROUP_BLOCK,
+        stride,
+        |r, blk, dst| {
+            dst[2 * r..2 * r + 2].copy_from_slice(&blk[208..210]);
+            for s in 0..16 {
+                dst[16 + 8 * s + r] = blk[192 + s];
+            }
+            for k in 0..32 {
+                let at = Q6_QL + 32 * k + 4 * r;
+                dst[at..at + 4].copy_from_slice(&blk[4 * k..4 * k + 4]);
+            }
+            for k in 0..16 {
+                let at = Q6_QH + 32 * k + 4 * r;
+                dst[at..at + 4].copy_from_slice(&blk[128 + 4 * k..128 + 4 * k + 4]);
+            }
+        },
+    );
 }
 
 /// Re-lays out eight rows of a Q5_0 matrix (`nb` blocks per row).
-fn pack_q5_0_group(src: &[u8], nb: usize, out: &mut [u8]) {
-    for_each_block(src, nb, 22, out, Q5_0_GROUP_BLOCK, |r, blk, dst| {
+fn pack_q5_0_group(src: &[u8], nb: usize, out: &mut [u8], stride: usize) {
+    for_each_block(src, nb, 22, out, Q5_0_GROUP_BLOCK, stride, |r, blk, dst| {
         dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
         let qh = u32::from_le_bytes(blk[2..6].try_into().unwrap());
         let mut bits = 0u32;
@@ -318,8 +359,8 @@ fn pack_q5_0_group(src: &[u8], nb: usize, out: &mut [u8]) {
 }
 
 /// Re-lays out eight rows of a Q8_0 matrix (`nb` blocks per row).
-fn pack_q8_0_group(src: &[u8], nb: usize, out: &mut [u8]) {
-    for_each_block(src, nb, 34, out, Q8_0_GROUP_BLOCK, |r, blk, dst| {
+fn pack_q8_0_group(src: &[u8], nb: usize, out: &mut [u8], stride: usize) {
+    for_each_block(src, nb, 34, out, Q8_0_GROUP_BLOCK, stride, |r, blk, dst| {
         dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
         for k in 0..8 {
             let at = 16 + 32 * k + 4 * r;
@@ -329,8 +370,8 @@ fn pack_q8_0_group(src: &[u8], nb: usize, out: &mut [u8]) {
 }
 
 /// Re-lays out eight rows of a Q4_1 matrix (`nb` blocks per row).
-fn pack_q4_1_group(src: &[u8], nb: usize, out: &mut [u8]) {
-    for_each_block(src, nb, 20, out, Q4_1_GROUP_BLOCK, |r, blk, dst| {
+fn pack_q4_1_group(src: &[u8], nb: usize, out: &mut [u8], stride: usize) {
+    for_each_block(src, nb, 20, out, Q4_1_GROUP_BLOCK, stride, |r, blk, dst| {
         dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
         dst[16 + 2 * r..18 + 2 * r].copy_from_slice(&blk[2..4]);
         for c in 0..4 {
@@ -341,8 +382,8 @@ fn pack_q4_1_group(src: &[u8], nb: usize, out: &mut [u8]) {
 }
 
 /// Re-lays out eight rows of a Q4_0 matrix (`nb` blocks per row).
-fn pack_q4_0_group(src: &[u8], nb: usize, out: &mut [u8]) {
-    for_each_block(src, nb, 18, out, Q4_0_GROUP_BLOCK, |r, blk, dst| {
+fn pack_q4_0_group(src: &[u8], nb: usize, out: &mut [u8], stride: usize) {
+    for_each_block(src, nb, 18, out, Q4_0_GROUP_BLOCK, stride, |r, blk, dst| {
         dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
         for c in 0..4 {
             let at = 16 + 32 * c + 4 * r;
@@ -435,6 +476,7 @@ unsafe fn q4_0_group<const NR: usize>(w: *const u8, nb: usize, x: &[Act; NR]) ->
     let mut acc = [_mm256_setzero_ps(); NR];
     for b in 0..nb {
         let blk = w.add(b * Q4_0_GROUP_BLOCK);
+        prefetch_ahead(blk, Q4_0_GROUP_BLOCK, 0, 1);
         let d = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
         let q = unpack_block(blk.add(16));
         for i in 0..NR {
@@ -465,6 +507,7 @@ unsafe fn q4_k_group<const NR: usize>(w: *const u8, nb: usize, x: &[Act; NR]) ->
         let dmin = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i));
         let mut sum = [_mm256_setzero_si256(); NR];
         for j in 0..8 {
+            prefetch_ahead(blk, Q4_K_GROUP_BLOCK, j, 8);
             let scale = dup(blk.add(32 + 8 * j));
             let q = unpack_block(blk.add(QS + 128 * j));
             for i in 0..NR {
@@ -507,6 +550,7 @@ unsafe fn q4_k_group<const NR: usize>(w: *const u8, nb: usize, x: &[Act; NR]) ->
 unsafe fn q4_k_group16<const NR: usize>(
     a: *const u8,
     b: *const u8,
+    stride: usize,
     nb: usize,
     x: &[Act; NR],
 ) -> [__m512; NR] {
@@ -514,13 +558,14 @@ unsafe fn q4_k_group16<const NR: usize>(
     let mut acc_min = [_mm512_setzero_ps(); NR];
     let low4 = _mm512_set1_epi8(0x0F);
     for blk in 0..nb {
-        let (pa, pb) = (a.add(blk * Q4_K_GROUP_BLOCK), b.add(blk * Q4_K_GROUP_BLOCK));
+        let (pa, pb) = (a.add(blk * stride), b.add(blk * stride));
         // Eight u8 of each group at `off`, one per i32 lane.
         let both_u8 = |off: usize| _mm512_cvtepu8_epi32(both8(pa, pb, off));
         let d = both_f16(pa, pb, 0);
         let dmin = both_f16(pa, pb, 16);
         let mut sum = [_mm512_setzero_si512(); NR];
         for j in 0..8 {
+            prefetch_ahead(pa, stride, j, 8);
             let scale = both_u8(32 + 8 * j);
             let mut q = [_mm512_setzero_si512(); 8];
             for c in 0..4 {
@@ -580,6 +625,7 @@ unsafe fn q4_k_group16<const NR: usize>(
 unsafe fn q6_k_group16<const NR: usize>(
     a: *const u8,
     b: *const u8,
+    stride: usize,
     nb: usize,
     x: &[Act; NR],
 ) -> [__m512; NR] {
@@ -587,11 +633,12 @@ unsafe fn q6_k_group16<const NR: usize>(
     let low4 = _mm512_set1_epi8(0x0F);
     let bits45 = _mm512_set1_epi8(0x30);
     for blk in 0..nb {
-        let (pa, pb) = (a.add(blk * Q6_K_GROUP_BLOCK), b.add(blk * Q6_K_GROUP_BLOCK));
+        let (pa, pb) = (a.add(blk * stride), b.add(blk * stride));
         let d = both_f16(pa, pb, 0);
         let mut sum = [_mm512_setzero_si512(); NR];
         for h in 0..2 {
             for half in 0..2 {
+                prefetch_ahead(pa, stride, 2 * h + half, 4);
                 // Values 128h + 32c + 16 half + 4m' + t (m = 4 half + m'):
                 // quarter c of word m's low (c even) or high (c odd) nibbles
                 // of `ql` and bits 2c, 2c+1 of `qh`, as in the row kernel.
@@ -667,14 +714,15 @@ unsafe fn block32_group16<const NR: usize>(
     ty: Block32,
     a: *const u8,
     b: *const u8,
+    stride: usize,
     nb: usize,
     x: &[Act; NR],
 ) -> [__m512; NR] {
-    let (block_bytes, offset) = match ty {
-        Block32::Q4_0 => (Q4_0_GROUP_BLOCK, 8),
-        Block32::Q4_1 => (Q4_1_GROUP_BLOCK, 0),
-        Block32::Q5_0 => (Q5_0_GROUP_BLOCK, 16),
-        Block32::Q8_0 => (Q8_0_GROUP_BLOCK, 128),
+    let offset = match ty {
+        Block32::Q4_0 => 8,
+        Block32::Q4_1 => 0,
+        Block32::Q5_0 => 16,
+        Block32::Q8_0 => 128,
     };
     let mut acc = [_mm512_setzero_ps(); NR];
     let mut acc_min = [_mm512_setzero_ps(); NR];
@@ -682,7 +730,8 @@ unsafe fn block32_group16<const NR: usize>(
     let sixteen = _mm512_set1_epi8(0x10);
     let sign = _mm512_set1_epi8(-128);
     for blk in 0..nb {
-        let (pa, pb) = (a.add(blk * block_bytes), b.add(blk * block_bytes));
+        let (pa, pb) = (a.add(blk * stride), b.add(blk * stride));
+        prefetch_ahead(pa, stride, 0, 1);
         let d = both_f16(pa, pb, 0);
         // q[k]: values 4k..4k+4 of each row, in its lane.
         let mut q = [_mm512_setzero_si512(); 8];
