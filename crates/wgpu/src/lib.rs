@@ -21,6 +21,7 @@
 //! `#if F16` variants are built instead ([`Tuning`]).
 
 mod device;
+mod params;
 mod profile;
 mod recorder;
 pub mod shaders;
@@ -377,7 +378,12 @@ impl WgpuBackend {
         cols: usize,
         s: f32,
     ) {
-        let params = [u(n), u(cols), s.to_bits(), 0];
+        let params = params::Elementwise {
+            n: u(n),
+            cols: u(cols),
+            s,
+            _pad: 0,
+        };
         let mut bindings = vec![x.binding()];
         if let Some(y) = y {
             bindings.push(y.binding());
@@ -519,7 +525,12 @@ impl ElementwiseOps for WgpuBackend {
             "rms_norm shapes"
         );
         let slices = x.len() / group;
-        let params = [u(group), u(slices), eps.to_bits(), 0];
+        let params = params::Norm {
+            group: u(group),
+            n_slices: u(slices),
+            eps,
+            _pad: 0,
+        };
         self.dev.dispatch(
             kernel("norm.wgsl", "rms_norm"),
             &params,
@@ -534,16 +545,16 @@ impl ElementwiseOps for WgpuBackend {
             return;
         }
         let (table, table_pos0) = self.rope_table(pos0, x.rows, &p);
-        let params = [
-            u(x.rows),
-            u(x.cols),
-            u(p.n_head),
-            u(p.head_dim),
-            u(half),
-            u32::from(p.style == RopeStyle::Neox),
-            u(pos0 - table_pos0),
-            0,
-        ];
+        let params = params::Rope {
+            n_rows: u(x.rows),
+            cols: u(x.cols),
+            n_head: u(p.n_head),
+            head_dim: u(p.head_dim),
+            half_rot: u(half),
+            neox: u32::from(p.style == RopeStyle::Neox),
+            table_row0: u(pos0 - table_pos0),
+            n_head_k: 0,
+        };
         self.dev.dispatch(
             kernel("rope.wgsl", "rope"),
             &params,
@@ -578,16 +589,16 @@ impl ElementwiseOps for WgpuBackend {
             return;
         }
         let (table, table_pos0) = self.rope_table(pos0, q.rows, &q_p);
-        let params = [
-            u(q.rows),
-            u(q.cols),
-            u(q_p.n_head),
-            u(q_p.head_dim),
-            u(half),
-            u32::from(q_p.style == RopeStyle::Neox),
-            u(pos0 - table_pos0),
-            u(k_p.n_head),
-        ];
+        let params = params::Rope {
+            n_rows: u(q.rows),
+            cols: u(q.cols),
+            n_head: u(q_p.n_head),
+            head_dim: u(q_p.head_dim),
+            half_rot: u(half),
+            neox: u32::from(q_p.style == RopeStyle::Neox),
+            table_row0: u(pos0 - table_pos0),
+            n_head_k: u(k_p.n_head),
+        };
         self.dev.dispatch(
             kernel("rope.wgsl", "rope_qk"),
             &params,
@@ -611,7 +622,12 @@ impl ElementwiseOps for WgpuBackend {
         };
         self.dev.dispatch(
             kernel("activation.wgsl", entry),
-            &[u(n), 0, 0, 0],
+            &params::Activation {
+                n: u(n),
+                _pad0: 0,
+                _pad1: 0,
+                _pad2: 0,
+            },
             &[gate.binding(), up.binding(), out.binding()],
             grid(n, 256),
         );
@@ -648,16 +664,16 @@ impl ElementwiseOps for WgpuBackend {
         if n_rows == 0 {
             return;
         }
-        let params = [
-            u(n_rows),
-            u(src.cols),
-            u(src_row),
-            u(dst.cols),
-            u(dst_row),
-            u(dst_col),
-            0,
-            0,
-        ];
+        let params = params::CopyRows {
+            n_rows: u(n_rows),
+            src_cols: u(src.cols),
+            src_row: u(src_row),
+            dst_cols: u(dst.cols),
+            dst_row: u(dst_row),
+            dst_col: u(dst_col),
+            _pad0: 0,
+            _pad1: 0,
+        };
         let copy = match (src.is_f16(), dst.is_f16()) {
             (false, false) => kernel("copy.wgsl", "copy_rows"),
             (false, true) => {
@@ -751,7 +767,12 @@ impl LinearOps for WgpuBackend {
     }
 
     fn add_bias(&self, x: &mut WgpuTensor, bias: &WgpuWeight) {
-        let params = [u(x.len()), u(x.cols), 0, 0];
+        let params = params::Elementwise {
+            n: u(x.len()),
+            cols: u(x.cols),
+            s: 0.0,
+            _pad: 0,
+        };
         self.dev.dispatch(
             kernel("elementwise.wgsl", "add_bias"),
             &params,
@@ -786,7 +807,16 @@ impl AttentionOps for WgpuBackend {
             k.cols <= k_cache.cols && row + n <= k_cache.rows && n <= k.rows && n <= v.rows,
             "append_kv out of bounds"
         );
-        let params = [u(n), u(k.cols), 0, u(k_cache.cols), u(row), 0, 0, 0];
+        let params = params::CopyRows {
+            n_rows: u(n),
+            src_cols: u(k.cols),
+            src_row: 0,
+            dst_cols: u(k_cache.cols),
+            dst_row: u(row),
+            dst_col: 0,
+            _pad0: 0,
+            _pad1: 0,
+        };
         let (append, per_invocation) = if k_cache.is_f16() {
             assert!(k.cols % 2 == 0, "append_kv into f16: odd width");
             (kernel("copy_f16.wgsl", "append_kv_to_f16"), 2)
@@ -826,20 +856,20 @@ impl AttentionOps for WgpuBackend {
             p.n_head,
             p.n_head_kv
         );
-        let params = [
-            u(q.rows),
-            u(p.n_head),
-            u(p.n_head_kv),
-            u(p.head_dim),
-            u(mask.q_pos0),
-            u(mask.kv_len),
-            u32::from(mask.causal),
-            u(mask.window.unwrap_or(0)),
-            p.scale.to_bits(),
-            0,
-            0,
-            0,
-        ];
+        let params = params::Attention {
+            n_rows: u(q.rows),
+            n_head: u(p.n_head),
+            n_head_kv: u(p.n_head_kv),
+            head_dim: u(p.head_dim),
+            q_pos0: u(mask.q_pos0),
+            kv_len: u(mask.kv_len),
+            causal: u32::from(mask.causal),
+            window: u(mask.window.unwrap_or(0)),
+            scale: p.scale,
+            _pad0: 0,
+            _pad1: 0,
+            _pad2: 0,
+        };
         self.dev.dispatch(
             if k.is_f16() {
                 kernel("attention_f16.wgsl", "attention")
@@ -861,7 +891,16 @@ impl SamplingOps for WgpuBackend {
         let ids = self.ids_buffer(x.rows);
         self.dev.dispatch(
             kernel("argmax.wgsl", "argmax"),
-            &[u(x.rows), u(x.cols), 0, 0, 0, 1, 0, 0],
+            &params::Argmax {
+                n_rows: u(x.rows),
+                cols: u(x.cols),
+                as_f32: 0,
+                out_row: 0,
+                out_col: 0,
+                out_cols: 1,
+                _pad0: 0,
+                _pad1: 0,
+            },
             &[x.binding(), Binding::whole(&ids)],
             grid(x.rows, 1),
         );
@@ -881,7 +920,12 @@ impl SamplingOps for WgpuBackend {
         }
         self.dev.dispatch(
             kernel("topk.wgsl", "top_k"),
-            &[u(x.rows), u(x.cols), u(k), 0],
+            &params::TopK {
+                n_rows: u(x.rows),
+                cols: u(x.cols),
+                k: u(k),
+                _pad0: 0,
+            },
             &[x.binding(), values.binding(), ids.binding()],
             grid(x.rows, 1),
         );
@@ -907,16 +951,16 @@ impl SamplingOps for WgpuBackend {
         let history = &history[history.len().saturating_sub(last_n)..];
         let hist = self.ids_buffer(history.len().max(1));
         self.dev.upload(&hist, 0, bytemuck::cast_slice(history));
-        let params = [
-            u(x.rows),
-            u(x.cols),
-            u(history.len()),
-            u(last_n),
-            penalty.to_bits(),
-            u(batch.map_or(0, |(_, col)| col)),
-            u(batch.map_or(0, |(b, _)| b.cols)),
-            0,
-        ];
+        let params = params::Penalty {
+            rows: u(x.rows),
+            cols: u(x.cols),
+            hist_len: u(history.len()),
+            last_n: u(last_n),
+            penalty,
+            batch_col: u(batch.map_or(0, |(_, col)| col)),
+            batch_cols: u(batch.map_or(0, |(b, _)| b.cols)),
+            _pad: 0,
+        };
         // Without a batch the history stands in for its (unread) binding.
         let batch_binding = batch.map_or(Binding::whole(&hist), |(b, _)| b.binding());
         self.dev.dispatch(
@@ -954,24 +998,24 @@ impl SamplingOps for WgpuBackend {
             // The ids binding is unused for whole rows.
             None => (x, x),
         };
-        let params = [
-            u(x.rows),
-            u(values.cols),
-            u32::from(top.is_some()),
-            p.temperature.max(1e-6).to_bits(),
-            p.top_p.to_bits(),
-            p.min_p.to_bits(),
-            p.seed as u32,
-            (p.seed >> 32) as u32,
-            counter as u32,
-            (counter >> 32) as u32,
-            u(row),
-            u(col),
-            u(out.cols),
-            0,
-            0,
-            0,
-        ];
+        let params = params::Sample {
+            n_rows: u(x.rows),
+            m: u(values.cols),
+            sorted: u32::from(top.is_some()),
+            temperature: p.temperature.max(1e-6),
+            top_p: p.top_p,
+            min_p: p.min_p,
+            seed_lo: p.seed as u32,
+            seed_hi: (p.seed >> 32) as u32,
+            ctr_lo: counter as u32,
+            ctr_hi: (counter >> 32) as u32,
+            out_row: u(row),
+            out_col: u(col),
+            out_cols: u(out.cols),
+            _pad0: 0,
+            _pad1: 0,
+            _pad2: 0,
+        };
         self.dev.dispatch(
             kernel("sample.wgsl", "sample"),
             &params,
@@ -990,7 +1034,16 @@ impl SamplingOps for WgpuBackend {
         }
         self.dev.dispatch(
             kernel("argmax.wgsl", "argmax"),
-            &[u(x.rows), u(x.cols), 1, u(row), u(col), u(out.cols), 0, 0],
+            &params::Argmax {
+                n_rows: u(x.rows),
+                cols: u(x.cols),
+                as_f32: 1,
+                out_row: u(row),
+                out_col: u(col),
+                out_cols: u(out.cols),
+                _pad0: 0,
+                _pad1: 0,
+            },
             &[x.binding(), out.binding()],
             grid(x.rows, 1),
         );
@@ -1015,16 +1068,16 @@ impl DrafterOps for WgpuBackend {
                 && (out.rows, out.cols) == (x.rows, x.cols),
             "grouped_conv shapes"
         );
-        let params = [
-            u(x.rows),
-            u(x.cols),
-            u(p.taps),
-            u(p.group),
-            u(p.side),
-            0,
-            0,
-            0,
-        ];
+        let params = params::Conv {
+            n_rows: u(x.rows),
+            cols: u(x.cols),
+            taps: u(p.taps),
+            group: u(p.group),
+            side: u(p.side),
+            _pad0: 0,
+            _pad1: 0,
+            _pad2: 0,
+        };
         self.dev.dispatch(
             kernel("conv.wgsl", "grouped_conv"),
             &params,
@@ -1043,21 +1096,20 @@ impl DrafterOps for WgpuBackend {
             x.rows == out.rows && x.cols == w.len() * out.cols,
             "add_slices shapes"
         );
-        // As many weights as fill the 256-byte parameter block.
-        const PER_DISPATCH: usize = 56;
+        const PER_DISPATCH: usize = params::ADD_SLICES_WEIGHTS;
         for (i, chunk) in w.chunks(PER_DISPATCH).enumerate() {
-            let mut params = vec![
-                u(out.len()),
-                u(out.cols),
-                u(x.cols),
-                u(i * PER_DISPATCH),
-                u(chunk.len()),
-                0,
-                0,
-                0,
-            ];
-            params.extend(chunk.iter().map(|v| v.to_bits()));
-            params.resize(8 + PER_DISPATCH, 0);
+            let mut params = params::AddSlices {
+                n: u(out.len()),
+                d: u(out.cols),
+                width: u(x.cols),
+                slice0: u(i * PER_DISPATCH),
+                n_w: u(chunk.len()),
+                _pad0: 0,
+                _pad1: 0,
+                _pad2: 0,
+                w: [[0.0; 4]; PER_DISPATCH / 4],
+            };
+            bytemuck::cast_slice_mut(&mut params.w)[..chunk.len()].copy_from_slice(chunk);
             self.dev.dispatch(
                 kernel("fusion.wgsl", "add_slices"),
                 &params,
@@ -1091,7 +1143,16 @@ impl DrafterOps for WgpuBackend {
         }
         self.dev.dispatch(
             kernel("selector.wgsl", "selector_walk"),
-            &[u(n), u(rank), u(k), u(col), u(out.cols), 0, 0, 0],
+            &params::Selector {
+                n_rows: u(n),
+                rank: u(rank),
+                k: u(k),
+                out_col: u(col),
+                out_cols: u(out.cols),
+                _pad0: 0,
+                _pad1: 0,
+                _pad2: 0,
+            },
             &[
                 gates.binding(),
                 pred.binding(),

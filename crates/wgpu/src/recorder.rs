@@ -12,6 +12,7 @@
 //! creates none); readback buffers are pooled.
 
 use crate::device::{DeviceErrors, Tuning};
+use crate::params::Uniform;
 use crate::profile::Profiler;
 use crate::shaders::{Kernel, Pipelines, ShaderFeatures};
 use std::collections::HashMap;
@@ -260,14 +261,26 @@ impl Device {
 
     /// Records one dispatch of `kernel` with `params` (its uniform block,
     /// binding 0) and `buffers` (bindings 1..).
-    pub fn dispatch(&self, kernel: Kernel, params: &[u32], buffers: &[Binding], groups: [u32; 3]) {
+    pub fn dispatch<P: Uniform>(
+        &self,
+        kernel: Kernel,
+        params: &P,
+        buffers: &[Binding],
+        groups: [u32; 3],
+    ) {
+        debug_assert!(
+            P::LAYOUT.shaders.contains(&kernel.file),
+            "params::{} is not the uniform block of {}",
+            P::LAYOUT.name,
+            kernel.file
+        );
         let pipeline = self.pipelines.get(&self.device, kernel);
         let mut rec = self.recorder.lock().unwrap();
         let dead = self.retired.take();
         if !dead.is_empty() {
             rec.bind_groups.retain(|k, _| !k.uses_any(&dead));
         }
-        let (pbuf, poff) = rec.stage(&self.device, &self.errors, bytemuck::cast_slice(params));
+        let (pbuf, poff) = rec.stage(&self.device, &self.errors, bytemuck::bytes_of(params));
         for b in buffers {
             self.counters
                 .largest_binding

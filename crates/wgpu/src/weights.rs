@@ -3,6 +3,7 @@
 //! into parts of whole rows; 1-D weights (norms, biases) are small and kept
 //! as f32.
 
+use crate::params;
 use crate::recorder::{Binding, Device, Retired};
 use crate::shaders::Kernel;
 use crate::{grid, u};
@@ -144,16 +145,16 @@ pub(crate) fn quantize_activations(
         ActQuant::Q8K => ("quantize_q8_k", false),
     };
     let chunks = cols.div_ceil(256);
-    let params = [
-        u(n),
-        u(cols),
-        u(chunks),
-        u(layout.d_off),
-        u(layout.s_off),
-        u32::from(q8_1_sums),
-        0,
-        0,
-    ];
+    let params = params::Quantize {
+        n: u(n),
+        cols: u(cols),
+        chunks: u(chunks),
+        d_off: u(layout.d_off),
+        s_off: u(layout.s_off),
+        q8_1_sums: u32::from(q8_1_sums),
+        _pad0: 0,
+        _pad1: 0,
+    };
     dev.dispatch(
         Kernel {
             file: "quantize.wgsl",
@@ -275,20 +276,20 @@ impl WgpuWeight {
             Some(_) => grid(n * self.cols / 32, 64),
         };
         for part in &self.parts {
-            let params = [
-                u(n),
-                u(self.cols),
-                u(part.row0),
-                u(part.rows),
-                u(self.row_bytes()),
-                0, // `zero`
-                u32::from(layout.f32_values),
-                u(layout.stride),
-                u(layout.row0),
-                0,
-                0,
-                0,
-            ];
+            let params = params::Embed {
+                n_ids: u(n),
+                cols: u(self.cols),
+                row0: u(part.row0),
+                rows: u(part.rows),
+                row_bytes: u(self.row_bytes()),
+                zero: 0,
+                ids_f32: u32::from(layout.f32_values),
+                ids_stride: u(layout.stride),
+                ids_row0: u(layout.row0),
+                _pad0: 0,
+                _pad1: 0,
+                _pad2: 0,
+            };
             dev.dispatch(
                 k.embed,
                 &params,
@@ -320,44 +321,6 @@ impl WgpuWeight {
             Epilogue::Gated(GatedActivation::GeGlu, _) => EPILOGUE_GEGLU,
         };
         for part in &self.parts {
-            let (params, input, groups) = match act {
-                None => (
-                    [
-                        u(part.rows),
-                        u(self.cols),
-                        u(n),
-                        u(part.row0),
-                        u(self.rows),
-                        0,
-                        0,
-                        0,
-                        flags,
-                        0,
-                        0,
-                        0,
-                    ],
-                    x,
-                    grid(part.rows, dev.matmul_features_per_group),
-                ),
-                Some((buf, layout)) => (
-                    [
-                        u(part.rows),
-                        u(self.cols),
-                        u(n),
-                        u(part.row0),
-                        u(self.rows),
-                        u(self.row_bytes()),
-                        u(layout.d_off),
-                        u(layout.s_off),
-                        flags,
-                        0,
-                        0,
-                        0,
-                    ],
-                    buf,
-                    grid(part.rows, dev.matmul_features_per_group),
-                ),
-            };
             // Without a bias the kernel reads none: any small read-only
             // range will do for its binding.
             let bias = match epilogue {
@@ -365,12 +328,48 @@ impl WgpuWeight {
                 Epilogue::Gated(_, gate) => gate,
                 _ => Binding::head(&part.buffer, 4),
             };
-            dev.dispatch(
-                k.matmul,
-                &params,
-                &[Binding::whole(&part.buffer), input, y, bias],
-                groups,
-            );
+            let weight = Binding::whole(&part.buffer);
+            let groups = grid(part.rows, dev.matmul_features_per_group);
+            match act {
+                None => dev.dispatch(
+                    k.matmul,
+                    &params::MatmulFloat {
+                        rows: u(part.rows),
+                        cols: u(self.cols),
+                        n: u(n),
+                        row0: u(part.row0),
+                        out_cols: u(self.rows),
+                        _pad0: 0,
+                        _pad1: 0,
+                        _pad2: 0,
+                        epilogue: flags,
+                        _pad3: 0,
+                        _pad4: 0,
+                        _pad5: 0,
+                    },
+                    &[weight, x, y, bias],
+                    groups,
+                ),
+                Some((act, layout)) => dev.dispatch(
+                    k.matmul,
+                    &params::MatmulQuant {
+                        rows: u(part.rows),
+                        cols: u(self.cols),
+                        n: u(n),
+                        row0: u(part.row0),
+                        out_cols: u(self.rows),
+                        row_bytes: u(self.row_bytes()),
+                        d_off: u(layout.d_off),
+                        s_off: u(layout.s_off),
+                        epilogue: flags,
+                        _pad0: 0,
+                        _pad1: 0,
+                        _pad2: 0,
+                    },
+                    &[weight, act, y, bias],
+                    groups,
+                ),
+            }
         }
     }
 }
