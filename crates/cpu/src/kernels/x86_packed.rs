@@ -14,7 +14,8 @@
 //! 17, which is what makes a verify batch of 8 rows cheap.
 //!
 //! On AVX-512 VNNI every packed type takes two groups side by side (16
-//! rows, one per i32 lane of a 512-bit vector, `x16_kernel!`) and
+//! rows, one per i32 lane of a 512-bit vector, `x16_kernel!`; the pair's
+//! blocks interleaved in memory, so that the kernel streams one run) and
 //! `vpdpbusd` sums each (sub-)block in one instruction per four values,
 //! scaled once per block: for Q4_K by `vpmulld`, 11 instructions per
 //! (block, activation row, 16 weight rows) instead of 2 x 17.
