@@ -130,6 +130,27 @@ const ROPE_TABLE_ALIGN: usize = 256;
 
 /// Workgroups for `n` items of `per_group` each, as a 2-D grid when one
 /// dimension is not enough (the kernels use `group_index`).
+/// The `rope.wgsl` uniform for rotating the rows of `x` with `p`, from
+/// table row `table_row0`; `n_head_k` heads of a second tensor (`rope_qk`)
+/// or 0.
+fn rope_uniform(
+    x: &WgpuTensor,
+    p: &RopeParams,
+    table_row0: usize,
+    n_head_k: usize,
+) -> params::Rope {
+    params::Rope {
+        n_rows: u(x.rows),
+        cols: u(x.cols),
+        n_head: u(p.n_head),
+        head_dim: u(p.head_dim),
+        half_rot: u(p.n_rot / 2),
+        neox: u32::from(p.style == RopeStyle::Neox),
+        table_row0: u(table_row0),
+        n_head_k: u(n_head_k),
+    }
+}
+
 fn grid(n: usize, per_group: usize) -> [u32; 3] {
     const MAX: usize = 65535;
     let groups = n.div_ceil(per_group).max(1);
@@ -545,16 +566,7 @@ impl ElementwiseOps for WgpuBackend {
             return;
         }
         let (table, table_pos0) = self.rope_table(pos0, x.rows, &p);
-        let params = params::Rope {
-            n_rows: u(x.rows),
-            cols: u(x.cols),
-            n_head: u(p.n_head),
-            head_dim: u(p.head_dim),
-            half_rot: u(half),
-            neox: u32::from(p.style == RopeStyle::Neox),
-            table_row0: u(pos0 - table_pos0),
-            n_head_k: 0,
-        };
+        let params = rope_uniform(x, &p, pos0 - table_pos0, 0);
         self.dev.dispatch(
             kernel("rope.wgsl", "rope"),
             &params,
@@ -589,16 +601,7 @@ impl ElementwiseOps for WgpuBackend {
             return;
         }
         let (table, table_pos0) = self.rope_table(pos0, q.rows, &q_p);
-        let params = params::Rope {
-            n_rows: u(q.rows),
-            cols: u(q.cols),
-            n_head: u(q_p.n_head),
-            head_dim: u(q_p.head_dim),
-            half_rot: u(half),
-            neox: u32::from(q_p.style == RopeStyle::Neox),
-            table_row0: u(pos0 - table_pos0),
-            n_head_k: u(k_p.n_head),
-        };
+        let params = rope_uniform(q, &q_p, pos0 - table_pos0, k_p.n_head);
         self.dev.dispatch(
             kernel("rope.wgsl", "rope_qk"),
             &params,
