@@ -8,7 +8,9 @@
 #            (llama-bench -p k -n 0 -d 64). blockdraft computes logits for all
 #            k rows, as a verify needs; llama-bench only for the last one.
 #   depth    tg64 after D tokens of context, for each D of DEPTHS
-#            (llama-bench -n 64 -d D; blockdraft bench --depth D).
+#            (llama-bench -n 64 -d D; blockdraft bench --depth D), and
+#            blockdraft's T(8)/T(1) there (llama-bench would refill the
+#            context for every k).
 #   parallel aggregate tg64 of N sequences decoded together after 16-token
 #            prompts, for each N of PARALLEL (llama-batched-bench -npp 16
 #            -ntg 64 -npl N, its S_TG; blockdraft bench --parallel N).
@@ -21,7 +23,8 @@
 # Environment: LLAMA_BENCH (default: ../llama.cpp/build/bin/llama-bench beside
 #              the project; llama-batched-bench is looked for beside it),
 #              THREADS (default: "1 2"), REPS (default: 3),
-#              DEPTHS (default: "4096"; "" skips them, e.g. "4096 16384"),
+#              DEPTHS (default: "4096"; "" skips them, e.g. "4096 16384";
+#              each must fit every model's context: SmolLM2 has 8192),
 #              PARALLEL (default: "1 2 4 8"; "" skips them).
 # On a VM whose CPU lists AMX without enabling it, a GGML_NATIVE build of
 # llama.cpp dies with SIGILL in prompt passes: configure it with
@@ -47,7 +50,8 @@ models=("$@")
 cargo build --release -q -p blockdraft-cli
 bd=target/release/blockdraft
 out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+# Kept when a step fails, so that what was measured is not lost.
+trap 'if [ $? -eq 0 ]; then rm -rf "$out"; else echo "measurements so far: $out" >&2; fi' EXIT
 
 for key in "${models[@]}"; do
     m=$(tests/fetch_models.sh "$key")
@@ -110,6 +114,14 @@ for key in models:
             lld = json.load(open(f"{out}/{key}.{t}.lld.json"))
             for d in depths:
                 rows.append((f"tg64 @{d}", bdd[d]["decode_tokens_per_second"], llama_tps(lld, 0, 64, d)))
+        rows_own = []
+        if depths:
+            # The verify curve at depth, blockdraft's alone (llama-bench would
+            # refill the context for every k): against T(8)/T(1) at 64 above.
+            for d in depths:
+                ratio = {v["k"]: v["ratio"] for v in bdd[d]["verify"]}
+                if 8 in ratio:
+                    rows_own.append((f"T(8)/T(1) @{d}", ratio[8]))
         if parallel:
             bdp = {e["sequences"]: e for e in json.load(open(f"{out}/{key}.{t}.bdp.json"))["parallel"]}
             llp = [json.loads(line) for line in open(f"{out}/{key}.{t}.llp.jsonl")]
@@ -118,6 +130,8 @@ for key in models:
                 rows.append((f"par {n} t/s", bdp[n]["decode_tokens_per_second"], ll_n))
         for name, a, b in rows:
             print(f"{key:8} {t:>3} {name:10} {a:11.2f} {b:10.2f} {a / b:6.2f}")
+        for name, a in rows_own:
+            print(f"{key:8} {t:>3} {name:10} {a:11.2f} {'-':>10} {'':>6}")
         gbs, read = bd["decode_gb_per_second"], bd["memory_read_gb_per_second"]
         print(f"{key:8} {t:>3} {'GB/s dec':10} {gbs:11.2f} {'':>10} {'':>6}   peak RSS {bd['peak_rss_bytes'] / 1e6:.0f} MB")
         print(f"{key:8} {t:>3} {'GB/s read':10} {read:11.2f} {'':>10} {'':>6}   decode at {100 * gbs / read:.0f} % of it")

@@ -10,7 +10,7 @@ mod weight_buffer;
 
 pub use weight_buffer::WeightBuffer;
 
-mod attention;
+pub mod attention;
 mod libm;
 mod ops;
 
@@ -116,6 +116,9 @@ pub struct CpuBackend {
     /// Matrices move into huge-page memory on first use, packed for the
     /// faster kernels where they exist (see [`CpuWeight`]).
     packing: bool,
+    /// An f16 cache runs the tiled attention (its own float sequence, fast
+    /// at depth and for verify rows) instead of llama.cpp's flash attention.
+    tiled_attention: bool,
     /// Bytes of packed copies made so far.
     packed_bytes: AtomicUsize,
     /// Bytes of plain (unpacked) copies made so far.
@@ -137,8 +140,11 @@ impl CpuBackend {
     /// sequence was split into passes (speculative decoding relies on this).
     /// Except on AVX-512 VNNI, where Q6_K, Q4_1, Q5_0 and Q8_0 matrices run packed
     /// kernels with their own sequence (about 2x the speed; equal to
-    /// llama.cpp's to rounding, still independent of the batch): for
-    /// llama.cpp's exact results use [`Self::without_packing`] or
+    /// llama.cpp's to rounding, still independent of the batch), and for an
+    /// f16 KV cache, whose attention is the tiled kernel's
+    /// (`attention::tiled_attention_f16`: f32 accumulators, verify rows
+    /// sharing each key; several times faster at depth): for llama.cpp's
+    /// exact results use [`Self::without_packing`] or
     /// [`Self::matching_llamacpp_batches`].
     pub fn new(n_threads: usize) -> Self {
         CpuBackend {
@@ -147,6 +153,9 @@ impl CpuBackend {
             simd: true,
             llamacpp_batches: false,
             packing: true,
+            // Not on wasm32, which has no FMA instruction: the tiled
+            // kernels' fused multiply-adds would run in software there.
+            tiled_attention: !cfg!(target_arch = "wasm32"),
             packed_bytes: AtomicUsize::new(0),
             copied_bytes: AtomicUsize::new(0),
             loaded_bytes: AtomicU64::new(0),
@@ -182,6 +191,7 @@ impl CpuBackend {
     pub fn matching_llamacpp_batches(n_threads: usize) -> Self {
         CpuBackend {
             llamacpp_batches: true,
+            tiled_attention: false,
             ..Self::new(n_threads)
         }
     }
@@ -193,6 +203,7 @@ impl CpuBackend {
     /// sequence for the others) and streams the weights from 4 KiB pages.
     pub fn without_packing(mut self) -> Self {
         self.packing = false;
+        self.tiled_attention = false;
         self
     }
 
@@ -546,6 +557,11 @@ impl AttentionOps for CpuBackend {
         match (k.is_f16(), v.is_f16()) {
             (false, false) => {
                 attention::attention_f32(pool, q, &k.data, &v.data, mask, p, batches, out)
+            }
+            (true, true)
+                if self.tiled_attention && attention::tiled_supports_head_dim(p.head_dim) =>
+            {
+                attention::tiled_attention_f16(pool, q, &k.half, &v.half, mask, p, out)
             }
             (true, true) => attention::flash_attention_f16(pool, q, &k.half, &v.half, mask, p, out),
             _ => panic!("attention: keys and values of different types"),

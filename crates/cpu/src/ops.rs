@@ -63,11 +63,7 @@ pub fn expf_ggml(x: f32) -> f32 {
     let b = (-n).mul_add(f(0x35bf_be8e), (-n).mul_add(f(0x3f31_7200), x)); // x - n ln 2
     let e = z.to_bits() << 23;
     let k = f(e.wrapping_add(1f32.to_bits())); // 2^n
-    let u = b * b;
-    let j = f(0x3c07_2010)
-        .mul_add(b, f(0x3d2b_9f17))
-        .mul_add(u, f(0x3e2a_af33).mul_add(b, f(0x3eff_fedb)));
-    let j = j.mul_add(u, f(0x3f7f_fff6) * b); // exp(b) - 1
+    let j = expm1_reduced(b);
     if n.abs() <= 126.0 || n.is_nan() {
         return k.mul_add(j, k);
     }
@@ -80,6 +76,30 @@ pub fn expf_ggml(x: f32) -> f32 {
     } else {
         s2.mul_add(j, s2) * s1
     }
+}
+
+/// `exp(b) - 1` for `|b| <= ln 2 / 2`: ggml's polynomial.
+#[inline(always)]
+fn expm1_reduced(b: f32) -> f32 {
+    let f = f32::from_bits;
+    let u = b * b;
+    let j = f(0x3c07_2010)
+        .mul_add(b, f(0x3d2b_9f17))
+        .mul_add(u, f(0x3e2a_af33).mul_add(b, f(0x3eff_fedb)));
+    j.mul_add(u, f(0x3f7f_fff6) * b)
+}
+
+/// [`expf_ggml`] for `|x| <= 87` (a normal result), without its
+/// branches, so that a loop of it is one vector: the same bits there.
+#[inline(always)]
+pub fn expf_ggml_normal(x: f32) -> f32 {
+    let f = f32::from_bits;
+    let r = f(0x4b40_0000);
+    let z = x.mul_add(f(0x3fb8_aa3b), r);
+    let n = z - r;
+    let b = (-n).mul_add(f(0x35bf_be8e), (-n).mul_add(f(0x3f31_7200), x));
+    let k = f((z.to_bits() << 23).wrapping_add(1f32.to_bits()));
+    k.mul_add(expm1_reduced(b), k)
 }
 
 /// `act(gate) * up` over rows of `cols`, with llama.cpp's CPU float

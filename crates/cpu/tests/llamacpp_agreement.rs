@@ -253,14 +253,15 @@ fn free_generation_mismatch(
 // llama.cpp's two configurations differ from each other (measured:
 // SmolLM2 96.84 %, Qwen2.5-Coder-0.5B 99.68 %, 1.5B 99.05 %, Gemma 3 270M
 // 98.75 %); those floors sit just under the figure, so a regression still
-// fails. The default backend (on AVX-512 VNNI its packed Q6_K, Q4_1, Q5_0
-// and Q8_0 kernels have their own float sequences) against llama-server's
-// defaults, as a user compares them out of the box: measured SmolLM2
-// 97.75 %, Qwen2.5-Coder-0.5B 99.35 %, 1.5B 99.37 %, Gemma 3 270M 98.42 %,
-// as far from llama.cpp as llama.cpp's own two configurations are from each
-// other on SmolLM2 (96.84 %) and Gemma (98.75 %), the two models whose
-// near ties flip most easily; with llama.cpp's kernels (`--no-repack`)
-// 100 % for all four, above.
+// fails. The default backend (its tiled f16 attention, and on AVX-512 VNNI
+// its packed Q6_K, Q4_1, Q5_0 and Q8_0 kernels, have their own float
+// sequences) against llama-server's defaults, as a user compares them out
+// of the box: measured SmolLM2 97.11 %, Qwen2.5-Coder-0.5B 100 %, 1.5B
+// 99.05 %, Gemma 3 270M 98.11 % (before the tiled attention: 97.75, 99.35,
+// 99.37, 98.42 %), as far from llama.cpp as llama.cpp's own two
+// configurations are from each other on SmolLM2 (96.84 %), 1.5B (99.05 %)
+// and Gemma (98.75 %); with llama.cpp's kernels (`--no-repack`) 100 % for
+// all four, above.
 
 #[test]
 fn smollm2_agrees_with_llamacpp() {
@@ -272,7 +273,7 @@ fn smollm2_agrees_with_llamacpp() {
         "smollm2",
         Traces::Default,
         KvType::F16,
-        0.97,
+        0.965,
     );
 }
 
@@ -300,7 +301,7 @@ fn qwen2_5_coder_1_5b_agrees_with_llamacpp() {
         "qwen15",
         Traces::Default,
         KvType::F16,
-        0.99,
+        0.985,
     );
 }
 

@@ -25,7 +25,8 @@
 //! over the keys, so each key and value row is widened once for all of them,
 //! and the heads' accumulators (each a chain of dependent f16 roundings)
 //! advance side by side instead of one latency-bound chain at a time; the
-//! arithmetic of every head stays the sequence above.
+//! exponentials are taken eight keys at a time per head (see
+//! `online_softmax`). The arithmetic of every head stays the sequence above.
 
 use super::{visible_keys, SharedOut};
 use crate::kernels::{dot_f32, with_fma};
@@ -43,14 +44,14 @@ const MAX_TASK_HEADS: usize = 8;
 
 /// How a row's keys are chunked: `chunks` ranges of `size` cells.
 #[derive(Clone, Copy, Debug, PartialEq)]
-struct Split {
-    chunks: usize,
-    size: usize,
+pub(super) struct Split {
+    pub(super) chunks: usize,
+    pub(super) size: usize,
 }
 
 impl Split {
     /// llama.cpp's decode rule for a row that sees keys below `hi`.
-    fn for_row(hi: usize, threads: usize) -> Split {
+    pub(super) fn for_row(hi: usize, threads: usize) -> Split {
         let n_kv = hi.next_multiple_of(KV_PAD).max(KV_PAD);
         if n_kv >= SPLIT_MIN_CELLS && threads > 1 {
             Split {
@@ -112,7 +113,7 @@ impl Running {
 }
 
 /// A split row's chunk result for one head: `M`, `S`, then the accumulator.
-const fn partial_len(d: usize) -> usize {
+pub(super) const fn partial_len(d: usize) -> usize {
     2 + d
 }
 
@@ -270,7 +271,7 @@ pub fn flash_attention_f16(
 /// order) into its output: chunks that saw no key are skipped; a zero sum
 /// gives zeros.
 #[inline(always)]
-fn merge_chunks(partials: &[f32], d: usize, out: &mut [f32]) {
+pub(super) fn merge_chunks(partials: &[f32], d: usize, out: &mut [f32]) {
     let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
     out.fill(0.0);
     for pa in partials.chunks_exact(partial_len(d)) {
@@ -334,44 +335,71 @@ trait GroupSteps {
     /// Head `h`: `acc = f16(fma(v, vs, acc))` with the loaded value.
     fn add_value(&mut self, h: usize, vs: f32);
     /// `expf` of every element, as [`expf`] computes it.
-    fn expf_each(&self, x: &mut [f32; MAX_TASK_HEADS]) {
+    fn expf_each(&self, x: &mut [f32; KEY_CHUNK]) {
         x.iter_mut().for_each(|x| *x = expf(*x));
     }
 }
 
+/// Keys whose exponentials one [`GroupSteps::expf_each`] computes per head.
+const KEY_CHUNK: usize = 8;
+
 /// llama.cpp's online softmax over `keys`, for every head of a task side by
 /// side: a new maximum rescales a head's accumulator, otherwise the key
 /// weighs `expf(s - M)`.
+///
+/// Keys go [`KEY_CHUNK`] at a time: first every key's scores; then, per
+/// head, the maximum each key meets (a running maximum, exact) and so the
+/// exponent it needs, `M - s` at a new maximum (its `ms`), otherwise
+/// `s - M` (its `vs`), whose exponentials are one vector per head; then the
+/// values in key order. Each head's arithmetic is the key-by-key sequence;
+/// only the exponentials are batched, along keys rather than across heads,
+/// so a vector is full whatever the heads per KV head (SmolLM2 has 3).
 #[inline(always)]
 fn online_softmax(steps: &mut impl GroupSteps, pass: KeyPass, state: &mut [Running]) {
     let (keys, scale) = (pass.keys, pass.scale);
     let mut scores = [0f32; MAX_TASK_HEADS];
-    // The exponent each head needs for this key: `M - s` at a new maximum
-    // (its `ms`), otherwise `s - M` (its `vs`).
-    let mut exps = [0f32; MAX_TASK_HEADS];
-    let mut weights = [(1f32, 1f32); MAX_TASK_HEADS];
-    for j in keys.lo..keys.hi {
-        let at = j * keys.stride + keys.offset;
-        steps.load_key(at);
-        steps.scores(state.len(), scale, &mut scores);
-        for (st, (&s, e)) in state.iter().zip(scores.iter().zip(&mut exps)) {
-            *e = if s > st.m { st.m - s } else { s - st.m };
+    // Per head, per key of the chunk: the exponent, then its exponential.
+    let mut exps = [[0f32; KEY_CHUNK]; MAX_TASK_HEADS];
+    let mut new_max = [[false; KEY_CHUNK]; MAX_TASK_HEADS];
+    let mut start = keys.lo;
+    while start < keys.hi {
+        let n = KEY_CHUNK.min(keys.hi - start);
+        let at = |j: usize| (start + j) * keys.stride + keys.offset;
+        for j in 0..n {
+            steps.load_key(at(j));
+            steps.scores(state.len(), scale, &mut scores);
+            for (e, &s) in exps.iter_mut().zip(&scores).take(state.len()) {
+                e[j] = s;
+            }
         }
-        steps.expf_each(&mut exps);
         for (h, st) in state.iter_mut().enumerate() {
-            weights[h] = if scores[h] > st.m {
-                steps.rescale(h, exps[h]);
-                st.m = scores[h];
-                (exps[h], 1.0)
-            } else {
-                (1.0, exps[h])
-            };
+            let (e, up) = (&mut exps[h], &mut new_max[h]);
+            for j in 0..n {
+                let s = e[j];
+                up[j] = s > st.m;
+                e[j] = if up[j] { st.m - s } else { s - st.m };
+                if up[j] {
+                    st.m = s;
+                }
+            }
+            e[n..].fill(0.0);
+            steps.expf_each(e);
         }
-        steps.load_value(at);
-        for (h, (st, &(ms, vs))) in state.iter_mut().zip(&weights).enumerate() {
-            steps.add_value(h, vs);
-            st.s = st.s.mul_add(ms, vs);
+        for j in 0..n {
+            steps.load_value(at(j));
+            for (h, st) in state.iter_mut().enumerate() {
+                let e = exps[h][j];
+                let (ms, vs) = if new_max[h][j] {
+                    steps.rescale(h, e);
+                    (e, 1.0)
+                } else {
+                    (1.0, e)
+                };
+                steps.add_value(h, vs);
+                st.s = st.s.mul_add(ms, vs);
+            }
         }
+        start += n;
     }
 }
 

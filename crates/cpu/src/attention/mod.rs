@@ -5,10 +5,16 @@
 //!   -ctv f32`), [`attention_f32`], one pool task per (query row, head);
 //! - an f16 cache: its default one (flash attention on, f16 cache),
 //!   [`flash_attention_f16`] (`flash`).
+//!
+//! The default backend runs an f16 cache in its own, faster sequence
+//! instead, [`tiled_attention_f16`] (`tiled`): keys in tiles shared by every
+//! query of a KV head and by the rows of a pass, f32 accumulators.
 
 mod flash;
+mod tiled;
 
 pub use flash::flash_attention_f16;
+pub use tiled::{supports_head_dim as tiled_supports_head_dim, tiled_attention_f16};
 
 use crate::kernels::{axpy_f32, dot_f32, reduce32, with_fma};
 use crate::pool::ThreadPool;

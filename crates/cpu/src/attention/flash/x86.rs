@@ -4,9 +4,9 @@
 //! back with `vcvtps2ph`; and the same with AVX-512 F, 16 lanes at a time
 //! (the 32 partial sums of a dot product are the same lanes in two 16-wide
 //! accumulators, reduced in the same order) and the exponentials of eight
-//! heads in one vector ([`expf8_avx512`]), for the same bits.
+//! keys in one vector ([`expf8_avx512`]), for the same bits.
 
-use super::{online_softmax, GroupSteps, KeyPass, Running, MAX_TASK_HEADS};
+use super::{online_softmax, GroupSteps, KeyPass, Running, KEY_CHUNK, MAX_TASK_HEADS};
 use crate::libm::expf8_avx512;
 use half::f16;
 use std::arch::x86_64::*;
@@ -280,7 +280,7 @@ impl GroupSteps for Avx512 {
     }
 
     #[inline(always)]
-    fn expf_each(&self, x: &mut [f32; MAX_TASK_HEADS]) {
+    fn expf_each(&self, x: &mut [f32; KEY_CHUNK]) {
         // SAFETY: AVX-512 F, checked before `flash_group_avx512` runs.
         unsafe { expf8_avx512(x) }
     }
