@@ -2,7 +2,7 @@
 //! sequence, for speed at depth and for verify rows. llama.cpp's (which
 //! [`flash`](super::flash) follows for its exact results) walks the keys one
 //! at a time for each row and head, with a libm `expf` and an f16 rounding
-//! of the value accumulator at every key: about 8 ns per (head, key) here,
+//! of the value accumulator at every key: about 10 ns per (head, key) here,
 //! so attention is most of a decode step after a few thousand tokens and a
 //! verify of k rows costs k times a decode row's attention.
 //!
