@@ -144,16 +144,7 @@ pub fn flash_attention_f16(
         .map(|r| Split::for_row(visible(r).1, threads))
         .collect();
 
-    // Split rows keep per-(head, chunk) partials, at these offsets.
-    let mut partial_at = vec![usize::MAX; n_rows];
-    let mut partial_len_total = 0;
-    for (r, s) in splits.iter().enumerate() {
-        if s.chunks > 1 {
-            partial_at[r] = partial_len_total;
-            partial_len_total += p.n_head * s.chunks * partial_len(d);
-        }
-    }
-    let mut partials = vec![0f32; partial_len_total];
+    let (partial_at, mut partials) = split_partials(&splits, p.n_head, d);
 
     // Enough tasks to keep every thread busy; otherwise as many heads per
     // task as fit, so each key is widened once for as many heads as can be.
@@ -246,25 +237,57 @@ pub fn flash_attention_f16(
     };
     pool.run(tasks.len(), &run);
 
-    if partial_len_total > 0 {
-        let split_rows: Vec<usize> = (0..n_rows).filter(|&r| splits[r].chunks > 1).collect();
-        let merge = |t: usize| {
-            with_fma(
-                #[inline(always)]
-                || {
-                    let (row, head) = (split_rows[t / p.n_head], t % p.n_head);
-                    let chunks = splits[row].chunks;
-                    let at = partial_at[row] + head * chunks * partial_len(d);
-                    // SAFETY: this task alone writes out[row, head].
-                    let o = unsafe {
-                        std::slice::from_raw_parts_mut(shared_out.at(row * q_cols + head * d), d)
-                    };
-                    merge_chunks(&partials[at..][..chunks * partial_len(d)], d, o);
-                },
-            )
-        };
-        pool.run(split_rows.len() * p.n_head, &merge);
+    merge_split_rows(pool, &splits, &partial_at, &partials, p, &shared_out);
+}
+
+/// Where each split row's per-(head, chunk) partials lie in one buffer
+/// (`usize::MAX` for rows not split), and that buffer.
+pub(super) fn split_partials(splits: &[Split], n_head: usize, d: usize) -> (Vec<usize>, Vec<f32>) {
+    let mut partial_at = vec![usize::MAX; splits.len()];
+    let mut total = 0;
+    for (r, s) in splits.iter().enumerate() {
+        if s.chunks > 1 {
+            partial_at[r] = total;
+            total += n_head * s.chunks * partial_len(d);
+        }
     }
+    (partial_at, vec![0f32; total])
+}
+
+/// Merges every split row's chunk partials ([`split_partials`]) into its
+/// output heads (rows of `n_head * head_dim` at `out`), one pool task per
+/// (row, head).
+pub(super) fn merge_split_rows(
+    pool: &ThreadPool,
+    splits: &[Split],
+    partial_at: &[usize],
+    partials: &[f32],
+    p: AttentionParams,
+    out: &SharedOut,
+) {
+    let d = p.head_dim;
+    let split_rows: Vec<usize> = (0..splits.len())
+        .filter(|&r| splits[r].chunks > 1)
+        .collect();
+    if split_rows.is_empty() {
+        return;
+    }
+    let merge = |t: usize| {
+        with_fma(
+            #[inline(always)]
+            || {
+                let (row, head) = (split_rows[t / p.n_head], t % p.n_head);
+                let chunks = splits[row].chunks;
+                let at = partial_at[row] + head * chunks * partial_len(d);
+                // SAFETY: this task alone writes out[row, head].
+                let o = unsafe {
+                    std::slice::from_raw_parts_mut(out.at((row * p.n_head + head) * d), d)
+                };
+                merge_chunks(&partials[at..][..chunks * partial_len(d)], d, o);
+            },
+        )
+    };
+    pool.run(split_rows.len() * p.n_head, &merge);
 }
 
 /// llama.cpp's merge of one head's chunk partials (`[M, S, acc]` each, in

@@ -21,9 +21,8 @@
 //! (merged the same way). So verify and prompt rows equal decode rows bit
 //! for bit, and greedy speculative decoding stays identical to plain.
 
-use super::flash::{merge_chunks, partial_len, Split};
+use super::flash::{merge_split_rows, partial_len, split_partials, Split};
 use super::{visible_keys, SharedOut};
-use crate::kernels::with_fma;
 use crate::pool::ThreadPool;
 use blockdraft_core::backend::{AttentionMask, AttentionParams};
 use half::{f16, slice::HalfFloatSliceExt};
@@ -77,16 +76,7 @@ pub fn tiled_attention_f16(
         .map(|r| Split::for_row(visible(r).1, threads))
         .collect();
 
-    // Split rows keep per-(head, chunk) partials, at these offsets.
-    let mut partial_at = vec![usize::MAX; n_rows];
-    let mut partial_len_total = 0;
-    for (r, s) in splits.iter().enumerate() {
-        if s.chunks > 1 {
-            partial_at[r] = partial_len_total;
-            partial_len_total += p.n_head * s.chunks * partial_len(d);
-        }
-    }
-    let mut partials = vec![0f32; partial_len_total];
+    let (partial_at, mut partials) = split_partials(&splits, p.n_head, d);
 
     // Runs of consecutive rows split alike, each run's chunks and KV heads.
     let mut tasks = Vec::new();
@@ -167,25 +157,7 @@ pub fn tiled_attention_f16(
     };
     pool.run(tasks.len(), &run);
 
-    if partial_len_total > 0 {
-        let split_rows: Vec<usize> = (0..n_rows).filter(|&r| splits[r].chunks > 1).collect();
-        let merge = |t: usize| {
-            with_fma(
-                #[inline(always)]
-                || {
-                    let (row, head) = (split_rows[t / p.n_head], t % p.n_head);
-                    let chunks = splits[row].chunks;
-                    let at = partial_at[row] + head * chunks * partial_len(d);
-                    // SAFETY: this task alone writes out[row, head].
-                    let o = unsafe {
-                        std::slice::from_raw_parts_mut(shared_out.at(row * q_cols + head * d), d)
-                    };
-                    merge_chunks(&partials[at..][..chunks * partial_len(d)], d, o);
-                },
-            )
-        };
-        pool.run(split_rows.len() * p.n_head, &merge);
-    }
+    merge_split_rows(pool, &splits, &partial_at, &partials, p, &shared_out);
 }
 
 /// One query's online-softmax state: the running maximum `m` and weight
