@@ -22,6 +22,14 @@ struct Params {
     _pad0: u32,
     _pad1: u32,
     _pad2: u32,
+    // Stacked weights (`matmul_stacked*`): up to three weights side by side
+    // in `w`, each a segment of `rows` output features, element i for
+    // segment i.
+    seg_rows: vec4<u32>,      // output features (its output's row length)
+    seg_ty: vec4<u32>,        // weight type (quant_blocks.wgsl's codes)
+    seg_off: vec4<u32>,       // byte offset of its first row in `w`
+    seg_row_bytes: vec4<u32>,
+    seg_bias: vec4<u32>,      // index of its first bias in `bias`
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -29,6 +37,9 @@ struct Params {
 @group(0) @binding(2) var<storage, read> act: array<u32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
+// The outputs of segments 1 and 2 (`y` is segment 0's).
+@group(0) @binding(5) var<storage, read_write> y1: array<f32>;
+@group(0) @binding(6) var<storage, read_write> y2: array<f32>;
 
 // Row r's contribution of weight unit `i`.
 fn unit_dot(ty: u32, u: Unit, r: u32, i: u32) -> f32 {
@@ -134,4 +145,108 @@ fn matmul_q6_k(inv: Invocation) {
 @compute @workgroup_size(64)
 fn matmul_q8_k(inv: Invocation) {
     matmul_quant(Q8_K, inv);
+}
+
+// Projections of one input whose weights sit side by side in one buffer
+// (a layer's q|k|v): one pass over all of their rows, each feature in its
+// segment's type, stored (with its bias) into its segment's output. The
+// same sums as `matmul_quant` per weight.
+
+fn segment_of(o: u32) -> u32 {
+    if o < p.seg_rows.x {
+        return 0u;
+    }
+    if o < p.seg_rows.x + p.seg_rows.y {
+        return 1u;
+    }
+    return 2u;
+}
+
+fn segment_start(s: u32) -> u32 {
+    return select(0u, p.seg_rows.x, s >= 1u) + select(0u, p.seg_rows.y, s >= 2u);
+}
+
+fn store_segment(s: u32, row: u32, o: u32, sum: f32) {
+    var v = sum;
+    if (p.epilogue & EPILOGUE_BIAS) != 0u {
+        v += bias[p.seg_bias[s] + o];
+    }
+    let i = row * p.seg_rows[s] + o;
+    if s == 0u {
+        y[i] = v;
+    } else if s == 1u {
+        y1[i] = v;
+    } else {
+        y2[i] = v;
+    }
+}
+
+@compute @workgroup_size(64)
+fn matmul_stacked(inv: Invocation) {
+    let at = place(inv);
+    let live = at.o < p.rows;
+    let s = segment_of(at.o);
+    let o = at.o - segment_start(s);
+    let ty = p.seg_ty[s];
+    let row = p.seg_off[s] + o * p.seg_row_bytes[s];
+    let units = p.cols / 32u;
+    for (var g = 0u; g < p.n; g += NR) {
+        let nr = min(NR, p.n - g);
+        var acc = array<f32, NR>();
+        if live {
+            for (var i = at.lane; i < units; i += LANES) {
+                let u = decode_unit(ty, row, i);
+                for (var r = 0u; r < nr; r++) {
+                    acc[r] += unit_dot(ty, u, g + r, i);
+                }
+            }
+        }
+        let sums = reduce_rows(inv, at, acc);
+        if live {
+            for (var r = at.lane; r < nr; r += LANES) {
+                store_segment(s, g + r, o, sums[r]);
+            }
+        }
+    }
+}
+
+// A gated feed-forward's gate (segment 0) and up (segment 1) projections
+// side by side: each feature dots both rows with the same activation units
+// and stores act(gate) * up into `y`, as the separate up projection's
+// epilogue does.
+@compute @workgroup_size(64)
+fn matmul_stacked_gated(inv: Invocation) {
+    let at = place(inv);
+    let live = at.o < p.rows;
+    let row_g = p.seg_off.x + at.o * p.seg_row_bytes.x;
+    let row_u = p.seg_off.y + at.o * p.seg_row_bytes.y;
+    let units = p.cols / 32u;
+    for (var g = 0u; g < p.n; g += NR) {
+        let nr = min(NR, p.n - g);
+        var acc_g = array<f32, NR>();
+        var acc_u = array<f32, NR>();
+        if live {
+            for (var i = at.lane; i < units; i += LANES) {
+                let ug = decode_unit(p.seg_ty.x, row_g, i);
+                let uu = decode_unit(p.seg_ty.y, row_u, i);
+                for (var r = 0u; r < nr; r++) {
+                    acc_g[r] += unit_dot(p.seg_ty.x, ug, g + r, i);
+                    acc_u[r] += unit_dot(p.seg_ty.y, uu, g + r, i);
+                }
+            }
+        }
+        let gate = reduce_rows(inv, at, acc_g);
+        let up = reduce_rows(inv, at, acc_u);
+        if live {
+            for (var r = at.lane; r < nr; r += LANES) {
+                var v = up[r];
+                if (p.epilogue & EPILOGUE_SWIGLU) != 0u {
+                    v = swiglu_of(gate[r], v);
+                } else {
+                    v = geglu_of(gate[r], v);
+                }
+                y[(g + r) * p.rows + at.o] = v;
+            }
+        }
+    }
 }

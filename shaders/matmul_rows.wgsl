@@ -75,10 +75,9 @@ fn place(inv: Invocation) -> Place {
     return Place(group_index(inv.wid, inv.nwg) * FEATURES + f, lane, f);
 }
 
-// Adds each row's LANES partial sums in `acc` and writes rows g..g+nr of
-// feature `at.o` where it exists. Every invocation calls it (barriers).
-fn store_rows(inv: Invocation, at: Place, acc: array<f32, NR>, g: u32, nr: u32) {
-    let live = at.o < p.rows;
+// The sums of each row's LANES partial sums in `acc`, the same in every
+// lane of the feature. Every invocation calls it (barriers).
+fn reduce_rows(inv: Invocation, at: Place, acc: array<f32, NR>) -> array<f32, NR> {
 #if SUBGROUPS
     var sums = acc;
     for (var s = LANES / 2u; s > 0u; s /= 2u) {
@@ -86,21 +85,12 @@ fn store_rows(inv: Invocation, at: Place, acc: array<f32, NR>, g: u32, nr: u32) 
             sums[r] += subgroupShuffleXor(sums[r], s);
         }
     }
-    if live {
-        for (var r = at.lane; r < nr; r += LANES) {
-            emit((g + r) * p.out_cols + p.row0 + at.o, at.o, sums[r]);
-        }
-    }
+    return sums;
 #else
     if LANES == 1u {
         // Nothing to add, and skipping the barriers is 1.6x faster on
         // lavapipe (LANES is an override, so this branch is uniform).
-        if live {
-            for (var r = 0u; r < nr; r++) {
-                emit((g + r) * p.out_cols + p.row0 + at.o, at.o, acc[r]);
-            }
-        }
-        return;
+        return acc;
     }
     for (var r = 0u; r < NR; r++) {
         partial[r][inv.lid] = acc[r];
@@ -114,11 +104,23 @@ fn store_rows(inv: Invocation, at: Place, acc: array<f32, NR>, g: u32, nr: u32) 
         }
         workgroupBarrier();
     }
-    if live {
-        for (var r = at.lane; r < nr; r += LANES) {
-            emit((g + r) * p.out_cols + p.row0 + at.o, at.o, partial[r][at.f * LANES]);
-        }
+    var sums: array<f32, NR>;
+    for (var r = 0u; r < NR; r++) {
+        sums[r] = partial[r][at.f * LANES];
     }
     workgroupBarrier();
+    return sums;
 #endif
+}
+
+// Adds each row's LANES partial sums in `acc` and writes rows g..g+nr of
+// feature `at.o` where it exists, the lanes sharing the rows. Every
+// invocation calls it (barriers).
+fn store_rows(inv: Invocation, at: Place, acc: array<f32, NR>, g: u32, nr: u32) {
+    let sums = reduce_rows(inv, at, acc);
+    if at.o < p.rows {
+        for (var r = at.lane; r < nr; r += LANES) {
+            emit((g + r) * p.out_cols + p.row0 + at.o, at.o, sums[r]);
+        }
+    }
 }

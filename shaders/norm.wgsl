@@ -1,33 +1,34 @@
 // RMS norm of every `group`-wide slice of each row, times a weight vector.
-// One workgroup per slice; the sum of squares is a tree reduction.
+// One workgroup per slice; the sum of squares is a tree reduction. The
+// fused entries also quantize each normalized row for the matmuls that
+// read it (quantize_rows.wgsl), so the projections after a norm need no
+// pass of their own to prepare their input.
 
 #include "common.wgsl"
 
 struct Params {
-    group: u32,   // slice width
+    group: u32,      // slice width
     n_slices: u32,
     eps: f32,
-    _pad: u32,
+    q8_1_sums: u32,  // fused, q8_0: the sums as block_q8_1 has them
+    d_off: u32,      // fused: where the scales and sums go in `act`
+    s_off: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> weight: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read_write> act: array<u32>;
 
-const WG: u32 = 256u;
+#include "quantize_rows.wgsl"
+
 var<workgroup> partial: array<f32, WG>;
 
-@compute @workgroup_size(256)
-fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) lid: u32) {
-    let slice = group_index(wid, nwg);
-    // `slice` is uniform across the workgroup, so every invocation reaches
-    // the barriers below or none does.
-    if slice >= p.n_slices {
-        return;
-    }
-    let base = slice * p.group;
+// 1 / rms of slice `base..base + group` (every invocation gets it).
+fn inverse_rms(lid: u32, base: u32) -> f32 {
     var s = 0.0;
     for (var i = lid; i < p.group; i += WG) {
         let v = x[base + i];
@@ -41,8 +42,60 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         }
         workgroupBarrier();
     }
-    let scale = 1.0 / sqrt(partial[0] / f32(p.group) + p.eps);
+    return 1.0 / sqrt(partial[0] / f32(p.group) + p.eps);
+}
+
+@compute @workgroup_size(256)
+fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let slice = group_index(wid, nwg);
+    // `slice` is uniform across the workgroup, so every invocation reaches
+    // the barriers below or none does.
+    if slice >= p.n_slices {
+        return;
+    }
+    let base = slice * p.group;
+    let scale = inverse_rms(lid, base);
     for (var i = lid; i < p.group; i += WG) {
         out[base + i] = (x[base + i] * scale) * weight[i];
     }
+}
+
+// Whole rows (`group` is the row length), normalized as `rms_norm` does,
+// each value also quantized as `quantize.wgsl` would, 256 at a time.
+fn rms_norm_quantize(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, k_quant: bool) {
+    let row = group_index(wid, nwg);
+    if row >= p.n_slices {
+        return;
+    }
+    let base = row * p.group;
+    let scale = inverse_rms(lid, base);
+    let dst = Dest(p.group, p.d_off, p.s_off, p.q8_1_sums);
+    for (var c0 = 0u; c0 < p.group; c0 += WG) {
+        let c = c0 + lid;
+        var v = 0.0;
+        if c < p.group {
+            v = (x[base + c] * scale) * weight[c];
+            out[base + c] = v;
+        }
+        if k_quant {
+            quantize_chunk_q8_k(lid, row, c, v, true, dst);
+        } else {
+            quantize_chunk_q8_0(lid, row, c, v, true, dst);
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn rms_norm_quantize_q8_0(@builtin(workgroup_id) wid: vec3<u32>,
+                          @builtin(num_workgroups) nwg: vec3<u32>,
+                          @builtin(local_invocation_index) lid: u32) {
+    rms_norm_quantize(wid, nwg, lid, false);
+}
+
+@compute @workgroup_size(256)
+fn rms_norm_quantize_q8_k(@builtin(workgroup_id) wid: vec3<u32>,
+                          @builtin(num_workgroups) nwg: vec3<u32>,
+                          @builtin(local_invocation_index) lid: u32) {
+    rms_norm_quantize(wid, nwg, lid, true);
 }

@@ -5,8 +5,8 @@
 //! instantiates it for a backend.
 
 use crate::backend::{
-    AttentionMask, AttentionParams, Backend, ConvParams, GatedActivation, KvType, Projection,
-    RopeParams, RopeStyle, WeightSource,
+    AttentionMask, AttentionParams, AttentionStep, Backend, ConvParams, GatedActivation, KvType,
+    Projection, RopeParams, RopeStyle, RowNorm, WeightSource,
 };
 use crate::sampling::{Rng, SamplingParams};
 use blockdraft_gguf::{quants, GgmlType, GgufFile, GgufWriter};
@@ -313,6 +313,113 @@ pub async fn matmul_fused<B: Backend, R: Backend>(be: &B, reference: &R) {
     }
 }
 
+/// Projections of a normalized input ([`crate::backend::LinearOps::normed_matmul_many`]
+/// and `normed_gated_projection`) of weights placed side by side by
+/// [`crate::backend::Device::colocate`] (as a model's q|k|v, their biases
+/// and gate|up are): the norm's output and each product against the
+/// reference's norm then product, for weights that read 32-blocks (rows of
+/// 352 values, not a whole number of 256-chunks), mixed types among them,
+/// and K-quant blocks, with and without biases.
+pub async fn normed_projections<B: Backend, R: Backend>(be: &B, reference: &R) {
+    for (cols, types) in [
+        (352, [GgmlType::Q4_1, GgmlType::Q4_1, GgmlType::Q4_1]),
+        (352, [GgmlType::Q5_0, GgmlType::Q5_0, GgmlType::Q8_0]),
+        (512, [GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K]),
+    ] {
+        let rows = [40, 16, 24];
+        let seed = cols as u64 + types[2] as u64;
+        let files: Vec<_> = (0..3)
+            .map(|i| weight_file(types[i], rows[i], cols, seed + i as u64))
+            .collect();
+        let (mut w, wr): (Vec<_>, Vec<_>) = files
+            .iter()
+            .map(|f| (load(be, f), load(reference, f)))
+            .unzip();
+        be.colocate(&mut w.iter_mut().collect::<Vec<_>>());
+        let bias_files: Vec<_> = (0..3)
+            .map(|i| weight_file(GgmlType::F32, 1, rows[i], seed + 10 + i as u64))
+            .collect();
+        let (mut b, br): (Vec<_>, Vec<_>) = bias_files
+            .iter()
+            .map(|f| (load(be, f), load(reference, f)))
+            .unzip();
+        be.colocate(&mut b.iter_mut().collect::<Vec<_>>());
+        let norm_file = weight_file(GgmlType::F32, 1, cols, seed + 20);
+        let (nw, nwr) = (load(be, &norm_file), load(reference, &norm_file));
+        for (n, with_bias) in [(1, true), (3, false), (8, true)] {
+            let x = uniform(&mut Rng::new(seed + n as u64), n * cols, 3.0);
+            let (xt, xr) = (tensor(be, n, cols, &x), tensor(reference, n, cols, &x));
+            let mut xn_r = reference.tensor(n, cols);
+            reference.rms_norm(&xr, &nwr, cols, 1e-6, &mut xn_r);
+            let xn_want = reference.read(&xn_r).await;
+
+            let mut xn = be.tensor(n, cols);
+            let mut outs: Vec<_> = rows.iter().map(|&r| be.tensor(n, r)).collect();
+            let mut projections: Vec<_> = outs
+                .iter_mut()
+                .enumerate()
+                .map(|(i, out)| Projection {
+                    weight: &w[i],
+                    bias: with_bias.then_some(&b[i]),
+                    out,
+                })
+                .collect();
+            let norm = RowNorm {
+                weight: &nw,
+                eps: 1e-6,
+                out: &mut xn,
+            };
+            be.normed_matmul_many(&xt, norm, &mut projections);
+            let what = format!("normed_matmul_many {cols} cols n={n}");
+            assert_close(&what, &be.read(&xn).await, &xn_want, 1e-5);
+            for (i, out) in outs.iter().enumerate() {
+                let mut want = reference.tensor(n, rows[i]);
+                reference.matmul(&wr[i], &xn_r, &mut want);
+                if with_bias {
+                    reference.add_bias(&mut want, &br[i]);
+                }
+                assert_close(
+                    &format!("{what}: {}", types[i]),
+                    &be.read(out).await,
+                    &reference.read(&want).await,
+                    matmul_tolerance(types[i]),
+                );
+            }
+
+            // Gate and up of the same rows (the first and third weights).
+            let ff = rows[0].min(rows[2]);
+            let gfile = weight_file(types[0], ff, cols, seed + 30);
+            let ufile = weight_file(types[2], ff, cols, seed + 31);
+            let (mut wg, mut wu) = (load(be, &gfile), load(be, &ufile));
+            be.colocate(&mut [&mut wg, &mut wu]);
+            let (wgr, wur) = (load(reference, &gfile), load(reference, &ufile));
+            let t = || be.tensor(n, ff);
+            let (mut gate, mut up, mut out) = (t(), t(), t());
+            let mut xn = be.tensor(n, cols);
+            let norm = RowNorm {
+                weight: &nw,
+                eps: 1e-6,
+                out: &mut xn,
+            };
+            let act = GatedActivation::SwiGlu;
+            be.normed_gated_projection(act, &xt, norm, &wg, &wu, &mut gate, &mut up, &mut out);
+            let what = format!("normed_gated_projection {cols} cols n={n}");
+            assert_close(&what, &be.read(&xn).await, &xn_want, 1e-5);
+            let t = || reference.tensor(n, ff);
+            let (mut gate, mut up, mut want) = (t(), t(), t());
+            reference.matmul(&wgr, &xn_r, &mut gate);
+            reference.matmul(&wur, &xn_r, &mut up);
+            reference.gated(act, &gate, &up, &mut want);
+            assert_close(
+                &what,
+                &be.read(&out).await,
+                &reference.read(&want).await,
+                matmul_tolerance(types[0]).max(matmul_tolerance(types[2])),
+            );
+        }
+    }
+}
+
 /// Embedding rows of every weight type, repeated and unordered ids.
 pub async fn embed<B: Backend, R: Backend>(be: &B, reference: &R) {
     for (i, &ty) in WEIGHT_TYPES.iter().enumerate() {
@@ -440,6 +547,144 @@ pub async fn attention_inputs<B: Backend, R: Backend>(be: &B, reference: &R) {
                 );
             }
         }
+    }
+}
+
+/// A layer's whole attention step ([`crate::backend::AttentionOps::attention_step`])
+/// over caches already holding earlier rows: its output and both caches
+/// against the reference's rope, scale, append and attention, for both
+/// rotation styles, partial rotation, f32 and f16 caches, causal and
+/// bidirectional masks, a sliding window, scaled queries, and more rows
+/// than a GPU's one-pass step holds (64 rows of 64).
+pub async fn attention_step<B: Backend, R: Backend>(be: &B, reference: &R) {
+    let mut rng = Rng::new(23);
+    let (n_head, n_head_kv, head_dim) = (6, 2, 64);
+    let (qc, kc) = (n_head * head_dim, n_head_kv * head_dim);
+    #[allow(clippy::type_complexity)]
+    let cases: [(
+        RopeStyle,
+        usize,
+        usize,
+        usize,
+        bool,
+        Option<usize>,
+        Option<f32>,
+        KvType,
+    ); 7] = [
+        (RopeStyle::Neox, 64, 0, 5, true, None, None, KvType::F32),
+        (RopeStyle::Neox, 64, 37, 1, true, None, None, KvType::F16),
+        (
+            RopeStyle::Normal,
+            32,
+            20,
+            9,
+            true,
+            Some(7),
+            Some(0.125),
+            KvType::F16,
+        ),
+        (RopeStyle::Neox, 32, 11, 8, false, None, None, KvType::F32),
+        (
+            RopeStyle::Normal,
+            64,
+            1020,
+            3,
+            true,
+            None,
+            Some(0.5),
+            KvType::F32,
+        ),
+        (RopeStyle::Neox, 64, 3, 16, true, None, None, KvType::F16),
+        (RopeStyle::Neox, 64, 5, 64, true, None, None, KvType::F32),
+    ];
+    for (style, n_rot, pos0, rows, causal, window, q_scale, ty) in cases {
+        let rope = |n_head| RopeParams {
+            style,
+            n_head,
+            head_dim,
+            n_rot,
+            base: 10_000.0,
+        };
+        let capacity = pos0 + rows + 2;
+        let old_k = uniform(&mut rng, capacity * kc, 2.0);
+        let old_v = uniform(&mut rng, capacity * kc, 2.0);
+        let (q, k, v) = (
+            uniform(&mut rng, rows * qc, 2.0),
+            uniform(&mut rng, rows * kc, 2.0),
+            uniform(&mut rng, rows * kc, 2.0),
+        );
+        let step = AttentionStep {
+            q_rope: rope(n_head),
+            k_rope: rope(n_head_kv),
+            q_scale,
+            mask: AttentionMask {
+                q_pos0: pos0,
+                kv_len: pos0 + rows,
+                causal,
+                window,
+            },
+            params: AttentionParams {
+                n_head,
+                n_head_kv,
+                head_dim,
+                scale: if q_scale.is_some() { 1.0 } else { 0.125 },
+            },
+        };
+        let (mut qt, mut kt, vt) = (
+            tensor(be, rows, qc, &q),
+            tensor(be, rows, kc, &k),
+            tensor(be, rows, kc, &v),
+        );
+        let (mut kc_t, mut vc_t) = (
+            be.kv_tensor(capacity, kc, ty),
+            be.kv_tensor(capacity, kc, ty),
+        );
+        be.write(&mut kc_t, &old_k);
+        be.write(&mut vc_t, &old_v);
+        let mut out = be.tensor(rows, qc);
+        be.attention_step(
+            (&mut qt, &mut kt, &vt),
+            (&mut kc_t, &mut vc_t),
+            step,
+            &mut out,
+        );
+
+        let (mut qr, mut kr, vr) = (
+            tensor(reference, rows, qc, &q),
+            tensor(reference, rows, kc, &k),
+            tensor(reference, rows, kc, &v),
+        );
+        reference.rope(&mut qr, pos0, rope(n_head));
+        reference.rope(&mut kr, pos0, rope(n_head_kv));
+        if let Some(s) = q_scale {
+            reference.scale(&mut qr, s);
+        }
+        let mut kc_r = reference.kv_tensor(capacity, kc, ty);
+        let mut vc_r = reference.kv_tensor(capacity, kc, ty);
+        reference.write(&mut kc_r, &old_k);
+        reference.write(&mut vc_r, &old_v);
+        reference.copy_rows(&kr, 0, &mut kc_r, pos0, 0, rows);
+        reference.copy_rows(&vr, 0, &mut vc_r, pos0, 0, rows);
+        let mut want = reference.tensor(rows, qc);
+        reference.attention(&qr, &kc_r, &vc_r, step.mask, step.params, &mut want);
+        let what = format!("attention_step {style:?} rot {n_rot} at {pos0}, {rows} rows, {ty:?}");
+        // The rotated keys may differ in their last bit, which f16
+        // rounding can carry one f16 step.
+        let cache_tol = if ty == KvType::F16 { 1e-3 } else { 1e-5 };
+        for (part, got, want) in [("keys", &kc_t, &kc_r), ("values", &vc_t, &vc_r)] {
+            assert_close(
+                &format!("{what}: cached {part}"),
+                &be.read(got).await,
+                &reference.read(want).await,
+                cache_tol,
+            );
+        }
+        assert_close(
+            &format!("{what}: output"),
+            &be.read(&out).await,
+            &reference.read(&want).await,
+            if ty == KvType::F16 { 2e-3 } else { 1e-4 },
+        );
     }
 }
 
@@ -1054,6 +1299,35 @@ pub async fn default_compositions<B: Backend>(be: &B) -> Vec<&'static str> {
     };
     let (mut q, mut k) = (t(2, 16), t(2, 8));
     be.rope_qk(&mut q, &mut k, 3, rope(2), rope(1));
+    let v = t(2, 8);
+    let (mut k_cache, mut v_cache) = (
+        be.kv_tensor(6, 8, KvType::F32),
+        be.kv_tensor(6, 8, KvType::F32),
+    );
+    let mut attended = t(2, 16);
+    let step = AttentionStep {
+        q_rope: rope(2),
+        k_rope: rope(1),
+        q_scale: None,
+        mask: AttentionMask {
+            q_pos0: 3,
+            kv_len: 5,
+            causal: true,
+            window: None,
+        },
+        params: AttentionParams {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 8,
+            scale: 0.35,
+        },
+    };
+    be.attention_step(
+        (&mut q, &mut k, &v),
+        (&mut k_cache, &mut v_cache),
+        step,
+        &mut attended,
+    );
 
     let file = weight_file(GgmlType::F32, 4, 8, 78);
     let w = load(be, &file);
@@ -1077,6 +1351,36 @@ pub async fn default_compositions<B: Backend>(be: &B) -> Vec<&'static str> {
         &mut out,
     );
     be.matmul_accumulate(&w, &x, &mut out, &mut a);
+    let norm_file = weight_file(GgmlType::F32, 1, 8, 79);
+    let nw = load(be, &norm_file);
+    let mut xn = t(2, 8);
+    be.normed_matmul_many(
+        &x,
+        RowNorm {
+            weight: &nw,
+            eps: 1e-6,
+            out: &mut xn,
+        },
+        &mut [Projection {
+            weight: &w,
+            bias: None,
+            out: &mut a,
+        }],
+    );
+    be.normed_gated_projection(
+        GatedActivation::SwiGlu,
+        &x,
+        RowNorm {
+            weight: &nw,
+            eps: 1e-6,
+            out: &mut xn,
+        },
+        &w,
+        &w,
+        &mut a,
+        &mut b,
+        &mut out,
+    );
 
     let logits = t(2, 8);
     be.argmax(&logits).await;
@@ -1198,13 +1502,13 @@ pub fn concurrent_streams<B: Backend, R: Backend>(be: &B, reference: &R) {
 macro_rules! backend_conformance_tests {
     (async $attr:path, $backend:expr, $reference:expr) => {
         $crate::backend_conformance_tests!(@async $attr, $backend, $reference;
-            matmul, matmul_fused, embed, rms_norm, rope, attention_inputs, elementwise, copy_rows,
+            matmul, matmul_fused, normed_projections, embed, rms_norm, rope, attention_inputs, attention_step, elementwise, copy_rows,
             attention, kv_f16, grouped_conv, argmax, top_k, add_slices, selector_walk, penalize,
             sample_to, device_ids, random_shapes);
     };
     ($backend:expr, $reference:expr) => {
         $crate::backend_conformance_tests!(@each $backend, $reference;
-            matmul, matmul_fused, embed, rms_norm, rope, attention_inputs, elementwise, copy_rows,
+            matmul, matmul_fused, normed_projections, embed, rms_norm, rope, attention_inputs, attention_step, elementwise, copy_rows,
             attention, kv_f16, grouped_conv, argmax, top_k, add_slices, selector_walk, penalize,
             sample_to, device_ids, random_shapes);
     };

@@ -147,7 +147,19 @@ impl Builder {
 /// A random decoder of `arch` (`llama`, `qwen2`, `qwen3` or `gemma3`).
 /// gemma3 ties its head to the embeddings; the others have `output.weight`.
 pub fn synthetic_decoder(arch: &str, d: SyntheticDims, seed: u64) -> SyntheticModel {
+    synthetic_decoder_of(arch, d, seed, GgmlType::F32)
+}
+
+/// [`synthetic_decoder`] with its matrices stored as `matrix_type` (those
+/// whose rows are whole blocks of it; the others stay F32).
+pub fn synthetic_decoder_of(
+    arch: &str,
+    d: SyntheticDims,
+    seed: u64,
+    matrix_type: GgmlType,
+) -> SyntheticModel {
     let mut b = Builder::new(arch, seed);
+    b.matrix_type = matrix_type;
     b.common_keys(arch, &d);
     b.writer.add(format!("{arch}.vocab_size"), d.n_vocab as u32);
     if arch == "gemma3" {

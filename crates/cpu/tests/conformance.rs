@@ -14,9 +14,12 @@ fn default_compositions() {
         &CpuBackend::new(2),
         &[
             "add_slices",
+            "attention_step",
             "gated_projection",
             "matmul_accumulate",
             "matmul_many",
+            "normed_gated_projection",
+            "normed_matmul_many",
             "penalize",
             "rope_qk",
             "sample_to",

@@ -25,9 +25,12 @@ fn default_compositions() {
         &be,
         &[
             "argmax",
+            "attention_step",
             "gated_projection",
             "matmul_accumulate",
             "matmul_many",
+            "normed_gated_projection",
+            "normed_matmul_many",
             "penalize",
             "rope_qk",
             "sample_to",

@@ -13,6 +13,10 @@
 //! activations on the GPU exactly as the CPU backend does (`quantize.wgsl`,
 //! into a scratch buffer the backend owns), then takes integer dots per
 //! block (`matmul_quant.wgsl`): one dispatch plus one per weight part.
+//! After a norm the quantization is the norm's own pass (`norm.wgsl`), and
+//! the weights a layer multiplies one input by sit side by side
+//! ([`Device::colocate`](blockdraft_core::backend::Device::colocate)) so
+//! that q|k|v and gate|up are one pass each (`matmul_stacked*`).
 //!
 //! Portable by construction: no kernel needs `shader-f16` or subgroups,
 //! workgroups have at most 256 invocations, and weights larger than the
@@ -35,9 +39,9 @@ use weights::IdsLayout;
 pub use weights::WgpuWeight;
 
 use blockdraft_core::backend::{
-    self, AttentionMask, AttentionOps, AttentionParams, BackendError, CommandCounts, ConvParams,
-    DrafterOps, ElementwiseOps, GatedActivation, KernelTiming, KvType, LinearOps, Projection,
-    RopeParams, RopeStyle, SamplingOps, WeightSource,
+    self, AttentionMask, AttentionOps, AttentionParams, AttentionStep, BackendError, CommandCounts,
+    ConvParams, DrafterOps, ElementwiseOps, GatedActivation, KernelTiming, KvType, LinearOps,
+    Projection, RopeParams, RopeStyle, RowNorm, SamplingOps, WeightSource,
 };
 // The trait's methods, without its name (wgpu has a `Device` of its own).
 use blockdraft_core::backend::Device as _;
@@ -49,7 +53,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::thread::ThreadId;
-use weights::{ActLayout, ActQuant, Epilogue};
+use weights::{ActLayout, ActQuant, Epilogue, Segment, Stacked};
 
 /// A row-major f32 matrix in a GPU buffer.
 pub struct WgpuTensor {
@@ -88,6 +92,8 @@ pub struct WgpuBackend {
     gpu_info: String,
     tuning: Tuning,
     max_binding: u64,
+    /// Alignment of a binding's offset into a buffer (stacked weights).
+    offset_alignment: u64,
     /// Each recording thread's scratch buffers (see [`StreamScratch`]).
     scratch: Mutex<HashMap<ThreadId, StreamScratch>>,
     /// cos/sin tables by (base bits, n_rot), each for a window of
@@ -214,6 +220,7 @@ impl WgpuBackend {
             gpu_info,
             tuning,
             max_binding,
+            offset_alignment: gpu.limits.min_storage_buffer_offset_alignment.into(),
             scratch: Mutex::new(HashMap::new()),
             rope_tables: Mutex::new(HashMap::new()),
             loaded_bytes: AtomicU64::new(0),
@@ -362,9 +369,27 @@ impl WgpuBackend {
             );
             return;
         };
+        let (act, layout) = self.quantized_input(x, kind, quantized);
+        w.matmul(
+            &self.dev,
+            x.binding(),
+            x.rows,
+            out.binding(),
+            Some((Binding::head(&act, layout.words as u64 * 4), layout)),
+            epilogue,
+        );
+    }
+
+    /// The scratch holding `x` quantized for `kind`: as it is where
+    /// `quantized` says so, else quantized now (and `quantized` updated).
+    fn quantized_input(
+        &self,
+        x: &WgpuTensor,
+        kind: ActQuant,
+        quantized: &mut Option<(ActQuant, ActLayout)>,
+    ) -> (wgpu::Buffer, ActLayout) {
         let words = ActLayout::new(x.rows, x.cols).words;
         let act = self.act_buffer(words);
-        let act = Binding::head(&act, words as u64 * 4);
         let layout = match *quantized {
             Some((k, layout)) if k == kind => layout,
             _ => {
@@ -374,20 +399,149 @@ impl WgpuBackend {
                     x.binding(),
                     x.rows,
                     x.cols,
-                    act,
+                    Binding::head(&act, words as u64 * 4),
                 );
                 *quantized = Some((kind, layout));
                 layout
             }
         };
-        w.matmul(
-            &self.dev,
-            x.binding(),
-            x.rows,
-            out.binding(),
-            Some((act, layout)),
-            epilogue,
+        (act, layout)
+    }
+
+    /// `what` of `x` with `segments`' weights in one dispatch, where
+    /// [`Device::colocate`] stacked them together; `false` (nothing
+    /// recorded but perhaps `x`'s quantization) otherwise.
+    fn project_stacked(
+        &self,
+        what: Stacked,
+        x: &WgpuTensor,
+        segments: &[Segment],
+        quantized: &mut Option<(ActQuant, ActLayout)>,
+    ) -> bool {
+        let Some(kind) = segments.first().and_then(|s| s.weight.act_quant()) else {
+            return false;
+        };
+        if x.rows == 0 || segments.iter().any(|s| s.weight.act_quant() != Some(kind)) {
+            return false;
+        }
+        let (act, layout) = self.quantized_input(x, kind, quantized);
+        let act = Binding::head(&act, layout.words as u64 * 4);
+        weights::stacked_matmul(&self.dev, what, segments, x.rows, (act, layout))
+    }
+
+    /// `norm.out = rms_norm(x) · norm.weight` (whole rows), also quantized
+    /// in the same pass for `first`, the weight the products start with,
+    /// where it reads quantized activations: what [`Self::project`] then
+    /// finds in the scratch (`None` when nothing is there).
+    fn norm_for(
+        &self,
+        x: &WgpuTensor,
+        norm: &mut RowNorm<'_, Self>,
+        first: Option<&WgpuWeight>,
+    ) -> Option<(ActQuant, ActLayout)> {
+        let kind = first.and_then(WgpuWeight::act_quant);
+        let (Some(kind), true) = (kind, x.rows > 0) else {
+            self.rms_norm(x, norm.weight, x.cols, norm.eps, norm.out);
+            return None;
+        };
+        assert!(
+            norm.out.rows == x.rows && norm.out.cols == x.cols,
+            "normed projections: norm output shape"
         );
+        let layout = ActLayout::new(x.rows, x.cols);
+        let act = self.act_buffer(layout.words);
+        let (entry, q8_1_sums) = match kind {
+            ActQuant::Q8_0 { q8_1_sums } => ("rms_norm_quantize_q8_0", q8_1_sums),
+            ActQuant::Q8K => ("rms_norm_quantize_q8_k", false),
+        };
+        let params = params::Norm {
+            group: u(x.cols),
+            n_slices: u(x.rows),
+            eps: norm.eps,
+            q8_1_sums: u32::from(q8_1_sums),
+            d_off: u(layout.d_off),
+            s_off: u(layout.s_off),
+            _pad0: 0,
+            _pad1: 0,
+        };
+        self.dev.dispatch(
+            kernel("norm.wgsl", entry),
+            &params,
+            &[
+                x.binding(),
+                norm.weight.dense_binding(),
+                norm.out.binding(),
+                Binding::head(&act, layout.words as u64 * 4),
+            ],
+            grid(x.rows, 1),
+        );
+        Some((kind, layout))
+    }
+
+    /// [`LinearOps::matmul_many`] of `x`, whose quantization for some kind
+    /// may already be in the scratch (`quantized`): one quantization of `x`
+    /// serves every weight type that reads the same kind (Q4_K and Q6_K
+    /// both read Q8_K blocks).
+    fn project_all(
+        &self,
+        x: &WgpuTensor,
+        projections: &mut [Projection<'_, Self>],
+        mut quantized: Option<(ActQuant, ActLayout)>,
+    ) {
+        for p in projections.iter() {
+            assert!(
+                p.weight.cols() == x.cols && self.shape(p.out) == (x.rows, p.weight.rows()),
+                "matmul_many: shapes"
+            );
+        }
+        let segments: Vec<_> = projections
+            .iter()
+            .map(|p| Segment {
+                weight: p.weight,
+                bias: p.bias,
+                out: p.out.binding(),
+            })
+            .collect();
+        if self.project_stacked(Stacked::Projections, x, &segments, &mut quantized) {
+            return;
+        }
+        drop(segments);
+        for p in projections {
+            let epilogue = p.bias.map_or(Epilogue::Store, Epilogue::Bias);
+            self.project(p.weight, x, p.out, epilogue, &mut quantized);
+        }
+    }
+
+    /// [`LinearOps::gated_projection`] of `x`, with `quantized` as in
+    /// [`Self::project_all`]: the gate projection into `gate`, then the up
+    /// projection with the activated gate applied as it is stored.
+    fn gated_from(
+        &self,
+        act: GatedActivation,
+        x: &WgpuTensor,
+        [w_gate, w_up]: [&WgpuWeight; 2],
+        gate: &mut WgpuTensor,
+        out: &mut WgpuTensor,
+        mut quantized: Option<(ActQuant, ActLayout)>,
+    ) {
+        assert!(
+            w_gate.cols() == x.cols
+                && w_up.cols() == x.cols
+                && w_gate.rows() == w_up.rows()
+                && self.shape(out) == (x.rows, w_up.rows()),
+            "gated_projection: shapes"
+        );
+        let segments = [w_gate, w_up].map(|weight| Segment {
+            weight,
+            bias: None,
+            out: out.binding(),
+        });
+        if self.project_stacked(Stacked::Gated(act), x, &segments, &mut quantized) {
+            return;
+        }
+        self.project(w_gate, x, gate, Epilogue::Store, &mut quantized);
+        let epilogue = Epilogue::Gated(act, gate.binding());
+        self.project(w_up, x, out, epilogue, &mut quantized);
     }
 
     fn elementwise(
@@ -465,6 +619,10 @@ impl backend::Device for WgpuBackend {
         let weight = WgpuWeight::load(&self.dev, src, self.max_binding)?;
         self.loaded_bytes.fetch_add(bytes, Ordering::Relaxed);
         Ok(weight)
+    }
+
+    fn colocate(&self, weights: &mut [&mut WgpuWeight]) {
+        weights::colocate(&self.dev, weights, self.offset_alignment, self.max_binding);
     }
 
     fn weight_bytes_loaded(&self) -> u64 {
@@ -550,7 +708,11 @@ impl ElementwiseOps for WgpuBackend {
             group: u(group),
             n_slices: u(slices),
             eps,
-            _pad: 0,
+            q8_1_sums: 0,
+            d_off: 0,
+            s_off: 0,
+            _pad0: 0,
+            _pad1: 0,
         };
         self.dev.dispatch(
             kernel("norm.wgsl", "rms_norm"),
@@ -734,13 +896,17 @@ impl LinearOps for WgpuBackend {
     }
 
     fn matmul_many(&self, x: &WgpuTensor, projections: &mut [Projection<'_, Self>]) {
-        // One quantization of `x` serves every weight type that reads the
-        // same kind (Q4_K and Q6_K both read Q8_K blocks).
-        let mut quantized = None;
-        for p in projections {
-            let epilogue = p.bias.map_or(Epilogue::Store, Epilogue::Bias);
-            self.project(p.weight, x, p.out, epilogue, &mut quantized);
-        }
+        self.project_all(x, projections, None);
+    }
+
+    fn normed_matmul_many(
+        &self,
+        x: &WgpuTensor,
+        mut norm: RowNorm<'_, Self>,
+        projections: &mut [Projection<'_, Self>],
+    ) {
+        let quantized = self.norm_for(x, &mut norm, projections.first().map(|p| p.weight));
+        self.project_all(norm.out, projections, quantized);
     }
 
     fn gated_projection(
@@ -753,10 +919,22 @@ impl LinearOps for WgpuBackend {
         _up: &mut WgpuTensor,
         out: &mut WgpuTensor,
     ) {
-        let mut quantized = None;
-        self.project(w_gate, x, gate, Epilogue::Store, &mut quantized);
-        let epilogue = Epilogue::Gated(act, gate.binding());
-        self.project(w_up, x, out, epilogue, &mut quantized);
+        self.gated_from(act, x, [w_gate, w_up], gate, out, None);
+    }
+
+    fn normed_gated_projection(
+        &self,
+        act: GatedActivation,
+        x: &WgpuTensor,
+        mut norm: RowNorm<'_, Self>,
+        w_gate: &WgpuWeight,
+        w_up: &WgpuWeight,
+        gate: &mut WgpuTensor,
+        _up: &mut WgpuTensor,
+        out: &mut WgpuTensor,
+    ) {
+        let quantized = self.norm_for(x, &mut norm, Some(w_gate));
+        self.gated_from(act, norm.out, [w_gate, w_up], gate, out, quantized);
     }
 
     fn matmul_accumulate(
@@ -859,20 +1037,109 @@ impl AttentionOps for WgpuBackend {
             p.n_head,
             p.n_head_kv
         );
-        let params = params::Attention {
-            n_rows: u(q.rows),
-            n_head: u(p.n_head),
-            n_head_kv: u(p.n_head_kv),
-            head_dim: u(p.head_dim),
-            q_pos0: u(mask.q_pos0),
-            kv_len: u(mask.kv_len),
-            causal: u32::from(mask.causal),
-            window: u(mask.window.unwrap_or(0)),
-            scale: p.scale,
-            _pad0: 0,
-            _pad1: 0,
-            _pad2: 0,
-        };
+        // The fused pass's inputs go unread: any small read-only range.
+        let unused = Binding::head(q.binding().buffer, 4);
+        self.dispatch_attention(
+            q,
+            (k, v),
+            attention_uniform(q, mask, p),
+            [unused, unused, unused],
+            out,
+        );
+    }
+
+    fn attention_step(
+        &self,
+        (q, k, v): (&mut WgpuTensor, &mut WgpuTensor, &WgpuTensor),
+        (k_cache, v_cache): (&mut WgpuTensor, &mut WgpuTensor),
+        step: AttentionStep,
+        out: &mut WgpuTensor,
+    ) {
+        let (qp, kp, p) = (step.q_rope, step.k_rope, step.params);
+        let pos0 = step.mask.q_pos0;
+        // One pass needs rows of exactly the heads, one rotation, a cache
+        // of the new rows' type, and the new keys within the workgroup's
+        // room (MAX_NEW_KEYS in attention_core.wgsl).
+        let fits = RopeParams {
+            n_head: qp.n_head,
+            ..kp
+        } == qp
+            && (qp.n_head, kp.n_head, qp.head_dim) == (p.n_head, p.n_head_kv, p.head_dim)
+            && q.rows == k.rows
+            && k.rows == v.rows
+            && q.cols == p.n_head * p.head_dim
+            && k.cols == p.n_head_kv * p.head_dim
+            && v.cols == k.cols
+            && k_cache.cols == k.cols
+            && v_cache.cols == k.cols
+            && k_cache.ty == v_cache.ty
+            && !k.is_f16()
+            && !v.is_f16()
+            && qp.n_rot % 2 == 0
+            && q.rows * p.head_dim <= 3072
+            && pos0 + q.rows <= k_cache.rows.min(v_cache.rows)
+            && step.mask.kv_len == pos0 + q.rows
+            && q.rows > 0;
+        if !fits {
+            self.rope_qk(q, k, pos0, qp, kp);
+            if let Some(s) = step.q_scale {
+                self.scale(q, s);
+            }
+            self.append_kv(k, v, k_cache, v_cache, pos0, q.rows);
+            self.attention(q, k_cache, v_cache, step.mask, p, out);
+            return;
+        }
+        let (table, table_pos0) = self.rope_table(pos0, q.rows, &qp);
+        let mut params = attention_uniform(q, step.mask, p);
+        params.fused = 1;
+        params.half_rot = u(qp.n_rot / 2);
+        params.neox = u32::from(qp.style == RopeStyle::Neox);
+        params.table_row0 = u(pos0 - table_pos0);
+        params.q_scale = step.q_scale.unwrap_or(1.0);
+        self.dispatch_attention(
+            q,
+            (k_cache, v_cache),
+            params,
+            [k.binding(), v.binding(), Binding::whole(&table)],
+            out,
+        );
+    }
+}
+
+/// The uniform of a plain (not fused) attention pass.
+fn attention_uniform(q: &WgpuTensor, mask: AttentionMask, p: AttentionParams) -> params::Attention {
+    params::Attention {
+        n_rows: u(q.rows),
+        n_head: u(p.n_head),
+        n_head_kv: u(p.n_head_kv),
+        head_dim: u(p.head_dim),
+        q_pos0: u(mask.q_pos0),
+        kv_len: u(mask.kv_len),
+        causal: u32::from(mask.causal),
+        window: u(mask.window.unwrap_or(0)),
+        scale: p.scale,
+        fused: 0,
+        half_rot: 0,
+        neox: 0,
+        table_row0: 0,
+        q_scale: 1.0,
+        _pad0: 0,
+        _pad1: 0,
+    }
+}
+
+impl WgpuBackend {
+    /// One attention pass over the caches `k` and `v` (`fused`: the new
+    /// keys, new values and rotation table, or unused bindings).
+    fn dispatch_attention(
+        &self,
+        q: &WgpuTensor,
+        (k, v): (&WgpuTensor, &WgpuTensor),
+        params: params::Attention,
+        fused: [Binding; 3],
+        out: &WgpuTensor,
+    ) {
+        let [k_new, v_new, table] = fused;
         self.dev.dispatch(
             if k.is_f16() {
                 kernel("attention_f16.wgsl", "attention")
@@ -880,8 +1147,16 @@ impl AttentionOps for WgpuBackend {
                 kernel("attention.wgsl", "attention")
             },
             &params,
-            &[q.binding(), k.binding(), v.binding(), out.binding()],
-            grid(q.rows * p.n_head, 1),
+            &[
+                q.binding(),
+                k.binding(),
+                v.binding(),
+                out.binding(),
+                k_new,
+                v_new,
+                table,
+            ],
+            grid(q.rows * params.n_head as usize, 1),
         );
     }
 }

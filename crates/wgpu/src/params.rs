@@ -14,6 +14,8 @@ pub enum Ty {
     F32,
     /// `array<vec4<f32>, N>` (uniform arrays have 16-byte elements).
     F32x4Array(usize),
+    /// `vec4<u32>`.
+    U32x4,
 }
 
 /// The Rust types a uniform member may have, with their WGSL type.
@@ -31,6 +33,10 @@ impl Member for i32 {
 
 impl Member for f32 {
     const TY: Ty = Ty::F32;
+}
+
+impl Member for [u32; 4] {
+    const TY: Ty = Ty::U32x4;
 }
 
 impl<const N: usize> Member for [[f32; 4]; N] {
@@ -131,9 +137,13 @@ params! {
         causal: u32,
         window: u32,
         scale: f32,
+        fused: u32,
+        half_rot: u32,
+        neox: u32,
+        table_row0: u32,
+        q_scale: f32,
         _pad0: u32,
         _pad1: u32,
-        _pad2: u32,
     }
 
     /// `grouped_conv`.
@@ -214,7 +224,9 @@ params! {
         _pad5: u32,
     }
 
-    /// `matmul_q*`, one weight part per dispatch.
+    /// `matmul_q*`, one weight part per dispatch; `matmul_stacked*`, the
+    /// weights side by side in one buffer described by the `seg_*` members
+    /// (zero for the others).
     MatmulQuant for ["matmul_quant.wgsl"] {
         rows: u32,
         cols: u32,
@@ -228,14 +240,25 @@ params! {
         _pad0: u32,
         _pad1: u32,
         _pad2: u32,
+        seg_rows: [u32; 4],
+        seg_ty: [u32; 4],
+        seg_off: [u32; 4],
+        seg_row_bytes: [u32; 4],
+        seg_bias: [u32; 4],
     }
 
-    /// `rms_norm`.
+    /// `rms_norm`, and `rms_norm_quantize_q8_0` / `_q8_k`, which also
+    /// quantize the rows for a matmul (`q8_1_sums`, `d_off`, `s_off` as in
+    /// [`Quantize`]).
     Norm for ["norm.wgsl"] {
         group: u32,
         n_slices: u32,
         eps: f32,
-        _pad: u32,
+        q8_1_sums: u32,
+        d_off: u32,
+        s_off: u32,
+        _pad0: u32,
+        _pad1: u32,
     }
 
     /// `penalize`.
@@ -330,6 +353,10 @@ mod tests {
                 ScalarKind::Float => Some(Ty::F32),
                 _ => None,
             },
+            TypeInner::Vector {
+                size: naga::VectorSize::Quad,
+                scalar: naga::Scalar::U32,
+            } => Some(Ty::U32x4),
             TypeInner::Array {
                 base,
                 size: naga::ArraySize::Constant(n),

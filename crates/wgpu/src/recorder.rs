@@ -383,6 +383,22 @@ impl Device {
             .copy_buffer_to_buffer(&src, soff, dst, offset, len);
     }
 
+    /// Records a copy of `bytes` (a multiple of 4) from `src` to `dst`,
+    /// ordered with the dispatches around it.
+    pub fn copy(
+        &self,
+        src: &wgpu::Buffer,
+        src_offset: u64,
+        dst: &wgpu::Buffer,
+        dst_offset: u64,
+        bytes: u64,
+    ) {
+        let mut rec = self.recorder.lock().unwrap();
+        rec.end_pass();
+        rec.encoder(&self.device)
+            .copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
+    }
+
     #[cfg(test)]
     pub fn cached_bind_groups(&self) -> usize {
         self.recorder.lock().unwrap().bind_groups.len()

@@ -72,6 +72,10 @@ pub const SOURCES: &[(&str, &str)] = &[
         include_str!("../../../shaders/quant_blocks.wgsl"),
     ),
     (
+        "quantize_rows.wgsl",
+        include_str!("../../../shaders/quantize_rows.wgsl"),
+    ),
+    (
         "quantize.wgsl",
         include_str!("../../../shaders/quantize.wgsl"),
     ),
@@ -90,6 +94,7 @@ const LIBRARIES: &[&str] = &[
     "quant_blocks.wgsl",
     "subgroup.wgsl",
     "matmul_rows.wgsl",
+    "quantize_rows.wgsl",
 ];
 
 /// Optional device features the kernels have fast paths for (`#if SUBGROUPS`

@@ -19,12 +19,37 @@ pub(crate) struct IdsLayout {
     pub row0: usize,
 }
 
-/// Whole rows `row0 .. row0 + rows` of a matrix, in a buffer of their own.
+/// Whole rows `row0 .. row0 + rows` of a matrix: `bytes` at `offset` of
+/// `buffer`, which holds them alone or beside the other weights of a
+/// stack ([`colocate`]).
 struct Part {
     buffer: wgpu::Buffer,
+    offset: u64,
+    bytes: u64,
     row0: usize,
     rows: usize,
     retired: Retired,
+}
+
+impl Part {
+    fn alone(buffer: wgpu::Buffer, row0: usize, rows: usize, retired: Retired) -> Self {
+        Part {
+            offset: 0,
+            bytes: buffer.size(),
+            buffer,
+            row0,
+            rows,
+            retired,
+        }
+    }
+
+    fn binding(&self) -> Binding<'_> {
+        Binding {
+            buffer: &self.buffer,
+            offset: self.offset,
+            size: Some(self.bytes),
+        }
+    }
 }
 
 impl Drop for Part {
@@ -184,12 +209,12 @@ impl WgpuWeight {
                 ty: GgmlType::F32,
                 rows: 1,
                 cols,
-                parts: vec![Part {
-                    buffer: dev.storage_init(src.name, bytemuck::cast_slice(&dense)),
-                    row0: 0,
-                    rows: 1,
-                    retired: dev.retired.clone(),
-                }],
+                parts: vec![Part::alone(
+                    dev.storage_init(src.name, bytemuck::cast_slice(&dense)),
+                    0,
+                    1,
+                    dev.retired.clone(),
+                )],
             });
         }
         if kernels(src.ty).is_none() {
@@ -211,12 +236,12 @@ impl WgpuWeight {
             .map(|row0| {
                 let n = rows_per_part.min(rows - row0);
                 let bytes = &src.data[row0 * row_bytes..(row0 + n) * row_bytes];
-                Part {
-                    buffer: dev.storage_init(src.name, bytes),
+                Part::alone(
+                    dev.storage_init(src.name, bytes),
                     row0,
-                    rows: n,
-                    retired: dev.retired.clone(),
-                }
+                    n,
+                    dev.retired.clone(),
+                )
             })
             .collect();
         Ok(WgpuWeight {
@@ -245,7 +270,7 @@ impl WgpuWeight {
             self.rows == 1 && self.ty == GgmlType::F32,
             "not a 1-D weight"
         );
-        Binding::whole(&self.parts[0].buffer)
+        self.parts[0].binding()
     }
 
     /// How the activations must be quantized for [`Self::matmul`], if at all.
@@ -290,12 +315,7 @@ impl WgpuWeight {
                 _pad1: 0,
                 _pad2: 0,
             };
-            dev.dispatch(
-                k.embed,
-                &params,
-                &[ids, Binding::whole(&part.buffer), out],
-                groups,
-            );
+            dev.dispatch(k.embed, &params, &[ids, part.binding(), out], groups);
         }
     }
 
@@ -328,7 +348,7 @@ impl WgpuWeight {
                 Epilogue::Gated(_, gate) => gate,
                 _ => Binding::head(&part.buffer, 4),
             };
-            let weight = Binding::whole(&part.buffer);
+            let weight = part.binding();
             let groups = grid(part.rows, dev.matmul_features_per_group);
             match act {
                 None => dev.dispatch(
@@ -365,6 +385,11 @@ impl WgpuWeight {
                         _pad0: 0,
                         _pad1: 0,
                         _pad2: 0,
+                        seg_rows: [0; 4],
+                        seg_ty: [0; 4],
+                        seg_off: [0; 4],
+                        seg_row_bytes: [0; 4],
+                        seg_bias: [0; 4],
                     },
                     &[weight, act, y, bias],
                     groups,
@@ -372,6 +397,195 @@ impl WgpuWeight {
             }
         }
     }
+}
+
+/// The code `quant_blocks.wgsl` gives a quantized type.
+fn shader_type(ty: GgmlType) -> Option<u32> {
+    use GgmlType::*;
+    [
+        Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
+    ]
+    .iter()
+    .position(|&t| t == ty)
+    .map(|i| i as u32)
+}
+
+/// Moves `weights` side by side into one buffer, each at an offset
+/// aligned for binding alone (`align`), so that one dispatch can read them
+/// all ([`stacked_matmul`]): matrices of one row length whose activations
+/// are quantized alike, or 1-D weights (biases). Leaves them where they are
+/// when they do not qualify or would not fit one binding (`max_binding`).
+pub(crate) fn colocate(
+    dev: &Device,
+    weights: &mut [&mut WgpuWeight],
+    align: u64,
+    max_binding: u64,
+) {
+    let Some(first) = weights.first() else {
+        return;
+    };
+    let vectors = weights.iter().all(|w| w.rows == 1 && w.ty == GgmlType::F32);
+    let matrices = weights.iter().all(|w| {
+        w.cols == first.cols
+            && w.rows > 1
+            && shader_type(w.ty).is_some()
+            && w.act_quant() == first.act_quant()
+    });
+    let single = weights.iter().all(|w| w.parts.len() == 1);
+    if weights.len() < 2 || !single || !(vectors || matrices) {
+        return;
+    }
+    let mut offsets = Vec::with_capacity(weights.len());
+    let mut end = 0u64;
+    for w in weights.iter() {
+        let at = end.next_multiple_of(align);
+        offsets.push(at);
+        end = at + w.parts[0].bytes;
+    }
+    if end > max_binding {
+        return;
+    }
+    let stack = dev.storage("stacked weights", end);
+    for (w, &at) in weights.iter_mut().zip(&offsets) {
+        let old = &w.parts[0];
+        dev.copy(&old.buffer, old.offset, &stack, at, old.bytes);
+        w.parts[0] = Part {
+            buffer: stack.clone(),
+            offset: at,
+            bytes: old.bytes,
+            row0: 0,
+            rows: old.rows,
+            retired: old.retired.clone(),
+        };
+    }
+    // The copies run now, so that the buffers they empty are freed as the
+    // model loads rather than all at its first pass.
+    dev.flush();
+}
+
+/// The buffer `weights` share, if [`colocate`] stacked them together.
+fn shared_buffer<'a>(weights: &[&'a WgpuWeight]) -> Option<&'a wgpu::Buffer> {
+    let first = &weights.first()?.parts;
+    weights
+        .iter()
+        .all(|w| w.parts.len() == 1 && w.parts[0].buffer == first[0].buffer)
+        .then_some(&first[0].buffer)
+}
+
+/// One stacked product of [`stacked_matmul`]: a weight and its output.
+pub(crate) struct Segment<'a> {
+    pub weight: &'a WgpuWeight,
+    pub bias: Option<&'a WgpuWeight>,
+    pub out: Binding<'a>,
+}
+
+/// What [`stacked_matmul`] computes.
+#[derive(Clone, Copy)]
+pub(crate) enum Stacked {
+    /// Each segment's product (plus its bias) into its output.
+    Projections,
+    /// `act(x · gateᵀ) ⊙ (x · upᵀ)` into the first segment's output, the
+    /// segments being gate and up.
+    Gated(GatedActivation),
+}
+
+/// The products of `n` rows (quantized in `act` as `layout` says) with up
+/// to three weights stacked by [`colocate`], in one dispatch; `false`
+/// (nothing recorded) where they are not stacked together or do not
+/// qualify (biases on some segments only, or biases not stacked together;
+/// gate and up of different row counts).
+pub(crate) fn stacked_matmul(
+    dev: &Device,
+    what: Stacked,
+    segments: &[Segment],
+    n: usize,
+    (act, layout): (Binding, ActLayout),
+) -> bool {
+    let weights: Vec<_> = segments.iter().map(|s| s.weight).collect();
+    let Some(buffer) = shared_buffer(&weights) else {
+        return false;
+    };
+    let biases: Option<Vec<_>> = segments.iter().map(|s| s.bias).collect();
+    let bias_buffer = match &biases {
+        Some(b) => match shared_buffer(b) {
+            Some(buffer) => Some(buffer),
+            None => return false,
+        },
+        None if segments.iter().any(|s| s.bias.is_some()) => return false,
+        None => None,
+    };
+    let gated = matches!(what, Stacked::Gated(_));
+    if !(2..=3).contains(&segments.len())
+        || gated && (segments.len() != 2 || weights[0].rows != weights[1].rows)
+        || shader_type(weights[0].ty).is_none()
+    {
+        return false;
+    }
+    let mut p = params::MatmulQuant {
+        rows: 0,
+        cols: u(weights[0].cols),
+        n: u(n),
+        row0: 0,
+        out_cols: 0,
+        row_bytes: 0,
+        d_off: u(layout.d_off),
+        s_off: u(layout.s_off),
+        epilogue: 0,
+        _pad0: 0,
+        _pad1: 0,
+        _pad2: 0,
+        seg_rows: [0; 4],
+        seg_ty: [0; 4],
+        seg_off: [0; 4],
+        seg_row_bytes: [0; 4],
+        seg_bias: [0; 4],
+    };
+    for (i, w) in weights.iter().enumerate() {
+        let part = &w.parts[0];
+        p.seg_rows[i] = u(w.rows);
+        p.seg_ty[i] = shader_type(w.ty).expect("colocated: quantized");
+        p.seg_off[i] = u(part.offset as usize);
+        p.seg_row_bytes[i] = u(w.row_bytes());
+        if let Some(b) = &biases {
+            p.seg_bias[i] = u((b[i].parts[0].offset / 4) as usize);
+        }
+    }
+    let (entry, features) = match what {
+        Stacked::Projections => {
+            p.epilogue = if bias_buffer.is_some() {
+                EPILOGUE_BIAS
+            } else {
+                0
+            };
+            ("matmul_stacked", weights.iter().map(|w| w.rows).sum())
+        }
+        Stacked::Gated(act) => {
+            p.epilogue = match act {
+                GatedActivation::SwiGlu => EPILOGUE_SWIGLU,
+                GatedActivation::GeGlu => EPILOGUE_GEGLU,
+            };
+            ("matmul_stacked_gated", weights[0].rows)
+        }
+    };
+    p.rows = u(features);
+    let mut bindings = vec![Binding::whole(buffer), act, segments[0].out];
+    if !gated {
+        // Without biases the kernel reads none: any small read-only range
+        // will do. A missing third output is never written.
+        let bias = bias_buffer.map_or(Binding::head(buffer, 4), Binding::whole);
+        let out = |i: usize| segments.get(i).map_or(segments[0].out, |s| s.out);
+        bindings.extend([bias, out(1), out(2)]);
+    }
+    dev.dispatch(
+        Kernel {
+            file: "matmul_quant.wgsl",
+            entry,
+        },
+        &p,
+        &bindings,
+        grid(features, dev.matmul_features_per_group),
+    );
+    true
 }
 
 /// What a matmul does with each output as it stores it

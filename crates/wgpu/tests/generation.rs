@@ -13,7 +13,7 @@ use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
     device_draft, greedy_plain, greedy_speculative, observed_block_drafters, real_model,
     sampled_plain, sampled_speculative, synthetic_block_drafters, synthetic_decoder,
-    synthetic_dflash, SyntheticDFlash, SyntheticDims,
+    synthetic_decoder_of, synthetic_dflash, SyntheticDFlash, SyntheticDims,
 };
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile};
@@ -84,6 +84,51 @@ fn plain_decoding_submits_once_and_reads_back_once_per_token() {
     assert_eq!(c.submits - before.submits, n as u64, "{c:?}");
     let per_token = (c.dispatches - before.dispatches) as f64 / n as f64;
     eprintln!("dispatches per decoded token (7 layers): {per_token:.1}");
+}
+
+/// Dispatches per decoder layer of a decode step and of a verify of 8
+/// rows, from the difference between models of 2 and 5 layers (the head,
+/// embedding and argmax cancel out), for quantized models as the real ones
+/// are: Qwen2 (biases; Q5_0, a 32-block type) and Llama (Q4_K). The op
+/// suite checks the values of each fused pass (`normed_projections`,
+/// `attention_step`), mixed types in one stack included.
+#[test]
+fn a_decoder_layer_is_at_most_nine_dispatches() {
+    fn dispatches(arch: &str, ty: GgmlType, n_layer: usize, rows: usize) -> u64 {
+        let dims = SyntheticDims {
+            n_layer,
+            n_embd: 256,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_ff: 512,
+            n_vocab: 64,
+            window: 0,
+        };
+        let file = GgufFile::from_bytes(synthetic_decoder_of(arch, dims, 3, ty).bytes).unwrap();
+        let be = gpu();
+        let dec = load(&file, be.clone());
+        let mut state = dec.try_new_state(64, 16).unwrap();
+        dec.forward(&mut state, &[1, 2, 3, 4], LogitRows::Last, true, None)
+            .unwrap();
+        block_on(be.argmax(state.logits()));
+        let before = be.counters();
+        let tokens: Vec<u32> = (5..5 + rows as u32).collect();
+        dec.forward(&mut state, &tokens, LogitRows::All, true, None)
+            .unwrap();
+        block_on(be.argmax(state.logits()));
+        be.counters().dispatches - before.dispatches
+    }
+    for (arch, ty) in [("qwen2", GgmlType::Q5_0), ("llama", GgmlType::Q4_K)] {
+        for rows in [1, 8] {
+            let per_layer = (dispatches(arch, ty, 5, rows) - dispatches(arch, ty, 2, rows)) / 3;
+            eprintln!("{arch} {ty}, {rows} rows: {per_layer} dispatches per layer");
+            assert!(
+                per_layer <= 9,
+                "{arch} {ty}, {rows} rows: {per_layer} per layer"
+            );
+        }
+    }
 }
 
 /// What a decode step costs the host once warm: one compute pass for the

@@ -1,6 +1,6 @@
 //! The KV cache's appends and attention over it.
 
-use super::{AttentionMask, AttentionParams, ElementwiseOps};
+use super::{AttentionMask, AttentionParams, AttentionStep, ElementwiseOps};
 
 pub trait AttentionOps: ElementwiseOps {
     /// Appends a layer's `n` key and value rows to its caches at `row`.
@@ -18,6 +18,32 @@ pub trait AttentionOps: ElementwiseOps {
         self.copy_rows(k, 0, k_cache, row, 0, n);
         self.copy_rows(v, 0, v_cache, row, 0, n);
     }
+    /// A layer's whole attention step for the `n` rows of `q` at positions
+    /// `step.mask.q_pos0 ..`: rotates `q` and `k`, scales `q` where asked,
+    /// appends the `n` rows of `k` and `v` to the caches there and attends
+    /// over them into `out`. `q` and `k` hold unspecified values afterwards.
+    /// The default runs [`ElementwiseOps::rope_qk`], [`ElementwiseOps::scale`],
+    /// [`Self::append_kv`] and [`Self::attention`]; a backend may do it in one
+    /// pass (a GPU's workgroups rotate what they read and take the rows' own
+    /// keys and values from `k` and `v` rather than the cache).
+    fn attention_step(
+        &self,
+        (q, k, v): (&mut Self::Tensor, &mut Self::Tensor, &Self::Tensor),
+        (k_cache, v_cache): (&mut Self::Tensor, &mut Self::Tensor),
+        step: AttentionStep,
+        out: &mut Self::Tensor,
+    ) {
+        super::composed::note::<Self>("attention_step");
+        let pos0 = step.mask.q_pos0;
+        self.rope_qk(q, k, pos0, step.q_rope, step.k_rope);
+        if let Some(s) = step.q_scale {
+            self.scale(q, s);
+        }
+        let n = self.shape(q).0;
+        self.append_kv(k, v, k_cache, v_cache, pos0, n);
+        self.attention(q, k_cache, v_cache, step.mask, step.params, out);
+    }
+
     /// Scaled-dot-product attention of `q` (`n x n_head*head_dim`) over the
     /// cached keys/values (`capacity x n_head_kv*head_dim`), grouped-query.
     fn attention(

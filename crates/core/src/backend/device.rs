@@ -18,6 +18,15 @@ pub trait Device: Send + Sync + 'static {
     /// matrices of every supported type are accepted.
     fn load_weight(&self, src: WeightSource<'_>) -> Result<Self::Weight, BackendError>;
 
+    /// Weights that multiply one input together (a layer's q|k|v and their
+    /// biases, its gate|up): a backend may move them side by side into one
+    /// allocation, so that one pass reads them all
+    /// ([`super::LinearOps::matmul_many`], `gated_projection`). Values and
+    /// shapes do not change. The default leaves them where they are.
+    fn colocate(&self, weights: &mut [&mut Self::Weight]) {
+        let _ = weights;
+    }
+
     /// Bytes of GGUF data made resident by [`Self::load_weight`] so far:
     /// what loading cost, and how a front end checks that a new sequence
     /// uploads nothing (models are shared; sequences own only state).

@@ -1,6 +1,6 @@
 //! Embeddings and matrix products against resident weights.
 
-use super::{ElementwiseOps, GatedActivation, Projection};
+use super::{ElementwiseOps, GatedActivation, Projection, RowNorm};
 
 pub trait LinearOps: ElementwiseOps {
     /// `out[r] = table[ids[r]]` (rows of the embedding table, dequantized).
@@ -67,6 +67,43 @@ pub trait LinearOps: ElementwiseOps {
             ],
         );
         self.gated(act, gate, up, out);
+    }
+
+    /// [`Self::matmul_many`] of `norm.out = rms_norm(x) · norm.weight` (whole
+    /// rows). The default normalizes, then projects; a backend may prepare
+    /// the products' input as it normalizes (a GPU quantizes each row in
+    /// the norm's own pass).
+    fn normed_matmul_many(
+        &self,
+        x: &Self::Tensor,
+        norm: RowNorm<'_, Self>,
+        projections: &mut [Projection<'_, Self>],
+    ) {
+        super::composed::note::<Self>("normed_matmul_many");
+        let cols = self.shape(x).1;
+        self.rms_norm(x, norm.weight, cols, norm.eps, norm.out);
+        self.matmul_many(norm.out, projections);
+    }
+
+    /// [`Self::gated_projection`] of `norm.out = rms_norm(x) · norm.weight`
+    /// (whole rows), as [`Self::normed_matmul_many`] is to
+    /// [`Self::matmul_many`].
+    #[allow(clippy::too_many_arguments)]
+    fn normed_gated_projection(
+        &self,
+        act: GatedActivation,
+        x: &Self::Tensor,
+        norm: RowNorm<'_, Self>,
+        w_gate: &Self::Weight,
+        w_up: &Self::Weight,
+        gate: &mut Self::Tensor,
+        up: &mut Self::Tensor,
+        out: &mut Self::Tensor,
+    ) {
+        super::composed::note::<Self>("normed_gated_projection");
+        let cols = self.shape(x).1;
+        self.rms_norm(x, norm.weight, cols, norm.eps, norm.out);
+        self.gated_projection(act, norm.out, w_gate, w_up, gate, up, out);
     }
 
     /// `acc += x · Wᵀ`, a residual branch's output projection. The default

@@ -230,10 +230,34 @@ pub struct KernelTiming {
     pub bytes_bound: u64,
 }
 
+/// A layer's attention step ([`super::AttentionOps::attention_step`]) for
+/// the rows of `q` at positions `mask.q_pos0 ..`.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionStep {
+    pub q_rope: RopeParams,
+    pub k_rope: RopeParams,
+    /// A factor for the rotated queries (Gemma scales them before
+    /// attention rather than the scores).
+    pub q_scale: Option<f32>,
+    pub mask: AttentionMask,
+    pub params: AttentionParams,
+}
+
 /// One projection of [`super::LinearOps::matmul_many`].
 pub struct Projection<'a, B: Device + ?Sized> {
     pub weight: &'a B::Weight,
     pub bias: Option<&'a B::Weight>,
+    pub out: &'a mut B::Tensor,
+}
+
+/// The RMS norm of whole rows that feeds the projections of
+/// [`super::LinearOps::normed_matmul_many`] and
+/// [`super::LinearOps::normed_gated_projection`]: `out = rms_norm(x) ·
+/// weight`, kept in `out` (the projections' input) as
+/// [`super::ElementwiseOps::rms_norm`] writes it.
+pub struct RowNorm<'a, B: Device + ?Sized> {
+    pub weight: &'a B::Weight,
+    pub eps: f32,
     pub out: &'a mut B::Tensor,
 }
 

@@ -12,8 +12,8 @@ pub use weights::{
 };
 
 use crate::backend::{
-    tensor_bytes, AttentionMask, AttentionParams, Backend, KvType, MemoryLimits, Projection,
-    RopeParams,
+    tensor_bytes, AttentionMask, AttentionParams, AttentionStep, Backend, KvType, MemoryLimits,
+    Projection, RopeParams, RowNorm,
 };
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
@@ -511,18 +511,23 @@ impl<B: Backend> Decoder<B> {
                 t.capture(be, il, &s.x, n);
             }
             // Attention.
-            be.rms_norm(&s.x, &lw.attn_norm, cfg.n_embd, cfg.rms_eps, &mut s.xn);
+            let mut qkv = [
+                projection(&lw.wq, lw.bq.as_ref(), &mut s.q),
+                projection(&lw.wk, lw.bk.as_ref(), &mut s.k),
+                projection(&lw.wv, lw.bv.as_ref(), &mut s.v),
+            ];
             if let Some(h) = hook.as_deref_mut() {
+                be.rms_norm(&s.x, &lw.attn_norm, cfg.n_embd, cfg.rms_eps, &mut s.xn);
                 h.apply(be, il, HookPoint::AttnInput, &mut s.xn);
+                be.matmul_many(&s.xn, &mut qkv);
+            } else {
+                let norm = RowNorm {
+                    weight: &lw.attn_norm,
+                    eps: cfg.rms_eps,
+                    out: &mut s.xn,
+                };
+                be.normed_matmul_many(&s.x, norm, &mut qkv);
             }
-            be.matmul_many(
-                &s.xn,
-                &mut [
-                    projection(&lw.wq, lw.bq.as_ref(), &mut s.q),
-                    projection(&lw.wk, lw.bk.as_ref(), &mut s.k),
-                    projection(&lw.wv, lw.bv.as_ref(), &mut s.v),
-                ],
-            );
             if let Some(qn) = &lw.q_norm {
                 be.rms_norm(&s.q, qn, cfg.head_dim, cfg.rms_eps, &mut s.tmp_q);
                 std::mem::swap(&mut s.q, &mut s.tmp_q);
@@ -542,19 +547,35 @@ impl<B: Backend> Decoder<B> {
                 self.add_branch(s, lw.post_attn_norm.as_ref());
             }
             // Feed-forward.
-            be.rms_norm(&s.x, &lw.ffn_norm, cfg.n_embd, cfg.rms_eps, &mut s.xn);
             if let Some(h) = hook.as_deref_mut() {
+                be.rms_norm(&s.x, &lw.ffn_norm, cfg.n_embd, cfg.rms_eps, &mut s.xn);
                 h.apply(be, il, HookPoint::FfnInput, &mut s.xn);
+                be.gated_projection(
+                    cfg.activation,
+                    &s.xn,
+                    &lw.w_gate,
+                    &lw.w_up,
+                    &mut s.gate,
+                    &mut s.up,
+                    &mut s.hidden,
+                );
+            } else {
+                let norm = RowNorm {
+                    weight: &lw.ffn_norm,
+                    eps: cfg.rms_eps,
+                    out: &mut s.xn,
+                };
+                be.normed_gated_projection(
+                    cfg.activation,
+                    &s.x,
+                    norm,
+                    &lw.w_gate,
+                    &lw.w_up,
+                    &mut s.gate,
+                    &mut s.up,
+                    &mut s.hidden,
+                );
             }
-            be.gated_projection(
-                cfg.activation,
-                &s.xn,
-                &lw.w_gate,
-                &lw.w_up,
-                &mut s.gate,
-                &mut s.up,
-                &mut s.hidden,
-            );
             if hook.is_none() && lw.post_ffn_norm.is_none() {
                 be.matmul_accumulate(&lw.w_down, &s.hidden, &mut s.x, &mut s.o);
             } else {
@@ -616,12 +637,6 @@ impl<B: Backend> Decoder<B> {
             n_rot: cfg.n_rot,
             base,
         };
-        be.rope_qk(q, k, pos0, rope(cfg.n_head), rope(cfg.n_head_kv));
-        if cfg.scale_queries_first {
-            be.scale(q, cfg.attention_scale);
-        }
-        let (kc, vc) = kv.layer_mut(il);
-        be.append_kv(k, v, kc, vc, pos0, n);
         let mask = AttentionMask {
             q_pos0: pos0,
             kv_len: pos0 + n,
@@ -638,8 +653,14 @@ impl<B: Backend> Decoder<B> {
                 cfg.attention_scale
             },
         };
-        let (kc, vc) = kv.layer(il);
-        be.attention(q, kc, vc, mask, params, attn);
+        let step = AttentionStep {
+            q_rope: rope(cfg.n_head),
+            k_rope: rope(cfg.n_head_kv),
+            q_scale: cfg.scale_queries_first.then_some(cfg.attention_scale),
+            mask,
+            params,
+        };
+        be.attention_step((q, k, v), kv.layer_mut(il), step, attn);
     }
 
     /// Logits of `rows` of the last block's output `s.x`, in that order.

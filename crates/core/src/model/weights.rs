@@ -28,6 +28,18 @@ pub struct LayerWeights<B: Backend> {
     pub post_ffn_norm: Option<B::Weight>,
 }
 
+impl<B: Backend> LayerWeights<B> {
+    /// The weights each multiplied by one input, side by side where the
+    /// backend wants them so ([`crate::backend::Device::colocate`]).
+    fn colocate(&mut self, backend: &B) {
+        backend.colocate(&mut [&mut self.wq, &mut self.wk, &mut self.wv]);
+        if let (Some(bq), Some(bk), Some(bv)) = (&mut self.bq, &mut self.bk, &mut self.bv) {
+            backend.colocate(&mut [bq, bk, bv]);
+        }
+        backend.colocate(&mut [&mut self.w_gate, &mut self.w_up]);
+    }
+}
+
 pub struct DecoderWeights<B: Backend> {
     /// Shared: a drafter without embeddings uses its target's.
     pub tok_embd: Arc<B::Weight>,
@@ -260,7 +272,7 @@ impl<B: Backend> DecoderWeights<B> {
                     Ok(None)
                 }
             };
-            layers.push(LayerWeights {
+            let mut layer = LayerWeights {
                 attn_norm: loader.require(&n("attn_norm.weight"), &[d])?,
                 wq: loader.require(&n("attn_q.weight"), &[d, q])?,
                 wk: loader.require(&n("attn_k.weight"), &[d, kv])?,
@@ -277,7 +289,9 @@ impl<B: Backend> DecoderWeights<B> {
                 w_up: loader.require(&n("ffn_up.weight"), &[d, ff])?,
                 w_down: loader.require(&n("ffn_down.weight"), &[ff, d])?,
                 post_ffn_norm: post_norm(loader, "post_ffw_norm.weight")?,
-            });
+            };
+            layer.colocate(loader.backend);
+            layers.push(layer);
         }
         Ok(DecoderWeights {
             tok_embd,
