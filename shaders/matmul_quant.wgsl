@@ -26,7 +26,6 @@ struct Params {
     // in `w`, each a segment of `rows` output features, element i for
     // segment i.
     seg_rows: vec4<u32>,      // output features (its output's row length)
-    seg_ty: vec4<u32>,        // weight type (quant_blocks.wgsl's codes)
     seg_off: vec4<u32>,       // byte offset of its first row in `w`
     seg_row_bytes: vec4<u32>,
     seg_bias: vec4<u32>,      // index of its first bias in `bias`
@@ -152,6 +151,16 @@ fn matmul_q8_k(inv: Invocation) {
 // segment's type, stored (with its bias) into its segment's output. The
 // same sums as `matmul_quant` per weight.
 
+// The segments' weight types (quant_blocks.wgsl's codes), set per
+// pipeline: constants, so that only their decoders are compiled in.
+override TY0: u32 = 0u;
+override TY1: u32 = 0u;
+override TY2: u32 = 0u;
+
+fn segment_type(s: u32) -> u32 {
+    return select(select(TY2, TY1, s == 1u), TY0, s == 0u);
+}
+
 fn segment_of(o: u32) -> u32 {
     if o < p.seg_rows.x {
         return 0u;
@@ -187,7 +196,7 @@ fn matmul_stacked(inv: Invocation) {
     let live = at.o < p.rows;
     let s = segment_of(at.o);
     let o = at.o - segment_start(s);
-    let ty = p.seg_ty[s];
+    let ty = segment_type(s);
     let row = p.seg_off[s] + o * p.seg_row_bytes[s];
     let units = p.cols / 32u;
     for (var g = 0u; g < p.n; g += NR) {
@@ -227,11 +236,11 @@ fn matmul_stacked_gated(inv: Invocation) {
         var acc_u = array<f32, NR>();
         if live {
             for (var i = at.lane; i < units; i += LANES) {
-                let ug = decode_unit(p.seg_ty.x, row_g, i);
-                let uu = decode_unit(p.seg_ty.y, row_u, i);
+                let ug = decode_unit(TY0, row_g, i);
+                let uu = decode_unit(TY1, row_u, i);
                 for (var r = 0u; r < nr; r++) {
-                    acc_g[r] += unit_dot(p.seg_ty.x, ug, g + r, i);
-                    acc_u[r] += unit_dot(p.seg_ty.y, uu, g + r, i);
+                    acc_g[r] += unit_dot(TY0, ug, g + r, i);
+                    acc_u[r] += unit_dot(TY1, uu, g + r, i);
                 }
             }
         }

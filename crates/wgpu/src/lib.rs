@@ -165,7 +165,7 @@ fn grid(n: usize, per_group: usize) -> [u32; 3] {
 }
 
 fn kernel(file: &'static str, entry: &'static str) -> Kernel {
-    Kernel { file, entry }
+    Kernel::new(file, entry)
 }
 
 fn u(x: usize) -> u32 {

@@ -241,7 +241,6 @@ params! {
         _pad1: u32,
         _pad2: u32,
         seg_rows: [u32; 4],
-        seg_ty: [u32; 4],
         seg_off: [u32; 4],
         seg_row_bytes: [u32; 4],
         seg_bias: [u32; 4],

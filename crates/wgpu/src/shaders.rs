@@ -202,11 +202,25 @@ pub fn compiled_files() -> impl Iterator<Item = &'static str> {
         .filter(|n| !LIBRARIES.contains(n))
 }
 
-/// A kernel: an entry point of a shader file.
+/// A kernel: an entry point of a shader file, perhaps specialized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Kernel {
     pub file: &'static str,
     pub entry: &'static str,
+    /// Values of the file's `TY0`..`TY2` overrides (the weight types of a
+    /// stacked matmul's segments): the compiler then drops the decoders of
+    /// every other type, which a type read from the uniform would keep.
+    pub types: Option<[u32; 3]>,
+}
+
+impl Kernel {
+    pub const fn new(file: &'static str, entry: &'static str) -> Self {
+        Kernel {
+            file,
+            entry,
+            types: None,
+        }
+    }
 }
 
 /// Pipelines compiled on first use (startup stays fast and only the kernels
@@ -252,13 +266,17 @@ impl Pipelines {
                 })
                 .clone()
         };
+        let mut constants = self.constants.get(k.file).cloned().unwrap_or_default();
+        if let Some(types) = k.types {
+            constants.extend(["TY0", "TY1", "TY2"].into_iter().zip(types.map(f64::from)));
+        }
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(k.entry),
             layout: None,
             module: &module,
             entry_point: Some(k.entry),
             compilation_options: wgpu::PipelineCompilationOptions {
-                constants: self.constants.get(k.file).map_or(&[], |c| c.as_slice()),
+                constants: &constants,
                 ..Default::default()
             },
             cache: None,

@@ -89,25 +89,13 @@ struct TypeKernels {
 fn kernels(ty: GgmlType) -> Option<TypeKernels> {
     use GgmlType::*;
     let float = |mm, emb| TypeKernels {
-        matmul: Kernel {
-            file: "matmul_float.wgsl",
-            entry: mm,
-        },
-        embed: Kernel {
-            file: "embed.wgsl",
-            entry: emb,
-        },
+        matmul: Kernel::new("matmul_float.wgsl", mm),
+        embed: Kernel::new("embed.wgsl", emb),
         act: None,
     };
     let quant = |mm, emb, act| TypeKernels {
-        matmul: Kernel {
-            file: "matmul_quant.wgsl",
-            entry: mm,
-        },
-        embed: Kernel {
-            file: "embed.wgsl",
-            entry: emb,
-        },
+        matmul: Kernel::new("matmul_quant.wgsl", mm),
+        embed: Kernel::new("embed.wgsl", emb),
         act: Some(act),
     };
     let q8_0 = ActQuant::Q8_0 { q8_1_sums: false };
@@ -181,10 +169,7 @@ pub(crate) fn quantize_activations(
         _pad1: 0,
     };
     dev.dispatch(
-        Kernel {
-            file: "quantize.wgsl",
-            entry,
-        },
+        Kernel::new("quantize.wgsl", entry),
         &params,
         &[x, act],
         grid(n * chunks, 1),
@@ -386,7 +371,6 @@ impl WgpuWeight {
                         _pad1: 0,
                         _pad2: 0,
                         seg_rows: [0; 4],
-                        seg_ty: [0; 4],
                         seg_off: [0; 4],
                         seg_row_bytes: [0; 4],
                         seg_bias: [0; 4],
@@ -535,15 +519,16 @@ pub(crate) fn stacked_matmul(
         _pad1: 0,
         _pad2: 0,
         seg_rows: [0; 4],
-        seg_ty: [0; 4],
         seg_off: [0; 4],
         seg_row_bytes: [0; 4],
         seg_bias: [0; 4],
     };
+    // Unused segments repeat the first's type: one pipeline per type set.
+    let mut types = [shader_type(weights[0].ty).expect("checked above"); 3];
     for (i, w) in weights.iter().enumerate() {
         let part = &w.parts[0];
         p.seg_rows[i] = u(w.rows);
-        p.seg_ty[i] = shader_type(w.ty).expect("colocated: quantized");
+        types[i] = shader_type(w.ty).expect("colocated: quantized");
         p.seg_off[i] = u(part.offset as usize);
         p.seg_row_bytes[i] = u(w.row_bytes());
         if let Some(b) = &biases {
@@ -578,8 +563,8 @@ pub(crate) fn stacked_matmul(
     }
     dev.dispatch(
         Kernel {
-            file: "matmul_quant.wgsl",
-            entry,
+            types: Some(types),
+            ..Kernel::new("matmul_quant.wgsl", entry)
         },
         &p,
         &bindings,
