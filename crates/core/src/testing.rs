@@ -518,6 +518,48 @@ pub fn device_draft<B: crate::Backend>(
     Some((1..=drafted).map(|r| ids[r * 2] as u32).collect())
 }
 
+/// Dispatches a device backend records per decoder layer for a pass of
+/// `rows` rows (a decode step: 1; a verify: k) after a short prefill: the
+/// difference between synthetic `arch` models of 2 and 5 layers with
+/// matrices of `ty` (so the embedding, head and argmax cancel out), on a
+/// backend from `backend` each.
+pub async fn dispatches_per_layer<B: crate::Backend>(
+    backend: impl Fn() -> std::sync::Arc<B>,
+    arch: &str,
+    ty: GgmlType,
+    rows: usize,
+) -> u64 {
+    let mut counts = [0u64; 2];
+    for (count, n_layer) in counts.iter_mut().zip([2, 5]) {
+        let dims = SyntheticDims {
+            n_layer,
+            n_embd: 256,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_ff: 512,
+            n_vocab: 64,
+            window: 0,
+        };
+        let bytes = synthetic_decoder_of(arch, dims, 3, ty).bytes;
+        let file = blockdraft_gguf::GgufFile::from_bytes(bytes).expect("synthetic model");
+        let be = backend();
+        let dec = crate::model::Decoder::load(&file, be.clone(), &mut |_| {}).expect("load");
+        let mut state = dec.try_new_state(64, 16).expect("state");
+        let rows_of = crate::model::LogitRows::All;
+        dec.forward(&mut state, &[1, 2, 3, 4], rows_of, true, None)
+            .expect("prefill");
+        be.argmax(state.logits()).await;
+        let before = be.command_counts().expect("a device backend").dispatches;
+        let tokens: Vec<u32> = (5..5 + rows as u32).collect();
+        dec.forward(&mut state, &tokens, rows_of, true, None)
+            .expect("pass");
+        be.argmax(state.logits()).await;
+        *count = be.command_counts().expect("a device backend").dispatches - before;
+    }
+    (counts[1] - counts[0]) / 3
+}
+
 /// Plain greedy decoding of `n` tokens after `prompt` (the reference every
 /// speculative and cross-backend test compares with).
 pub fn greedy_plain<B: crate::Backend>(

@@ -4,7 +4,8 @@
 //! generation of synthetic qwen2 and gemma3 models token-identical to the
 //! CPU backend; and greedy DFlash speculative decoding, drafted on the
 //! device, identical to plain decoding; a model streamed onto WebGPU
-//! tensor by tensor, never whole in wasm memory. `tests/run.sh` runs it with
+//! tensor by tensor, never whole in wasm memory; at most 9 dispatches per
+//! decoder layer, as natively. `tests/run.sh` runs it with
 //! `wasm-bindgen-test-runner` and chromedriver (flags in webdriver.json).
 #![cfg(target_arch = "wasm32")]
 
@@ -13,8 +14,8 @@ use blockdraft_core::model::{Decoder, ModelConfig, StreamingLoad};
 use blockdraft_core::sampling::SamplingParams;
 use blockdraft_core::speculative::{DFlashDrafter, DFlashModel, PolicyConfig};
 use blockdraft_core::testing::{
-    greedy_plain_async, greedy_speculative_async, plain_in_state, synthetic_decoder,
-    synthetic_dflash, SyntheticDFlash, SyntheticDims,
+    dispatches_per_layer, greedy_plain_async, greedy_speculative_async, plain_in_state,
+    synthetic_decoder, synthetic_dflash, SyntheticDFlash, SyntheticDims,
 };
 use blockdraft_core::ModelError;
 use blockdraft_cpu::CpuBackend;
@@ -94,6 +95,24 @@ async fn synthetic_models_generate_what_the_cpu_backend_generates() {
         );
         assert_eq!(gpu.backend.take_device_error(), None, "{arch}");
     }
+}
+
+/// The command stream in the browser as natively: a decoder layer is at
+/// most 9 dispatches for a decode step and for a verify of 8 rows.
+#[wasm_bindgen_test]
+async fn a_decoder_layer_is_at_most_nine_dispatches() {
+    let gpu = Arc::new(webgpu().await);
+    for (arch, ty) in [("qwen2", GgmlType::Q5_0), ("llama", GgmlType::Q4_K)] {
+        for rows in [1, 8] {
+            let per_layer = dispatches_per_layer(|| gpu.clone(), arch, ty, rows).await;
+            wasm_bindgen_test::console_log!("{arch} {ty}, {rows} rows: {per_layer} per layer");
+            assert!(
+                per_layer <= 9,
+                "{arch} {ty}, {rows} rows: {per_layer} per layer"
+            );
+        }
+    }
+    assert_eq!(gpu.take_device_error(), None);
 }
 
 /// Six greedy tokens after `prompt` in a state of the CLI's 256 rows.

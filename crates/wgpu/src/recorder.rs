@@ -184,6 +184,9 @@ pub(crate) struct Device {
     /// Output features per workgroup of the matmuls (64 / LANES of
     /// matmul_rows.wgsl).
     pub matmul_features_per_group: usize,
+    /// A small buffer for a writable binding a pass never writes: WebGPU
+    /// refuses two writable bindings of one buffer in a bind group.
+    pub unused_output: wgpu::Buffer,
 }
 
 impl Device {
@@ -201,7 +204,14 @@ impl Device {
             subgroups: tuning.subgroups,
             f16: tuning.f16,
         };
+        let unused_output = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("unused output"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
         Device {
+            unused_output,
             errors,
             pipelines: Pipelines::new(features, constants.into_iter().collect()),
             matmul_features_per_group: 64 / lanes as usize,

@@ -558,7 +558,8 @@ pub(crate) fn stacked_matmul(
         // Without biases the kernel reads none: any small read-only range
         // will do. A missing third output is never written.
         let bias = bias_buffer.map_or(Binding::head(buffer, 4), Binding::whole);
-        let out = |i: usize| segments.get(i).map_or(segments[0].out, |s| s.out);
+        let unused = Binding::whole(&dev.unused_output);
+        let out = |i: usize| segments.get(i).map_or(unused, |s| s.out);
         bindings.extend([bias, out(1), out(2)]);
     }
     dev.dispatch(

@@ -11,9 +11,9 @@ use blockdraft_core::speculative::{
 };
 use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
-    device_draft, greedy_plain, greedy_speculative, observed_block_drafters, real_model,
-    sampled_plain, sampled_speculative, synthetic_block_drafters, synthetic_decoder,
-    synthetic_decoder_of, synthetic_dflash, SyntheticDFlash, SyntheticDims,
+    device_draft, dispatches_per_layer, greedy_plain, greedy_speculative, observed_block_drafters,
+    real_model, sampled_plain, sampled_speculative, synthetic_block_drafters, synthetic_decoder,
+    synthetic_dflash, SyntheticDFlash, SyntheticDims,
 };
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile};
@@ -94,34 +94,9 @@ fn plain_decoding_submits_once_and_reads_back_once_per_token() {
 /// `attention_step`), mixed types in one stack included.
 #[test]
 fn a_decoder_layer_is_at_most_nine_dispatches() {
-    fn dispatches(arch: &str, ty: GgmlType, n_layer: usize, rows: usize) -> u64 {
-        let dims = SyntheticDims {
-            n_layer,
-            n_embd: 256,
-            n_head: 4,
-            n_head_kv: 2,
-            head_dim: 64,
-            n_ff: 512,
-            n_vocab: 64,
-            window: 0,
-        };
-        let file = GgufFile::from_bytes(synthetic_decoder_of(arch, dims, 3, ty).bytes).unwrap();
-        let be = gpu();
-        let dec = load(&file, be.clone());
-        let mut state = dec.try_new_state(64, 16).unwrap();
-        dec.forward(&mut state, &[1, 2, 3, 4], LogitRows::Last, true, None)
-            .unwrap();
-        block_on(be.argmax(state.logits()));
-        let before = be.counters();
-        let tokens: Vec<u32> = (5..5 + rows as u32).collect();
-        dec.forward(&mut state, &tokens, LogitRows::All, true, None)
-            .unwrap();
-        block_on(be.argmax(state.logits()));
-        be.counters().dispatches - before.dispatches
-    }
     for (arch, ty) in [("qwen2", GgmlType::Q5_0), ("llama", GgmlType::Q4_K)] {
         for rows in [1, 8] {
-            let per_layer = (dispatches(arch, ty, 5, rows) - dispatches(arch, ty, 2, rows)) / 3;
+            let per_layer = block_on(dispatches_per_layer(gpu, arch, ty, rows));
             eprintln!("{arch} {ty}, {rows} rows: {per_layer} dispatches per layer");
             assert!(
                 per_layer <= 9,
