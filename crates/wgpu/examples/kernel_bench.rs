@@ -70,6 +70,7 @@ fn main() {
             matmul_lanes: lanes,
             subgroups: false,
             f16: false,
+            ..detected
         });
         if shape == "adapter" {
             println!("{}", fast.adapter_info());

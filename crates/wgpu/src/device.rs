@@ -81,6 +81,11 @@ pub struct Tuning {
     pub subgroups: bool,
     /// f16 decoded by the shader's f16 type (needs `shader-f16`).
     pub f16: bool,
+    /// Dispatches per submit at most (0: none before a readback). A GPU
+    /// starts on a submitted piece while the host records the rest (as
+    /// llama.cpp's WebGPU backend submits every 64); an emulated adapter
+    /// has no such overlap to gain and runs fastest with one.
+    pub submit_every: u32,
 }
 
 impl Tuning {
@@ -90,6 +95,7 @@ impl Tuning {
         matmul_lanes: 16,
         subgroups: false,
         f16: false,
+        submit_every: 64,
     };
 
     /// Portable shapes for CPU-emulated adapters (lavapipe, SwiftShader),
@@ -98,6 +104,7 @@ impl Tuning {
         matmul_lanes: 1,
         subgroups: false,
         f16: false,
+        submit_every: 0,
     };
 
     /// The shapes for `gpu`'s kind of adapter, with every fast path it has.
@@ -128,6 +135,7 @@ impl Tuning {
             },
             subgroups,
             f16: self.f16 && gpu.features.contains(wgpu::Features::SHADER_F16),
+            submit_every: self.submit_every,
         }
     }
 }

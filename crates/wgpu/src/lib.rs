@@ -4,10 +4,12 @@
 //! (Vulkan, Metal, DX12, or a software Vulkan such as Mesa's lavapipe) and
 //! in the browser.
 //!
-//! Ops record dispatches into one command encoder; a readback (`read`,
-//! `argmax`) submits everything recorded since the last one and awaits it.
-//! Plain decoding therefore costs one submit and one small readback per
-//! token. [`WgpuBackend::counters`] exposes what crossed the boundary.
+//! Ops record dispatches into one command encoder and one open compute
+//! pass, on a GPU submitted every 64 dispatches (it starts on them while
+//! the rest is recorded; [`Tuning::submit_every`]); a readback (`read`, `argmax`) submits everything
+//! recorded since the last submit and awaits it. Plain decoding therefore
+//! costs one small readback per token. [`WgpuBackend::counters`] exposes
+//! what crossed the boundary.
 //!
 //! Weights stay in their GGUF type. A quantized matmul first quantizes the
 //! activations on the GPU exactly as the CPU backend does (`quantize.wgsl`,

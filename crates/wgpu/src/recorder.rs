@@ -167,6 +167,8 @@ pub(crate) struct Recorder {
     bind_groups: HashMap<BindKey, wgpu::BindGroup>,
     /// Readback buffers not in use.
     staging: Vec<wgpu::Buffer>,
+    /// Dispatches recorded since the last submit.
+    since_submit: usize,
 }
 
 /// The device side shared by every op.
@@ -187,6 +189,8 @@ pub(crate) struct Device {
     /// A small buffer for a writable binding a pass never writes: WebGPU
     /// refuses two writable bindings of one buffer in a bind group.
     pub unused_output: wgpu::Buffer,
+    /// [`Tuning::submit_every`] (`usize::MAX` for 0).
+    submit_every: usize,
 }
 
 impl Device {
@@ -211,6 +215,10 @@ impl Device {
             mapped_at_creation: false,
         });
         Device {
+            submit_every: match tuning.submit_every {
+                0 => usize::MAX,
+                n => n as usize,
+            },
             unused_output,
             errors,
             pipelines: Pipelines::new(features, constants.into_iter().collect()),
@@ -333,6 +341,10 @@ impl Device {
         }
         rec.pass_kernel = Some(kernel);
         AtomicCounters::add(&self.counters.dispatches);
+        rec.since_submit += 1;
+        if rec.since_submit >= self.submit_every {
+            self.submit(&mut rec);
+        }
     }
 
     fn create_bind_group(
@@ -428,6 +440,7 @@ impl Device {
             }
         }
         rec.current = 0;
+        rec.since_submit = 0;
         rec.end_pass();
         if let Some(mut enc) = rec.encoder.take() {
             if let Some(p) = &self.profiler {
