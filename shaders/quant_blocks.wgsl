@@ -323,7 +323,13 @@ fn lane(x: u32, k: u32) -> i32 {
 }
 
 // Integer dot of two packed-i8 words.
+#if DOT4
+fn dot4(a: u32, b: u32) -> i32 {
+    return dot4I8Packed(a, b);
+}
+#else
 fn dot4(a: u32, b: u32) -> i32 {
     return lane(a, 0u) * lane(b, 0u) + lane(a, 1u) * lane(b, 1u)
         + lane(a, 2u) * lane(b, 2u) + lane(a, 3u) * lane(b, 3u);
 }
+#endif

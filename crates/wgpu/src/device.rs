@@ -9,6 +9,9 @@ pub struct Gpu {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
+    /// WGSL's `dot4I8Packed` is available (a language extension: naga
+    /// always has it, browsers since Chrome 123).
+    pub dot4: bool,
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
     pub errors: DeviceErrors,
@@ -81,6 +84,9 @@ pub struct Tuning {
     pub subgroups: bool,
     /// f16 decoded by the shader's f16 type (needs `shader-f16`).
     pub f16: bool,
+    /// Int8 dots by `dot4I8Packed` (needs WGSL's
+    /// `packed_4x8_integer_dot_product`).
+    pub dot4: bool,
     /// Dispatches per submit at most (0: none before a readback). A GPU
     /// starts on a submitted piece while the host records the rest (as
     /// llama.cpp's WebGPU backend submits every 64); an emulated adapter
@@ -95,6 +101,7 @@ impl Tuning {
         matmul_lanes: 16,
         subgroups: false,
         f16: false,
+        dot4: false,
         submit_every: 64,
     };
 
@@ -104,12 +111,14 @@ impl Tuning {
         matmul_lanes: 1,
         subgroups: false,
         f16: false,
+        dot4: false,
         submit_every: 0,
     };
 
     /// The shapes for `gpu`'s kind of adapter, with every fast path it has.
     pub fn for_gpu(gpu: &Gpu) -> Tuning {
-        let base = if gpu.info.device_type == wgpu::DeviceType::Cpu {
+        let emulated = gpu.info.device_type == wgpu::DeviceType::Cpu;
+        let base = if emulated {
             Self::CPU_ADAPTER
         } else {
             Self::GPU
@@ -117,6 +126,10 @@ impl Tuning {
         Tuning {
             subgroups: true,
             f16: true,
+            // DP4A helps NVIDIA, AMD and Intel GPUs. Apple's have none and
+            // run the builtin slower than four products (llama.cpp keeps
+            // it off there), and so does lavapipe (SmolLM2 decode 9 %).
+            dot4: !emulated && gpu.info.vendor != APPLE,
             ..base
         }
         .supported_by(gpu)
@@ -135,10 +148,14 @@ impl Tuning {
             },
             subgroups,
             f16: self.f16 && gpu.features.contains(wgpu::Features::SHADER_F16),
+            dot4: self.dot4 && gpu.dot4,
             submit_every: self.submit_every,
         }
     }
 }
+
+/// Apple's PCI vendor id.
+const APPLE: u32 = 0x106b;
 
 impl Gpu {
     /// The default adapter of this platform (natively Vulkan, Metal or DX12;
@@ -158,10 +175,15 @@ impl Gpu {
                      (e.g. Debian's mesa-vulkan-drivers for a software one)"
                 ))
             })?;
-        Self::from_adapter(adapter).await
+        let dot4 = instance
+            .wgsl_language_features()
+            .contains(wgpu::WgslLanguageFeatures::Packed4x8IntegerDotProduct);
+        Self::from_adapter(adapter, dot4).await
     }
 
-    pub async fn from_adapter(adapter: wgpu::Adapter) -> Result<Gpu, BackendError> {
+    /// A device of `adapter`, `dot4` telling whether its WGSL has
+    /// `dot4I8Packed`.
+    pub async fn from_adapter(adapter: wgpu::Adapter, dot4: bool) -> Result<Gpu, BackendError> {
         let info = adapter.get_info();
         let limits = adapter.limits();
         // Fast paths are chosen at run time; no kernel requires these.
@@ -199,6 +221,7 @@ impl Gpu {
             device,
             queue,
             info,
+            dot4,
             limits,
             features,
             errors,
@@ -210,7 +233,8 @@ impl Gpu {
         let l = &self.limits;
         format!(
             "{} ({:?}, {:?}, driver {} {}); max storage binding {} MiB, max buffer {} MiB, \
-             {} invocations/workgroup, {} storage buffers/stage; f16 {}, subgroups {} (size {}..{})",
+             {} invocations/workgroup, {} storage buffers/stage; f16 {}, subgroups {} (size {}..{}), \
+             dot4I8Packed {}",
             self.info.name,
             self.info.backend,
             self.info.device_type,
@@ -224,6 +248,7 @@ impl Gpu {
             self.features.contains(wgpu::Features::SUBGROUP),
             self.info.subgroup_min_size,
             self.info.subgroup_max_size,
+            self.dot4,
         )
     }
 }

@@ -404,7 +404,7 @@ mod tests {
     fn params_match_their_shaders() {
         for layout in ALL {
             for &file in layout.shaders {
-                for features in ShaderFeatures::ALL {
+                for features in ShaderFeatures::all() {
                     let at = format!("params::{} vs {file} ({features:?})", layout.name);
                     let (members, size) = wgsl_params(file, features)
                         .unwrap_or_else(|| panic!("{at}: the shader has no `struct Params`"));

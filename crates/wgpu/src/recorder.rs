@@ -207,6 +207,7 @@ impl Device {
         let features = ShaderFeatures {
             subgroups: tuning.subgroups,
             f16: tuning.f16,
+            dot4: tuning.dot4,
         };
         let unused_output = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("unused output"),

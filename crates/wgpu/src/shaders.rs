@@ -107,33 +107,27 @@ pub struct ShaderFeatures {
     /// f16 weights read as the device's f16 type instead of decoded bit by
     /// bit (WebGPU's `shader-f16`).
     pub f16: bool,
+    /// Integer dots of four packed i8 by WGSL's `dot4I8Packed` (DP4A where
+    /// the GPU has it) instead of four products (the language extension
+    /// `packed_4x8_integer_dot_product`).
+    pub dot4: bool,
 }
 
 impl ShaderFeatures {
     /// Every combination, for tests that validate each variant.
-    pub const ALL: [ShaderFeatures; 4] = [
-        ShaderFeatures {
-            subgroups: false,
-            f16: false,
-        },
-        ShaderFeatures {
-            subgroups: true,
-            f16: false,
-        },
-        ShaderFeatures {
-            subgroups: false,
-            f16: true,
-        },
-        ShaderFeatures {
-            subgroups: true,
-            f16: true,
-        },
-    ];
+    pub fn all() -> [ShaderFeatures; 8] {
+        std::array::from_fn(|bits| ShaderFeatures {
+            subgroups: bits & 1 != 0,
+            f16: bits & 2 != 0,
+            dot4: bits & 4 != 0,
+        })
+    }
 
     fn has(self, name: &str) -> Option<bool> {
         match name {
             "SUBGROUPS" => Some(self.subgroups),
             "F16" => Some(self.f16),
+            "DOT4" => Some(self.dot4),
             _ => None,
         }
     }
@@ -151,6 +145,9 @@ pub fn preprocessed(file: &str, features: ShaderFeatures) -> Option<String> {
     // capability from the device feature instead.
     if features.subgroups && cfg!(target_arch = "wasm32") {
         out.push_str("enable subgroups;\n");
+    }
+    if features.dot4 {
+        out.push_str("requires packed_4x8_integer_dot_product;\n");
     }
     expand(file, features, &mut out)?;
     Some(out)
@@ -295,7 +292,7 @@ mod tests {
     #[test]
     fn every_shader_validates_with_naga() {
         use naga::valid::{Capabilities, ShaderStages, SubgroupOperationSet, Validator};
-        for features in ShaderFeatures::ALL {
+        for features in ShaderFeatures::all() {
             let mut caps = Capabilities::empty();
             caps.set(Capabilities::SUBGROUP, features.subgroups);
             caps.set(Capabilities::SHADER_FLOAT16, features.f16);
@@ -326,6 +323,7 @@ mod tests {
                 ShaderFeatures {
                     subgroups: true,
                     f16: false,
+                    dot4: false,
                 },
             ),
             (
@@ -333,6 +331,7 @@ mod tests {
                 ShaderFeatures {
                     subgroups: true,
                     f16: false,
+                    dot4: false,
                 },
             ),
             (
@@ -340,6 +339,15 @@ mod tests {
                 ShaderFeatures {
                     subgroups: false,
                     f16: true,
+                    dot4: false,
+                },
+            ),
+            (
+                "matmul_quant.wgsl",
+                ShaderFeatures {
+                    subgroups: false,
+                    f16: false,
+                    dot4: true,
                 },
             ),
         ] {
@@ -355,6 +363,7 @@ mod tests {
             ShaderFeatures {
                 subgroups: false,
                 f16: true,
+                dot4: false,
             },
         );
         assert!(f16.unwrap().starts_with("enable f16;"));

@@ -39,11 +39,13 @@ mod gpu_tuning {
             let fast = Tuning {
                 subgroups: true,
                 f16: true,
+                dot4: true,
                 ..Tuning::GPU
             };
             let backend = WgpuBackend::with_tuning(gpu, fast);
             if backend.adapter_info().contains("llvmpipe") {
-                assert!(backend.tuning().subgroups && backend.tuning().matmul_lanes > 1);
+                let t = backend.tuning();
+                assert!(t.subgroups && t.dot4 && t.matmul_lanes > 1, "{t:?}");
             }
             backend
         }

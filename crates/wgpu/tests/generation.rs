@@ -110,7 +110,10 @@ fn plain_decoding_reads_back_once_per_token_in_submits_of_any_size() {
         if every == 0 {
             assert_eq!(submits, readbacks, "{c:?}");
         } else {
-            assert!(submits >= dispatches / 16, "a submit per 16 dispatches: {c:?}");
+            assert!(
+                submits >= dispatches / 16,
+                "a submit per 16 dispatches: {c:?}"
+            );
             assert_chunked_submits(&before, &c, n as u64, "plain decoding, chunked");
         }
         eprintln!(
