@@ -4,6 +4,7 @@
 //! stops the measuring and prints what was measured so far (`--json` stays
 //! one valid object, with `"interrupted": true`), then exits with 130.
 
+mod gpu_model;
 mod memory;
 
 use super::median;
@@ -60,6 +61,11 @@ pub struct Args {
     pub depth: Vec<usize>,
     #[arg(long = "json")]
     pub json: bool,
+    /// With a device backend: also the decode speed its command stream
+    /// would have on this GPU class (weight bytes at its bandwidth plus a
+    /// floor per dispatch and per readback; see bench/gpu_model.rs).
+    #[arg(long = "gpu-profile", value_enum)]
+    pub gpu_profile: Option<gpu_model::GpuProfile>,
     /// Benchmark speculative against plain decoding with this drafter
     /// (see `run --draft`), side by side on --prompt-text.
     #[command(flatten)]
@@ -271,6 +277,10 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
     let gbps = decode_tps.map(|t| t * bytes as f64 / 1e9);
     let bandwidth_fraction = gbps.zip(read_gbps).map(|(d, r)| d / r);
     let rss = peak_rss.get();
+    let modelled = args
+        .gpu_profile
+        .zip(commands)
+        .map(|(p, c)| (p, gpu_model::predict(p, &c, args.n_gen as u64, bytes)));
 
     if args.json {
         crate::out::println(json!({
@@ -295,6 +305,11 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
                 "submits": c.submits as f64 / args.n_gen as f64,
                 "bind_groups_created": c.bind_groups as f64 / args.n_gen as f64,
                 "readbacks": c.readbacks as f64 / args.n_gen as f64,
+            })),
+            "gpu_model": modelled.map(|(p, m)| json!({
+                "profile": p.describe(),
+                "decode_tokens_per_second": m.tokens_per_second,
+                "overhead_fraction": m.overhead_fraction,
             })),
             "verify": curve_json(&verify),
             "parallel": parallel
@@ -358,6 +373,15 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
             per(c.submits),
             per(c.bind_groups),
             per(c.readbacks)
+        );
+    }
+    if let Some((p, m)) = modelled {
+        let _ = writeln!(
+            out,
+            "modelled on {}: decode {:.1} tok/s, {:.0} % of it dispatch and readback overhead",
+            p.describe(),
+            m.tokens_per_second,
+            m.overhead_fraction * 100.0
         );
     }
     if let Some((timings, tps)) = &kernels {
