@@ -5,12 +5,13 @@
 //! CPU backend; and greedy DFlash speculative decoding, drafted on the
 //! device, identical to plain decoding; a model streamed onto WebGPU
 //! tensor by tensor, never whole in wasm memory; at most 9 dispatches per
-//! decoder layer, as natively. `tests/run.sh` runs it with
+//! decoder layer, one pass per submit and no bind group created per warm
+//! decode step, as natively. `tests/run.sh` runs it with
 //! `wasm-bindgen-test-runner` and chromedriver (flags in webdriver.json).
 #![cfg(target_arch = "wasm32")]
 
 use blockdraft_core::backend::prelude::*;
-use blockdraft_core::model::{Decoder, ModelConfig, StreamingLoad};
+use blockdraft_core::model::{Decoder, LogitRows, ModelConfig, StreamingLoad};
 use blockdraft_core::sampling::SamplingParams;
 use blockdraft_core::speculative::{DFlashDrafter, DFlashModel, PolicyConfig};
 use blockdraft_core::testing::{
@@ -113,6 +114,42 @@ async fn a_decoder_layer_is_at_most_nine_dispatches() {
         }
     }
     assert_eq!(gpu.take_device_error(), None);
+}
+
+/// What a decode step costs the host once warm, in the browser as
+/// natively: at most one compute pass per submit, one readback, and no
+/// bind group created.
+#[wasm_bindgen_test]
+async fn warm_decode_steps_keep_one_pass_per_submit_and_create_no_bind_groups() {
+    let m = synthetic_decoder("qwen2", SyntheticDims::default(), 22);
+    let file = GgufFile::from_bytes(m.bytes).unwrap();
+    let dec = load(&file, webgpu().await);
+    let be = dec.backend.clone();
+    let mut state = dec.try_new_state(64, 16).unwrap();
+    let mut next = 1;
+    let mut counts = Vec::new();
+    for step in 0..12 {
+        let tokens = if step == 0 {
+            vec![1, 2, 3, 4]
+        } else {
+            vec![next]
+        };
+        dec.forward(&mut state, &tokens, LogitRows::Last, true, None)
+            .unwrap();
+        next = be.argmax(state.logits()).await[0];
+        counts.push(be.counters());
+    }
+    let (before, after) = (&counts[3], &counts[11]);
+    assert_eq!(after.readbacks - before.readbacks, 8, "{after:?}");
+    assert!(
+        after.passes - before.passes <= after.submits - before.submits,
+        "{after:?}"
+    );
+    assert_eq!(
+        after.bind_groups, before.bind_groups,
+        "bind groups created: {after:?}"
+    );
+    assert_eq!(be.take_device_error(), None);
 }
 
 /// Six greedy tokens after `prompt` in a state of the CLI's 256 rows.
