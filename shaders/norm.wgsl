@@ -61,6 +61,23 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     }
 }
 
+// `out += rms_norm(x) · weight` over whole rows (`group` is the row
+// length): a residual branch added through its post-norm, the same f32
+// operations as `rms_norm` then `add`.
+@compute @workgroup_size(256)
+fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let row = group_index(wid, nwg);
+    if row >= p.n_slices {
+        return;
+    }
+    let base = row * p.group;
+    let scale = inverse_rms(lid, base);
+    for (var i = lid; i < p.group; i += WG) {
+        out[base + i] = out[base + i] + (x[base + i] * scale) * weight[i];
+    }
+}
+
 // Whole rows (`group` is the row length), normalized as `rms_norm` does,
 // each value also quantized as `quantize.wgsl` would, 256 at a time.
 fn rms_norm_quantize(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, k_quant: bool) {

@@ -449,6 +449,30 @@ pub async fn rms_norm<B: Backend, R: Backend>(be: &B, reference: &R) {
         let (w, wr) = (load(be, &file), load(reference, &file));
         let what = format!("rms_norm {rows}x{cols}/{group}");
         check_rms_norm(be, reference, (&w, &wr), &x, (rows, cols, group), &what).await;
+        if group == cols {
+            // A residual branch added through its post-norm.
+            let start = uniform(&mut rng, rows * cols, 2.0);
+            let mut acc = tensor(be, rows, cols, &start);
+            let mut scratch = be.tensor(rows, cols);
+            be.add_normed(
+                &mut acc,
+                &tensor(be, rows, cols, &x),
+                &w,
+                1e-6,
+                &mut scratch,
+            );
+            let mut want = tensor(reference, rows, cols, &start);
+            let mut normed = reference.tensor(rows, cols);
+            let xr = tensor(reference, rows, cols, &x);
+            reference.rms_norm(&xr, &wr, cols, 1e-6, &mut normed);
+            reference.add(&mut want, &normed);
+            assert_close(
+                &format!("add_normed {rows}x{cols}"),
+                &be.read(&acc).await,
+                &reference.read(&want).await,
+                1e-5,
+            );
+        }
     }
 }
 
@@ -1328,6 +1352,9 @@ pub async fn default_compositions<B: Backend>(be: &B) -> Vec<&'static str> {
         step,
         &mut attended,
     );
+    let (mut residual, branch, mut scratch) = (t(2, 8), t(2, 8), t(2, 8));
+    let norm_w = load(be, &weight_file(GgmlType::F32, 1, 8, 80));
+    be.add_normed(&mut residual, &branch, &norm_w, 1e-6, &mut scratch);
 
     let file = weight_file(GgmlType::F32, 4, 8, 78);
     let w = load(be, &file);

@@ -13,6 +13,7 @@ fn default_compositions() {
     blockdraft_core::conformance::check_default_compositions(
         &CpuBackend::new(2),
         &[
+            "add_normed",
             "add_slices",
             "attention_step",
             "gated_projection",

@@ -24,6 +24,7 @@ fn default_compositions() {
     blockdraft_core::conformance::check_default_compositions(
         &be,
         &[
+            "add_normed",
             "argmax",
             "attention_step",
             "gated_projection",

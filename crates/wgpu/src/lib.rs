@@ -724,6 +724,39 @@ impl ElementwiseOps for WgpuBackend {
         );
     }
 
+    fn add_normed(
+        &self,
+        x: &mut WgpuTensor,
+        y: &WgpuTensor,
+        weight: &WgpuWeight,
+        eps: f32,
+        _scratch: &mut WgpuTensor,
+    ) {
+        assert!(
+            (x.rows, x.cols) == (y.rows, y.cols) && weight.cols() == y.cols,
+            "add_normed shapes"
+        );
+        if y.rows == 0 {
+            return;
+        }
+        let params = params::Norm {
+            group: u(y.cols),
+            n_slices: u(y.rows),
+            eps,
+            q8_1_sums: 0,
+            d_off: 0,
+            s_off: 0,
+            _pad0: 0,
+            _pad1: 0,
+        };
+        self.dev.dispatch(
+            kernel("norm.wgsl", "add_rms_norm"),
+            &params,
+            &[y.binding(), weight.dense_binding(), x.binding()],
+            grid(y.rows, 1),
+        );
+    }
+
     fn rope(&self, x: &mut WgpuTensor, pos0: usize, p: RopeParams) {
         let half = p.n_rot / 2;
         if half == 0 || x.rows == 0 {

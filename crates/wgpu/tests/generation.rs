@@ -129,17 +129,24 @@ fn plain_decoding_reads_back_once_per_token_in_submits_of_any_size() {
 /// Dispatches per decoder layer of a decode step and of a verify of 8
 /// rows, from the difference between models of 2 and 5 layers (the head,
 /// embedding and argmax cancel out), for quantized models as the real ones
-/// are: Qwen2 (biases; Q5_0, a 32-block type) and Llama (Q4_K). The op
-/// suite checks the values of each fused pass (`normed_projections`,
-/// `attention_step`), mixed types in one stack included.
+/// are: Qwen2 (biases; Q5_0, a 32-block type), Llama and Gemma 3 (Q4_K).
+/// The op suite checks the values of each fused pass
+/// (`normed_projections`, `attention_step`, `add_normed`), mixed types in
+/// one stack included.
 #[test]
-fn a_decoder_layer_is_at_most_nine_dispatches() {
-    for (arch, ty) in [("qwen2", GgmlType::Q5_0), ("llama", GgmlType::Q4_K)] {
+fn a_decoder_layer_is_nine_dispatches_thirteen_for_gemma() {
+    // Gemma 3 adds its q/k norms and its two post-norms (each added to
+    // the residual stream in the norm's pass).
+    for (arch, ty, most) in [
+        ("qwen2", GgmlType::Q5_0, 9),
+        ("llama", GgmlType::Q4_K, 9),
+        ("gemma3", GgmlType::Q4_K, 13),
+    ] {
         for rows in [1, 8] {
             let per_layer = block_on(dispatches_per_layer(gpu, arch, ty, rows));
             eprintln!("{arch} {ty}, {rows} rows: {per_layer} dispatches per layer");
             assert!(
-                per_layer <= 9,
+                per_layer <= most,
                 "{arch} {ty}, {rows} rows: {per_layer} per layer"
             );
         }

@@ -13,6 +13,23 @@ pub trait ElementwiseOps: Device {
         eps: f32,
         out: &mut Self::Tensor,
     );
+    /// `x += rms_norm(y) · weight` over whole rows: a residual branch's
+    /// output added through its post-norm (Gemma 3). The default normalizes
+    /// into `scratch` (`y`'s shape), then adds; a backend may do both in
+    /// one pass.
+    fn add_normed(
+        &self,
+        x: &mut Self::Tensor,
+        y: &Self::Tensor,
+        weight: &Self::Weight,
+        eps: f32,
+        scratch: &mut Self::Tensor,
+    ) {
+        super::composed::note::<Self>("add_normed");
+        let cols = self.shape(y).1;
+        self.rms_norm(y, weight, cols, eps, scratch);
+        self.add(x, scratch);
+    }
     /// In-place rotary embedding; row `i` has position `pos0 + i`.
     fn rope(&self, x: &mut Self::Tensor, pos0: usize, p: RopeParams);
     /// Rotates a layer's queries and keys, rows at positions `pos0..`

@@ -599,8 +599,7 @@ impl<B: Backend> Decoder<B> {
     fn add_branch(&self, s: &mut Scratch<B>, post_norm: Option<&B::Weight>) {
         let (cfg, be) = (&self.config, &*self.backend);
         if let Some(pn) = post_norm {
-            be.rms_norm(&s.o, pn, cfg.n_embd, cfg.rms_eps, &mut s.xn);
-            be.add(&mut s.x, &s.xn);
+            be.add_normed(&mut s.x, &s.o, pn, cfg.rms_eps, &mut s.xn);
         } else {
             be.add(&mut s.x, &s.o);
         }
