@@ -128,22 +128,16 @@ pub fn flash_attention_f16(
     p: AttentionParams,
     out: &mut [f32],
 ) {
-    let d = p.head_dim;
-    let q_cols = p.n_head * d;
-    let kv_cols = p.n_head_kv * d;
-    let n_rows = q.len() / q_cols;
-    let group = p.n_head / p.n_head_kv;
-    assert!(
-        out.len() >= n_rows * q_cols
-            && k.len() >= mask.kv_len * kv_cols
-            && v.len() >= mask.kv_len * kv_cols
-    );
-    let threads = pool.n_threads();
+    let PassPlan {
+        d,
+        q_cols,
+        kv_cols,
+        group,
+        threads,
+        splits,
+        ..
+    } = PassPlan::new(pool, (q, k, v, out), mask, p);
     let visible = |r: usize| visible_keys(mask, r);
-    let splits: Vec<Split> = (0..n_rows)
-        .map(|r| Split::for_row(visible(r).1, threads))
-        .collect();
-
     let (partial_at, mut partials) = split_partials(&splits, p.n_head, d);
 
     // Enough tasks to keep every thread busy; otherwise as many heads per
@@ -238,6 +232,52 @@ pub fn flash_attention_f16(
     pool.run(tasks.len(), &run);
 
     merge_split_rows(pool, &splits, &partial_at, &partials, p, &shared_out);
+}
+
+/// The checked shapes of an attention pass over an f16 cache (`q`, `k`,
+/// `v`, `out` as the kernels take them) and each row's split of its
+/// visible keys across the pool's threads: what both kernels start from.
+pub(super) struct PassPlan {
+    pub d: usize,
+    pub q_cols: usize,
+    pub kv_cols: usize,
+    pub n_rows: usize,
+    /// Query heads per KV head.
+    pub group: usize,
+    pub threads: usize,
+    pub splits: Vec<Split>,
+}
+
+impl PassPlan {
+    pub(super) fn new(
+        pool: &ThreadPool,
+        (q, k, v, out): (&[f32], &[f16], &[f16], &[f32]),
+        mask: AttentionMask,
+        p: AttentionParams,
+    ) -> Self {
+        let d = p.head_dim;
+        let q_cols = p.n_head * d;
+        let kv_cols = p.n_head_kv * d;
+        let n_rows = q.len() / q_cols;
+        assert!(
+            out.len() >= n_rows * q_cols
+                && k.len() >= mask.kv_len * kv_cols
+                && v.len() >= mask.kv_len * kv_cols
+        );
+        let threads = pool.n_threads();
+        let splits = (0..n_rows)
+            .map(|r| Split::for_row(visible_keys(mask, r).1, threads))
+            .collect();
+        PassPlan {
+            d,
+            q_cols,
+            kv_cols,
+            n_rows,
+            group: p.n_head / p.n_head_kv,
+            threads,
+            splits,
+        }
+    }
 }
 
 /// Where each split row's per-(head, chunk) partials lie in one buffer

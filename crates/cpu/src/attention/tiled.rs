@@ -21,7 +21,7 @@
 //! (merged the same way). So verify and prompt rows equal decode rows bit
 //! for bit, and greedy speculative decoding stays identical to plain.
 
-use super::flash::{merge_split_rows, partial_len, split_partials, Split};
+use super::flash::{merge_split_rows, partial_len, split_partials, PassPlan};
 use super::{visible_keys, SharedOut};
 use crate::pool::ThreadPool;
 use blockdraft_core::backend::{AttentionMask, AttentionParams};
@@ -59,23 +59,21 @@ pub fn tiled_attention_f16(
     p: AttentionParams,
     out: &mut [f32],
 ) {
-    let d = p.head_dim;
-    assert!(supports_head_dim(d), "tiled attention: head size {d}");
-    let q_cols = p.n_head * d;
-    let kv_cols = p.n_head_kv * d;
-    let n_rows = q.len() / q_cols;
-    let group = p.n_head / p.n_head_kv;
     assert!(
-        out.len() >= n_rows * q_cols
-            && k.len() >= mask.kv_len * kv_cols
-            && v.len() >= mask.kv_len * kv_cols
+        supports_head_dim(p.head_dim),
+        "tiled attention: head size {}",
+        p.head_dim
     );
-    let threads = pool.n_threads();
+    let PassPlan {
+        d,
+        q_cols,
+        kv_cols,
+        n_rows,
+        group,
+        splits,
+        ..
+    } = PassPlan::new(pool, (q, k, v, out), mask, p);
     let visible = |r: usize| visible_keys(mask, r);
-    let splits: Vec<Split> = (0..n_rows)
-        .map(|r| Split::for_row(visible(r).1, threads))
-        .collect();
-
     let (partial_at, mut partials) = split_partials(&splits, p.n_head, d);
 
     // Runs of consecutive rows split alike, each run's chunks and KV heads.
