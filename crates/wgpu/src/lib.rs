@@ -159,6 +159,21 @@ fn rope_uniform(
     }
 }
 
+/// The uniform of a norm over `n_slices` slices of `group` values that
+/// quantizes nothing.
+fn norm_uniform(group: usize, n_slices: usize, eps: f32) -> params::Norm {
+    params::Norm {
+        group: u(group),
+        n_slices: u(n_slices),
+        eps,
+        q8_1_sums: 0,
+        d_off: 0,
+        s_off: 0,
+        _pad0: 0,
+        _pad1: 0,
+    }
+}
+
 fn grid(n: usize, per_group: usize) -> [u32; 3] {
     const MAX: usize = 65535;
     let groups = n.div_ceil(per_group).max(1);
@@ -457,14 +472,10 @@ impl WgpuBackend {
             ActQuant::Q8K => ("rms_norm_quantize_q8_k", false),
         };
         let params = params::Norm {
-            group: u(x.cols),
-            n_slices: u(x.rows),
-            eps: norm.eps,
             q8_1_sums: u32::from(q8_1_sums),
             d_off: u(layout.d_off),
             s_off: u(layout.s_off),
-            _pad0: 0,
-            _pad1: 0,
+            ..norm_uniform(x.cols, x.rows, norm.eps)
         };
         self.dev.dispatch(
             kernel("norm.wgsl", entry),
@@ -706,19 +717,9 @@ impl ElementwiseOps for WgpuBackend {
             "rms_norm shapes"
         );
         let slices = x.len() / group;
-        let params = params::Norm {
-            group: u(group),
-            n_slices: u(slices),
-            eps,
-            q8_1_sums: 0,
-            d_off: 0,
-            s_off: 0,
-            _pad0: 0,
-            _pad1: 0,
-        };
         self.dev.dispatch(
             kernel("norm.wgsl", "rms_norm"),
-            &params,
+            &norm_uniform(group, slices, eps),
             &[x.binding(), weight.dense_binding(), out.binding()],
             grid(slices, 1),
         );
@@ -739,19 +740,9 @@ impl ElementwiseOps for WgpuBackend {
         if y.rows == 0 {
             return;
         }
-        let params = params::Norm {
-            group: u(y.cols),
-            n_slices: u(y.rows),
-            eps,
-            q8_1_sums: 0,
-            d_off: 0,
-            s_off: 0,
-            _pad0: 0,
-            _pad1: 0,
-        };
         self.dev.dispatch(
             kernel("norm.wgsl", "add_rms_norm"),
-            &params,
+            &norm_uniform(y.cols, y.rows, eps),
             &[y.binding(), weight.dense_binding(), x.binding()],
             grid(y.rows, 1),
         );
@@ -1116,12 +1107,7 @@ impl AttentionOps for WgpuBackend {
             && step.mask.kv_len == pos0 + q.rows
             && q.rows > 0;
         if !fits {
-            self.rope_qk(q, k, pos0, qp, kp);
-            if let Some(s) = step.q_scale {
-                self.scale(q, s);
-            }
-            self.append_kv(k, v, k_cache, v_cache, pos0, q.rows);
-            self.attention(q, k_cache, v_cache, step.mask, p, out);
+            backend::attention_step_by_parts(self, (q, k, v), (k_cache, v_cache), step, out);
             return;
         }
         let (table, table_pos0) = self.rope_table(pos0, q.rows, &qp);

@@ -34,14 +34,7 @@ pub trait AttentionOps: ElementwiseOps {
         out: &mut Self::Tensor,
     ) {
         super::composed::note::<Self>("attention_step");
-        let pos0 = step.mask.q_pos0;
-        self.rope_qk(q, k, pos0, step.q_rope, step.k_rope);
-        if let Some(s) = step.q_scale {
-            self.scale(q, s);
-        }
-        let n = self.shape(q).0;
-        self.append_kv(k, v, k_cache, v_cache, pos0, n);
-        self.attention(q, k_cache, v_cache, step.mask, step.params, out);
+        attention_step_by_parts(self, (q, k, v), (k_cache, v_cache), step, out);
     }
 
     /// Scaled-dot-product attention of `q` (`n x n_head*head_dim`) over the
@@ -55,4 +48,24 @@ pub trait AttentionOps: ElementwiseOps {
         p: AttentionParams,
         out: &mut Self::Tensor,
     );
+}
+
+/// [`AttentionOps::attention_step`] by its parts: rope, scale, append and
+/// attention. The default composition, and what an override falls back to
+/// for the steps its single pass does not take.
+pub fn attention_step_by_parts<B: AttentionOps + ?Sized>(
+    be: &B,
+    (q, k, v): (&mut B::Tensor, &mut B::Tensor, &B::Tensor),
+    (k_cache, v_cache): (&mut B::Tensor, &mut B::Tensor),
+    step: AttentionStep,
+    out: &mut B::Tensor,
+) {
+    let pos0 = step.mask.q_pos0;
+    be.rope_qk(q, k, pos0, step.q_rope, step.k_rope);
+    if let Some(s) = step.q_scale {
+        be.scale(q, s);
+    }
+    let n = be.shape(q).0;
+    be.append_kv(k, v, k_cache, v_cache, pos0, n);
+    be.attention(q, k_cache, v_cache, step.mask, step.params, out);
 }

@@ -29,7 +29,7 @@ mod linear;
 mod sampling;
 mod types;
 
-pub use attention::AttentionOps;
+pub use attention::{attention_step_by_parts, AttentionOps};
 pub use device::Device;
 pub use drafter::DrafterOps;
 pub use elementwise::ElementwiseOps;
