@@ -9,7 +9,7 @@ pub enum ModelError {
     Gguf(#[from] GgufError),
     #[error(transparent)]
     Backend(#[from] BackendError),
-    #[error("unsupported architecture `{0}` (supported: llama, qwen2, qwen3, gemma3)")]
+    #[error("unsupported architecture `{0}` (supported: llama, qwen2, qwen3, gemma3, qwen35)")]
     UnsupportedArchitecture(String),
     #[error("metadata `{key}`: {reason}")]
     InvalidMetadata { key: String, reason: String },

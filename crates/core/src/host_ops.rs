@@ -1,9 +1,11 @@
 //! The reference semantics of the trait ops that are not plain arithmetic
 //! kernels (top-k, seeded sampling, DFly's slice fusion, DFlash2's selector
-//! walk, softcapping), on host slices: what a backend whose tensors live in
+//! walk, softcapping, the hybrid blocks' convolution, delta rule and
+//! gates), on host slices: what a backend whose tensors live in
 //! host memory (the CPU backend) runs, and what device kernels are tested
 //! against through the conformance suite.
 
+use crate::backend::DeltaNetParams;
 use crate::sampling::{sample_index, seeded_uniform, SamplingParams};
 
 /// `x = cap · tanh(x / cap)`.
@@ -138,4 +140,139 @@ pub fn selector_walk(
         p = row * k + best.1;
     }
     walk
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// ggml's softplus: `ln(1 + eˣ)`, `x` itself beyond 20.
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        (1.0 + x.exp()).ln()
+    }
+}
+
+/// [`crate::backend::HybridOps::causal_conv_silu`] on `c`-wide rows with
+/// `k` taps: `state` holds `(k − 1)·c` values.
+pub fn causal_conv_silu(
+    x: &[f32],
+    c: usize,
+    weight: &[f32],
+    k: usize,
+    state: &mut [f32],
+    out: &mut [f32],
+) {
+    let history = k - 1;
+    assert!(
+        weight.len() == c * k && state.len() == history * c && out.len() == x.len(),
+        "causal_conv_silu shapes"
+    );
+    // The window: the state's rows, then the new ones.
+    let window: Vec<f32> = state.iter().chain(x).copied().collect();
+    let n = x.len() / c.max(1);
+    for t in 0..n {
+        for ch in 0..c {
+            let mut sum = 0.0f32;
+            for tap in 0..k {
+                sum += window[(t + tap) * c + ch] * weight[ch * k + tap];
+            }
+            out[t * c + ch] = silu(sum);
+        }
+    }
+    state.copy_from_slice(&window[n * c..]);
+}
+
+/// [`crate::backend::HybridOps::gated_delta_rule`] on host slices.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_rule(
+    x: &[f32],
+    alpha: &[f32],
+    beta: &[f32],
+    dt_bias: &[f32],
+    a: &[f32],
+    state: &mut [f32],
+    out: &mut [f32],
+    p: DeltaNetParams,
+) {
+    let (hk, hv, dk, dv) = (p.n_k_heads, p.n_v_heads, p.k_dim, p.v_dim);
+    let width = p.input_dim();
+    let n = x.len() / width.max(1);
+    assert!(
+        x.len() == n * width
+            && alpha.len() == n * hv
+            && beta.len() == n * hv
+            && dt_bias.len() == hv
+            && a.len() == hv
+            && state.len() == hv * dv * dk
+            && out.len() == n * hv * dv,
+        "gated_delta_rule shapes"
+    );
+    let q_scale = 1.0 / (dk as f32).sqrt();
+    let mut q = vec![0.0f32; hk * dk];
+    let mut kk = vec![0.0f32; hk * dk];
+    for t in 0..n {
+        let row = &x[t * width..(t + 1) * width];
+        let (q_in, rest) = row.split_at(hk * dk);
+        let (k_in, v_in) = rest.split_at(hk * dk);
+        for h in 0..hk {
+            let l2 = |v: &[f32], out: &mut [f32], scale: f32| {
+                let sum: f32 = v.iter().map(|e| e * e).sum();
+                let s = scale / sum.sqrt().max(p.eps);
+                for (o, e) in out.iter_mut().zip(v) {
+                    *o = e * s;
+                }
+            };
+            let span = h * dk..(h + 1) * dk;
+            l2(&q_in[span.clone()], &mut q[span.clone()], q_scale);
+            l2(&k_in[span.clone()], &mut kk[span.clone()], 1.0);
+        }
+        for h in 0..hv {
+            let kh = h % hk;
+            let (qh, kh) = (&q[kh * dk..(kh + 1) * dk], &kk[kh * dk..(kh + 1) * dk]);
+            let decay = (softplus(alpha[t * hv + h] + dt_bias[h]) * a[h]).exp();
+            let b = sigmoid(beta[t * hv + h]);
+            let s = &mut state[h * dv * dk..(h + 1) * dv * dk];
+            for j in 0..dv {
+                let s_row = &mut s[j * dk..(j + 1) * dk];
+                let mut sk = 0.0f32;
+                for (e, ki) in s_row.iter_mut().zip(kh) {
+                    *e *= decay;
+                    sk += *e * ki;
+                }
+                let d = (v_in[h * dv + j] - sk) * b;
+                let mut o = 0.0f32;
+                for ((e, ki), qi) in s_row.iter_mut().zip(kh).zip(qh) {
+                    *e += ki * d;
+                    o += *e * qi;
+                }
+                out[(t * hv + h) * dv + j] = o;
+            }
+        }
+    }
+}
+
+/// [`crate::backend::HybridOps::split_heads`] of `cols`-wide rows.
+pub fn split_heads(x: &[f32], cols: usize, d: usize, first: &mut [f32], second: &mut [f32]) {
+    let half = cols / 2;
+    for (r, row) in x.chunks_exact(cols).enumerate() {
+        for (h, head) in row.chunks_exact(2 * d).enumerate() {
+            let at = r * half + h * d;
+            first[at..at + d].copy_from_slice(&head[..d]);
+            second[at..at + d].copy_from_slice(&head[d..]);
+        }
+    }
+}
+
+/// [`crate::backend::HybridOps::sigmoid_mul`].
+pub fn sigmoid_mul(x: &mut [f32], gate: &[f32]) {
+    for (v, g) in x.iter_mut().zip(gate) {
+        *v *= sigmoid(*g);
+    }
 }

@@ -1,5 +1,5 @@
 //! Small random GGUF models for tests and benchmarks: a decoder of every
-//! supported architecture and DFlash drafters (v1, DFlash2, DFly, DSpark, with or
+//! supported architecture (hybrids included) and DFlash drafters (v1, DFlash2, DFly, DSpark, with or
 //! without a reduced vocabulary), written with the GGUF writer
 //! exactly as llama.cpp's converter names things. Weights are F32 and
 //! returned alongside, so tests can compute independent references.
@@ -177,6 +177,125 @@ pub fn synthetic_decoder_of(
         arch == "qwen3" || arch == "gemma3",
         arch == "gemma3",
     );
+    b.finish()
+}
+
+/// Geometry of a synthetic hybrid (`qwen35`) model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyntheticHybrid {
+    /// `n_layer`, `n_embd`, `n_ff`, `n_vocab` and the attention blocks'
+    /// heads (`n_head`, `n_head_kv`, `head_dim`); `window` is unused.
+    pub dims: SyntheticDims,
+    /// Every this many blocks, one is attention (`full_attention_interval`).
+    pub interval: usize,
+    /// Rotated dimensions of an attention head.
+    pub n_rot: usize,
+    pub conv_kernel: usize,
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    /// Width of every DeltaNet head (`ssm.state_size`).
+    pub state_size: usize,
+    /// Multi-token-prediction layers appended as `blk.{n_layer}..`
+    /// (loaded by llama.cpp on request only; blockdraft skips them).
+    pub mtp_layers: usize,
+}
+
+impl Default for SyntheticHybrid {
+    fn default() -> Self {
+        SyntheticHybrid {
+            dims: SyntheticDims {
+                n_layer: 6,
+                n_embd: 64,
+                n_head: 2,
+                n_head_kv: 1,
+                head_dim: 32,
+                n_ff: 96,
+                n_vocab: 96,
+                window: 0,
+            },
+            interval: 3,
+            n_rot: 16,
+            conv_kernel: 4,
+            n_k_heads: 2,
+            n_v_heads: 4,
+            state_size: 16,
+            mtp_layers: 0,
+        }
+    }
+}
+
+/// A random Qwen3.5-style hybrid as llama.cpp's converter writes one
+/// (`qwen35`: norms stored as given, `ssm_a` negative, no vocabulary, an
+/// `output.weight`), with rope sections that rotate every pair by the text
+/// position. llama.cpp loads and runs it.
+pub fn synthetic_qwen35(h: &SyntheticHybrid, seed: u64) -> SyntheticModel {
+    let arch = "qwen35";
+    let d = h.dims;
+    let mut b = Builder::new(arch, seed);
+    b.common_keys(arch, &d);
+    let w = &mut b.writer;
+    let key = |k: &str| format!("{arch}.{k}");
+    w.add(key("block_count"), (d.n_layer + h.mtp_layers) as u32);
+    w.add(key("vocab_size"), d.n_vocab as u32);
+    w.add("tokenizer.ggml.model", "no_vocab");
+    w.add(key("full_attention_interval"), h.interval as u32);
+    w.add(key("rope.dimension_count"), h.n_rot as u32);
+    // Pairs of sector i mod 8 take time (i ≡ 0 mod 3, i < 9), height
+    // (≡ 1, < 9) or width (≡ 2, < 6): every one, for n_rot/2 = 8.
+    let third = (h.n_rot / 2) as i32 / 8;
+    w.add(
+        key("rope.dimension_sections"),
+        vec![3 * third, 3 * third, 2 * third, 0],
+    );
+    w.add(key("ssm.conv_kernel"), h.conv_kernel as u32);
+    w.add(key("ssm.state_size"), h.state_size as u32);
+    w.add(key("ssm.group_count"), h.n_k_heads as u32);
+    w.add(key("ssm.time_step_rank"), h.n_v_heads as u32);
+    w.add(key("ssm.inner_size"), (h.n_v_heads * h.state_size) as u32);
+    w.add(key("nextn_predict_layers"), h.mtp_layers as u32);
+    let (e, ff, hd) = (d.n_embd, d.n_ff, d.head_dim);
+    let (q, kv) = (d.n_head * hd, d.n_head_kv * hd);
+    let key_dim = h.n_k_heads * h.state_size;
+    let value = h.n_v_heads * h.state_size;
+    let conv = 2 * key_dim + value;
+    // Matrices of about unit gain, so that activations stay O(1).
+    let gain = |fan_in: usize| 1.0 / (fan_in as f64).sqrt();
+    b.tensor("token_embd.weight".into(), &[e, d.n_vocab], 1.0, 0.0);
+    b.tensor("output_norm.weight".into(), &[e], 0.2, 1.0);
+    b.tensor("output.weight".into(), &[e, d.n_vocab], 1.5 * gain(e), 0.0);
+    for il in 0..d.n_layer + h.mtp_layers {
+        let n = |t: &str| format!("blk.{il}.{t}");
+        b.tensor(n("attn_norm.weight"), &[e], 0.2, 1.0);
+        b.tensor(n("post_attention_norm.weight"), &[e], 0.2, 1.0);
+        let recurrent = il < d.n_layer && (il + 1) % h.interval != 0;
+        if recurrent {
+            b.tensor(n("attn_qkv.weight"), &[e, conv], 1.5 * gain(e), 0.0);
+            b.tensor(n("attn_gate.weight"), &[e, value], 1.5 * gain(e), 0.0);
+            b.tensor(n("ssm_conv1d.weight"), &[h.conv_kernel, conv], 0.5, 0.0);
+            b.tensor(n("ssm_dt.bias"), &[h.n_v_heads], 0.5, 0.0);
+            b.tensor(n("ssm_a"), &[h.n_v_heads], 0.5, -1.0);
+            b.tensor(n("ssm_beta.weight"), &[e, h.n_v_heads], 1.5 * gain(e), 0.0);
+            b.tensor(n("ssm_alpha.weight"), &[e, h.n_v_heads], 1.5 * gain(e), 0.0);
+            b.tensor(n("ssm_norm.weight"), &[h.state_size], 0.2, 1.0);
+            b.tensor(n("ssm_out.weight"), &[value, e], 1.5 * gain(value), 0.0);
+        } else {
+            b.tensor(n("attn_q.weight"), &[e, 2 * q], 1.5 * gain(e), 0.0);
+            b.tensor(n("attn_k.weight"), &[e, kv], 1.5 * gain(e), 0.0);
+            b.tensor(n("attn_v.weight"), &[e, kv], 1.5 * gain(e), 0.0);
+            b.tensor(n("attn_output.weight"), &[q, e], 1.5 * gain(q), 0.0);
+            b.tensor(n("attn_q_norm.weight"), &[hd], 0.2, 1.0);
+            b.tensor(n("attn_k_norm.weight"), &[hd], 0.2, 1.0);
+        }
+        b.tensor(n("ffn_gate.weight"), &[e, ff], 1.5 * gain(e), 0.0);
+        b.tensor(n("ffn_up.weight"), &[e, ff], 1.5 * gain(e), 0.0);
+        b.tensor(n("ffn_down.weight"), &[ff, e], 1.5 * gain(ff), 0.0);
+        if il >= d.n_layer {
+            b.tensor(n("nextn.eh_proj.weight"), &[2 * e, e], gain(2 * e), 0.0);
+            b.tensor(n("nextn.enorm.weight"), &[e], 0.2, 1.0);
+            b.tensor(n("nextn.hnorm.weight"), &[e], 0.2, 1.0);
+            b.tensor(n("nextn.shared_head_norm.weight"), &[e], 0.2, 1.0);
+        }
+    }
     b.finish()
 }
 

@@ -15,9 +15,9 @@ mod libm;
 mod ops;
 
 use blockdraft_core::backend::{
-    AttentionMask, AttentionOps, AttentionParams, BackendError, ConvParams, Device, DrafterOps,
-    ElementwiseOps, GatedActivation, KvType, LinearOps, MemoryLimits, RopeParams, SamplingOps,
-    WeightSource,
+    AttentionMask, AttentionOps, AttentionParams, BackendError, ConvParams, DeltaNetParams, Device,
+    DrafterOps, ElementwiseOps, GatedActivation, HybridOps, KvType, LinearOps, MemoryLimits,
+    RopeParams, SamplingOps, WeightSource,
 };
 use blockdraft_core::host_ops;
 use blockdraft_gguf::{GgmlType, TensorData};
@@ -82,6 +82,9 @@ pub struct CpuWeight {
     data: TensorData,
     dense: Vec<f32>,
     resident: OnceLock<Option<Resident>>,
+    /// A matrix's values as f32, made on first use by an op that reads
+    /// them element by element (a DeltaNet block's convolution taps).
+    values: OnceLock<Vec<f32>>,
 }
 
 /// A matrix's copy in [`WeightBuffer`] memory.
@@ -93,6 +96,21 @@ enum Resident {
 }
 
 impl CpuWeight {
+    /// Every value as f32 (a vector's are kept from loading).
+    fn values(&self) -> &[f32] {
+        if !self.dense.is_empty() {
+            return &self.dense;
+        }
+        self.values.get_or_init(|| {
+            let mut v = vec![0.0; self.rows * self.cols];
+            // The bytes were checked against the type and shape at load.
+            if blockdraft_gguf::quants::dequantize(self.ty, &self.data, &mut v).is_err() {
+                v.clear();
+            }
+            v
+        })
+    }
+
     fn matrix(&self) -> WeightRef<'_> {
         WeightRef {
             ty: self.ty,
@@ -305,6 +323,7 @@ impl Device for CpuBackend {
             data: src.data,
             dense,
             resident: OnceLock::new(),
+            values: OnceLock::new(),
         })
     }
 
@@ -613,6 +632,90 @@ impl DrafterOps for CpuBackend {
             p,
             out.as_mut_slice(),
         );
+    }
+}
+
+impl HybridOps for CpuBackend {
+    fn runs_hybrid_blocks(&self) -> bool {
+        true
+    }
+
+    fn causal_conv_silu(
+        &self,
+        x: &CpuTensor,
+        weight: &CpuWeight,
+        state: &mut CpuTensor,
+        out: &mut CpuTensor,
+    ) {
+        let taps = weight.cols;
+        assert!(
+            weight.rows == x.cols
+                && (state.rows, state.cols) == (taps - 1, x.cols)
+                && (out.rows, out.cols) == (x.rows, x.cols),
+            "causal_conv_silu shapes"
+        );
+        host_ops::causal_conv_silu(
+            x.as_slice(),
+            x.cols,
+            weight.values(),
+            taps,
+            state.as_mut_slice(),
+            out.as_mut_slice(),
+        );
+    }
+
+    fn gated_delta_rule(
+        &self,
+        x: &CpuTensor,
+        alpha: &CpuTensor,
+        beta: &CpuTensor,
+        dt_bias: &CpuWeight,
+        a: &CpuWeight,
+        state: &mut CpuTensor,
+        out: &mut CpuTensor,
+        p: DeltaNetParams,
+    ) {
+        assert!(
+            x.cols == p.input_dim()
+                && (state.rows, state.cols) == p.state_shape()
+                && (out.rows, out.cols) == (x.rows, p.n_v_heads * p.v_dim),
+            "gated_delta_rule shapes"
+        );
+        host_ops::gated_delta_rule(
+            x.as_slice(),
+            alpha.as_slice(),
+            beta.as_slice(),
+            dt_bias.values(),
+            a.values(),
+            state.as_mut_slice(),
+            out.as_mut_slice(),
+            p,
+        );
+    }
+
+    fn split_heads(&self, x: &CpuTensor, d: usize, first: &mut CpuTensor, second: &mut CpuTensor) {
+        let half = (x.rows, x.cols / 2);
+        assert!(
+            x.cols.is_multiple_of(2 * d)
+                && (first.rows, first.cols) == half
+                && (second.rows, second.cols) == half,
+            "split_heads shapes"
+        );
+        host_ops::split_heads(
+            x.as_slice(),
+            x.cols,
+            d,
+            first.as_mut_slice(),
+            second.as_mut_slice(),
+        );
+    }
+
+    fn sigmoid_mul(&self, x: &mut CpuTensor, gate: &CpuTensor) {
+        assert!(
+            (x.rows, x.cols) == (gate.rows, gate.cols),
+            "sigmoid_mul shapes"
+        );
+        host_ops::sigmoid_mul(x.as_mut_slice(), gate.as_slice());
     }
 }
 

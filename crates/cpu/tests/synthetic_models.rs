@@ -254,7 +254,7 @@ fn check_arch(arch: &str) {
         let err = max_rel_err(&block_on(backend.read(state.logits())), &want_logits[i]);
         assert!(err < 1e-4, "{arch}: decode position {i} off by {err}");
     }
-    state.truncate(6);
+    state.truncate(6).unwrap();
     dec.forward(&mut state, &tokens[6..], LogitRows::All, true, None)
         .unwrap();
     let got = block_on(backend.read(state.logits()));

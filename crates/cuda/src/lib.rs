@@ -34,8 +34,8 @@ pub mod compile;
 
 use blockdraft_core::backend::{
     AttentionMask, AttentionOps, AttentionParams, BackendError, ConvParams, Device, DrafterOps,
-    ElementwiseOps, GatedActivation, KvType, LinearOps, MemoryLimits, RopeParams, RopeStyle,
-    SamplingOps, WeightSource,
+    ElementwiseOps, GatedActivation, HybridOps, KvType, LinearOps, MemoryLimits, RopeParams,
+    RopeStyle, SamplingOps, WeightSource,
 };
 use blockdraft_gguf::GgmlType;
 use cudarc::driver::{
@@ -1177,6 +1177,10 @@ impl SamplingOps for CudaBackend {
         });
     }
 }
+
+/// Hybrid models' blocks are not implemented here yet: the defaults
+/// record an unsupported-op error and loading a hybrid model is refused.
+impl HybridOps for CudaBackend {}
 
 impl DrafterOps for CudaBackend {
     fn grouped_conv(

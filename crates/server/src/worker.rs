@@ -42,7 +42,13 @@ fn reuse_prefix<B: Backend>(
     let shared = |c: &CachedPrefix<B>| {
         let held = &c.tokens[..c.state.len().min(c.tokens.len())];
         let n = held.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-        n.min(prompt.len().saturating_sub(1))
+        let n = n.min(prompt.len().saturating_sub(1));
+        // A hybrid model's state goes back only so far.
+        if c.state.can_truncate(n) {
+            n
+        } else {
+            0
+        }
     };
     let (i, n) = (cache.iter().enumerate())
         .filter(|(_, c)| c.state.kv.capacity() >= n_ctx)
@@ -52,7 +58,7 @@ fn reuse_prefix<B: Backend>(
         return None;
     }
     let mut state = cache.swap_remove(i).state;
-    state.truncate(n);
+    state.truncate(n).ok()?;
     Some((state, n))
 }
 

@@ -42,8 +42,8 @@ pub use weights::WgpuWeight;
 
 use blockdraft_core::backend::{
     self, AttentionMask, AttentionOps, AttentionParams, AttentionStep, BackendError, CommandCounts,
-    ConvParams, DrafterOps, ElementwiseOps, GatedActivation, KernelTiming, KvType, LinearOps,
-    Projection, RopeParams, RopeStyle, RowNorm, SamplingOps, WeightSource,
+    ConvParams, DrafterOps, ElementwiseOps, GatedActivation, HybridOps, KernelTiming, KvType,
+    LinearOps, Projection, RopeParams, RopeStyle, RowNorm, SamplingOps, WeightSource,
 };
 // The trait's methods, without its name (wgpu has a `Device` of its own).
 use blockdraft_core::backend::Device as _;
@@ -1348,6 +1348,10 @@ impl SamplingOps for WgpuBackend {
         );
     }
 }
+
+/// Hybrid models' blocks are not implemented here yet: the defaults
+/// record an unsupported-op error and loading a hybrid model is refused.
+impl HybridOps for WgpuBackend {}
 
 impl DrafterOps for WgpuBackend {
     fn grouped_conv(

@@ -10,6 +10,7 @@
 //! - [`LinearOps`]: embeddings and matrix products;
 //! - [`AttentionOps`]: the KV cache's appends and attention;
 //! - [`SamplingOps`]: choosing tokens from logits;
+//! - [`HybridOps`]: the recurrent and gated blocks of hybrid models;
 //! - [`DrafterOps`]: what only some drafter variants use.
 //!
 //! A family's fused or rare ops have default compositions of the basic ones
@@ -25,6 +26,7 @@ pub mod composed;
 mod device;
 mod drafter;
 mod elementwise;
+mod hybrid;
 mod linear;
 mod sampling;
 mod types;
@@ -33,6 +35,7 @@ pub use attention::{attention_step_by_parts, AttentionOps};
 pub use device::Device;
 pub use drafter::DrafterOps;
 pub use elementwise::ElementwiseOps;
+pub use hybrid::HybridOps;
 pub use linear::LinearOps;
 pub use sampling::SamplingOps;
 pub use types::*;
@@ -53,12 +56,12 @@ pub enum BackendError {
 /// Every op family: what model code asks of a backend. Implement the
 /// families and this follows.
 pub trait Backend:
-    Device + ElementwiseOps + LinearOps + AttentionOps + SamplingOps + DrafterOps
+    Device + ElementwiseOps + LinearOps + AttentionOps + SamplingOps + DrafterOps + HybridOps
 {
 }
 
 impl<B> Backend for B where
-    B: Device + ElementwiseOps + LinearOps + AttentionOps + SamplingOps + DrafterOps
+    B: Device + ElementwiseOps + LinearOps + AttentionOps + SamplingOps + DrafterOps + HybridOps
 {
 }
 
@@ -96,6 +99,7 @@ pub(crate) fn shapes_agree(
 /// `use blockdraft_core::backend::prelude::*;`.
 pub mod prelude {
     pub use super::{
-        AttentionOps, Backend, Device, DrafterOps, ElementwiseOps, LinearOps, SamplingOps,
+        AttentionOps, Backend, Device, DrafterOps, ElementwiseOps, HybridOps, LinearOps,
+        SamplingOps,
     };
 }

@@ -349,3 +349,30 @@ mod tests {
         assert!(roomy.check("x", &kv(KvType::F32)).is_err());
     }
 }
+
+/// Sizes of one gated-DeltaNet block for [`super::HybridOps::gated_delta_rule`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeltaNetParams {
+    /// Query and key heads; value head `j` reads key head `j mod n_k_heads`.
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    /// Width of a query/key head: columns of a head's state.
+    pub k_dim: usize,
+    /// Width of a value head: rows of a head's state.
+    pub v_dim: usize,
+    /// Floor of the L2 norm of queries and keys.
+    pub eps: f32,
+}
+
+impl DeltaNetParams {
+    /// Columns of the rule's input rows: queries, keys, values.
+    pub fn input_dim(&self) -> usize {
+        2 * self.n_k_heads * self.k_dim + self.n_v_heads * self.v_dim
+    }
+
+    /// `(rows, cols)` of the state of all heads: head `h`'s `v_dim x k_dim`
+    /// matrix is rows `h·v_dim..`.
+    pub fn state_shape(&self) -> (usize, usize) {
+        (self.n_v_heads * self.v_dim, self.k_dim)
+    }
+}

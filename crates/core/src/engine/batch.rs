@@ -189,7 +189,7 @@ async fn observe_plain_step<B: Backend>(
     spec.drafter
         .observe(&[last], pos, spec.taps.as_ref().map(Taps::output))
         .await?;
-    spec.drafter.rollback(seq.state.len());
+    spec.drafter.rollback(seq.state.len())?;
     let round = RoundStats {
         verify_seconds: seconds,
         ..Default::default()

@@ -1,6 +1,7 @@
 //! What a sequence remembers in one model, behind one interface.
 
 use crate::backend::Backend;
+use crate::error::ModelError;
 use crate::model::DecoderState;
 
 /// Where a [`SequenceMemory`] stood before a pass whose rows may be taken
@@ -24,9 +25,9 @@ impl Checkpoint {
 /// A sequence's memory of its tokens: forward passes append to it, and a
 /// speculative round commits only the rows its verdict keeps. The attention
 /// KV cache is the first kind, for which a rollback is a length change;
-/// recurrent state (gated DeltaNet, Mamba) keeps what it needs between the
-/// checkpoint and the commit to restore the state after the kept row, and
-/// the engine does not change.
+/// recurrent state (a hybrid model's gated DeltaNet) keeps what it needs
+/// between the checkpoint and the commit to restore the state after the
+/// kept row, and the engine does not change.
 pub trait SequenceMemory {
     /// Positions held.
     fn len(&self) -> usize;
@@ -42,12 +43,7 @@ pub trait SequenceMemory {
 
     /// Keeps the first `keep` rows appended since `at` and forgets the
     /// rest.
-    fn commit(&mut self, at: Checkpoint, keep: usize) {
-        self.truncate(at.len + keep);
-    }
-
-    /// Forgets every position from `len` on.
-    fn truncate(&mut self, len: usize);
+    fn commit(&mut self, at: Checkpoint, keep: usize) -> Result<(), ModelError>;
 }
 
 impl<B: Backend> SequenceMemory for DecoderState<B> {
@@ -55,8 +51,15 @@ impl<B: Backend> SequenceMemory for DecoderState<B> {
         self.kv.len()
     }
 
-    fn truncate(&mut self, len: usize) {
-        self.kv.truncate(len);
+    fn checkpoint(&mut self) -> Checkpoint {
+        self.begin_checkpoint();
+        Checkpoint { len: self.len() }
+    }
+
+    fn commit(&mut self, at: Checkpoint, keep: usize) -> Result<(), ModelError> {
+        let kept = self.truncate(at.len + keep);
+        self.end_checkpoint();
+        kept
     }
 }
 
@@ -71,8 +74,9 @@ mod tests {
         fn len(&self) -> usize {
             self.0
         }
-        fn truncate(&mut self, len: usize) {
-            self.0 = self.0.min(len);
+        fn commit(&mut self, at: Checkpoint, keep: usize) -> Result<(), ModelError> {
+            self.0 = self.0.min(at.len + keep);
+            Ok(())
         }
     }
 
@@ -82,11 +86,11 @@ mod tests {
         let at = m.checkpoint();
         assert_eq!(at.len(), 10);
         m.0 += 5; // a verify pass of 5 rows
-        m.commit(at, 2);
+        m.commit(at, 2).unwrap();
         assert_eq!(m.len(), 12);
         let at = m.checkpoint();
         m.0 += 3;
-        m.commit(at, 3);
+        m.commit(at, 3).unwrap();
         assert_eq!(m.len(), 15, "a verdict that keeps every row");
     }
 }

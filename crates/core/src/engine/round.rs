@@ -142,7 +142,7 @@ impl<B: Backend> Sequence<'_, B> {
             (batch, draft, verdict, draft_seconds, tv)
         };
         check_device(be)?;
-        state.commit(at, 1 + verdict.accepted);
+        state.commit(at, 1 + verdict.accepted)?;
         spec.drafter
             .observe(
                 &batch[..1 + verdict.accepted],
@@ -150,7 +150,7 @@ impl<B: Backend> Sequence<'_, B> {
                 spec.taps.as_ref().map(Taps::output),
             )
             .await?;
-        spec.drafter.rollback(state.len());
+        spec.drafter.rollback(state.len())?;
         let verify_seconds = tv.elapsed().as_secs_f64();
 
         let round = RoundStats {

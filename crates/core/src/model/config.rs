@@ -12,6 +12,9 @@ pub enum Architecture {
     Qwen2,
     Qwen3,
     Gemma3,
+    /// Qwen3.5 family hybrids: gated-DeltaNet blocks with a gated-attention
+    /// block every `full_attention_interval` (llama.cpp's `qwen35`).
+    Qwen35,
     /// A DFlash-family block drafter: Qwen3-style layers (see `speculative::dflash`).
     DFlash,
 }
@@ -23,6 +26,7 @@ impl Architecture {
             "qwen2" => Some(Self::Qwen2),
             "qwen3" => Some(Self::Qwen3),
             "gemma3" => Some(Self::Gemma3),
+            "qwen35" => Some(Self::Qwen35),
             "dflash" => Some(Self::DFlash),
             _ => None,
         }
@@ -34,8 +38,37 @@ impl Architecture {
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Gemma3 => "gemma3",
+            Self::Qwen35 => "qwen35",
             Self::DFlash => "dflash",
         }
+    }
+}
+
+/// Sizes of a gated-DeltaNet block (the `ssm.*` keys of a `qwen35` file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNetConfig {
+    /// Width of the causal depthwise convolution (`ssm.conv_kernel`).
+    pub conv_kernel: usize,
+    /// Key (and query) heads (`ssm.group_count`).
+    pub n_k_heads: usize,
+    /// Value heads (`ssm.time_step_rank`); value head `j` reads key head
+    /// `j mod n_k_heads`.
+    pub n_v_heads: usize,
+    /// Width of a key head, and rows of a head's state (`ssm.state_size`).
+    pub k_dim: usize,
+    /// Width of a value head, and columns of a head's state.
+    pub v_dim: usize,
+}
+
+impl DeltaNetConfig {
+    /// Channels of the convolution: queries, keys and values side by side.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.n_k_heads * self.k_dim + self.value_dim()
+    }
+
+    /// Width of the block's output before `ssm_out`.
+    pub fn value_dim(&self) -> usize {
+        self.n_v_heads * self.v_dim
     }
 }
 
@@ -73,6 +106,15 @@ pub struct ModelConfig {
     /// does, rather than the scores: the same values in f32, but not once
     /// flash attention rounds the queries to f16 (small ones go subnormal).
     pub scale_queries_first: bool,
+    /// Sizes of the gated-DeltaNet blocks of a hybrid model (`qwen35`).
+    pub delta_net: Option<DeltaNetConfig>,
+    /// `recurrent_layers[il]` is true for gated-DeltaNet blocks; the others
+    /// are attention blocks with a KV cache.
+    pub recurrent_layers: Vec<bool>,
+    /// Whether `attn_q` also yields a per-head output gate, interleaved
+    /// with the queries head by head, that scales the attention output
+    /// through a sigmoid (Qwen3.5's gated attention).
+    pub gated_attention: bool,
 }
 
 impl ModelConfig {
@@ -96,7 +138,9 @@ impl ModelConfig {
             Ok(md.opt_u64(&key(k))?.map(|v| v as usize))
         };
 
-        let n_layer = get("block_count")?;
+        // A `qwen35` file counts its multi-token-prediction layers (stored
+        // as `blk.{n_layer}`) in `block_count`; the decoder is the rest.
+        let n_layer = get("block_count")?.saturating_sub(opt("nextn_predict_layers")?.unwrap_or(0));
         let n_embd = get("embedding_length")?;
         let n_ff = get("feed_forward_length")?;
         let n_head = get("attention.head_count")?;
@@ -178,6 +222,9 @@ impl ModelConfig {
             embedding_scale: None,
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
             scale_queries_first: false,
+            delta_net: None,
+            recurrent_layers: vec![false; n_layer],
+            gated_attention: false,
         };
         match arch {
             Architecture::Llama => cfg.rope_style = RopeStyle::Normal,
@@ -198,6 +245,19 @@ impl ModelConfig {
                 cfg.sliding_window = Some(window);
                 cfg.swa_layers = (0..n_layer).map(|il| il % 6 < 5).collect();
             }
+            Architecture::Qwen35 => {
+                cfg.gated_attention = true;
+                let interval = get("full_attention_interval")?;
+                if interval == 0 {
+                    return Err(ModelError::invalid(
+                        key("full_attention_interval"),
+                        "must be at least 1".into(),
+                    ));
+                }
+                cfg.recurrent_layers = (0..n_layer).map(|il| (il + 1) % interval != 0).collect();
+                cfg.delta_net = Some(delta_net_config(md, arch_name)?);
+                check_rope_sections(md, arch_name, n_rot)?;
+            }
         }
         if n_layer == 0 || n_embd == 0 || n_ff == 0 || n_vocab == 0 {
             return Err(ModelError::invalid(
@@ -208,8 +268,44 @@ impl ModelConfig {
         Ok(cfg)
     }
 
+    /// Whether some blocks keep recurrent state, which a speculative
+    /// rollback restores rather than shortens.
+    pub fn is_hybrid(&self) -> bool {
+        self.recurrent_layers.iter().any(|&r| r)
+    }
+
+    /// Layers with a KV cache (attention blocks).
+    pub fn n_kv_layers(&self) -> usize {
+        self.recurrent_layers.iter().filter(|&&r| !r).count()
+    }
+
+    /// Layers with recurrent state (gated-DeltaNet blocks).
+    pub fn n_recurrent_layers(&self) -> usize {
+        self.n_layer - self.n_kv_layers()
+    }
+
+    /// Index of layer `il` among the layers of its kind: its KV cache slot
+    /// for an attention block, its state slot for a recurrent one.
+    pub fn slot_of(&self, il: usize) -> usize {
+        let kind = self.recurrent_layers[il];
+        self.recurrent_layers[..il]
+            .iter()
+            .filter(|&&r| r == kind)
+            .count()
+    }
+
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
+    }
+
+    /// Columns of `attn_q`'s output: the queries, and with gated attention
+    /// each head's gate after its queries.
+    pub fn q_proj_dim(&self) -> usize {
+        if self.gated_attention {
+            2 * self.q_dim()
+        } else {
+            self.q_dim()
+        }
     }
 
     pub fn kv_dim(&self) -> usize {
@@ -241,4 +337,89 @@ impl ModelConfig {
         }
         Ok(n_ctx.max(1))
     }
+}
+
+/// The `ssm.*` sizes of a hybrid file, checked against each other.
+fn delta_net_config(md: &Metadata, arch: &str) -> Result<DeltaNetConfig, ModelError> {
+    let key = |k: &str| format!("{arch}.ssm.{k}");
+    let get = |k: &str| -> Result<usize, ModelError> { Ok(md.get_u64(&key(k))? as usize) };
+    let (conv_kernel, n_k_heads, n_v_heads, k_dim, inner) = (
+        get("conv_kernel")?,
+        get("group_count")?,
+        get("time_step_rank")?,
+        get("state_size")?,
+        get("inner_size")?,
+    );
+    // Bounds far above any published model, below sizes that would make
+    // a state allocation overflow.
+    for (k, v, max) in [
+        ("conv_kernel", conv_kernel, 64),
+        ("group_count", n_k_heads, 4096),
+        ("time_step_rank", n_v_heads, 4096),
+        ("state_size", k_dim, 4096),
+        ("inner_size", inner, 1 << 20),
+    ] {
+        if v == 0 || v > max {
+            return Err(ModelError::invalid(
+                key(k),
+                format!("{v} is not in 1..={max}"),
+            ));
+        }
+    }
+    if n_v_heads % n_k_heads != 0 {
+        return Err(ModelError::invalid(
+            key("time_step_rank"),
+            format!("{n_v_heads} value heads cannot be grouped over {n_k_heads} key heads"),
+        ));
+    }
+    // llama.cpp sizes value heads as key heads (`state_size` each).
+    if inner != n_v_heads * k_dim {
+        return Err(ModelError::invalid(
+            key("inner_size"),
+            format!("{inner} differs from {n_v_heads} value heads of {k_dim}"),
+        ));
+    }
+    Ok(DeltaNetConfig {
+        conv_kernel,
+        n_k_heads,
+        n_v_heads,
+        k_dim,
+        v_dim: k_dim,
+    })
+}
+
+/// Multi-section rope (Qwen3.5's IMROPE) rotates pair `i` of the first
+/// `n_rot` dimensions by the position of its section: sector `i mod Σs`
+/// takes the time position when `≡ 0 (mod 3)` and `< 3·s0`, height when
+/// `≡ 1` and `< 3·s1`, width when `≡ 2` and `< 3·s2`, else the fourth
+/// (0 for text: not rotated). Text gives time, height and width one
+/// position, so where every pair takes one of them this is NEOX rope over
+/// `n_rot` dimensions, which is what blockdraft runs; other patterns are
+/// refused.
+fn check_rope_sections(md: &Metadata, arch: &str, n_rot: usize) -> Result<(), ModelError> {
+    let key = format!("{arch}.rope.dimension_sections");
+    if md.opt_array(&key)?.is_none() {
+        return Ok(());
+    }
+    let s = md.get_i32_array(&key)?;
+    let total: i64 = s.iter().map(|&v| i64::from(v)).sum();
+    let covered = s.len() == 4
+        && s.iter().all(|&v| v >= 0)
+        && total > 0
+        && (0..n_rot / 2).all(|i| {
+            let sector = i as i64 % total;
+            let section = 3 * i64::from(s[(sector % 3) as usize]);
+            sector < section
+        });
+    if !covered {
+        return Err(ModelError::invalid(
+            key,
+            format!(
+                "sections {s:?} leave some of the {} rotated pairs to the fourth (unrotated) \
+                 position; only patterns that rotate every pair by the text position are supported",
+                n_rot / 2
+            ),
+        ));
+    }
+    Ok(())
 }

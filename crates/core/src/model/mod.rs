@@ -1,23 +1,27 @@
 //! One decoder for every supported architecture, driven by GGUF metadata.
 
 mod config;
+mod hybrid;
 mod weights;
 
-pub use config::{Architecture, ModelConfig};
+pub use config::{Architecture, DeltaNetConfig, ModelConfig};
+pub use hybrid::{RecurrentMemory, MAX_ROLLBACK_ROWS};
 mod streamed;
 
 pub use streamed::{StreamedModel, StreamingLoad};
 pub use weights::{
-    Borrowed, DecoderWeights, FileTensors, LayerWeights, TensorLoader, TensorSource,
+    AttentionWeights, Borrowed, DecoderWeights, DeltaNetWeights, FileTensors, LayerWeights, Mixer,
+    TensorLoader, TensorSource,
 };
 
 use crate::backend::{
-    tensor_bytes, AttentionMask, AttentionParams, AttentionStep, Backend, KvType, MemoryLimits,
-    Projection, RopeParams, RowNorm,
+    tensor_bytes, AttentionMask, AttentionParams, AttentionStep, Backend, BackendError,
+    GatedActivation, KvType, MemoryLimits, Projection, RopeParams, RowNorm,
 };
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
 use blockdraft_gguf::GgufFile;
+use hybrid::HybridScratch;
 use std::sync::Arc;
 
 fn projection<'a, B: Backend>(
@@ -201,6 +205,15 @@ impl<B: Backend> Decoder<B> {
         backend: Arc<B>,
         on_progress: &mut dyn FnMut(u64),
     ) -> Result<Self, ModelError> {
+        if config.is_hybrid() && !backend.runs_hybrid_blocks() {
+            return Err(ModelError::Backend(BackendError::Unsupported {
+                what: format!(
+                    "{} models (gated-DeltaNet blocks) on {}: use the CPU backend",
+                    config.arch.name(),
+                    backend.name()
+                ),
+            }));
+        }
         let mut loader = TensorLoader {
             source,
             backend: &*backend,
@@ -378,6 +391,10 @@ impl<B: Backend> Decoder<B> {
         }
         let pos0 = state.kv.len();
         state.kv.reserve(pos0 + n)?;
+        if let Some(rec) = &state.recurrent {
+            rec.check_pass(n)?;
+        }
+        self.settle(state)?;
         let s = &mut state.scratch;
         s.shape(be, n, cfg);
         match tokens {
@@ -386,11 +403,21 @@ impl<B: Backend> Decoder<B> {
                 be.embed_from(&self.weights.tok_embd, ids, row0, &mut s.x)
             }
         }
-        let kv = &mut state.kv;
-        self.layers(s, n, taps, hook, &mut |il, s| {
-            self.attend(il, s.q_k_v_attn(), kv, pos0, causal);
-        });
+        let (kv, mut rec) = (&mut state.kv, state.recurrent.as_mut());
+        self.layers(
+            s,
+            n,
+            taps,
+            hook,
+            &mut |il, s| match (&mut rec, &mut s.hybrid) {
+                (Some(rec), Some(hs)) if cfg.recurrent_layers[il] => self.recur(il, hs, rec),
+                _ => self.attend(il, s.q_k_v_attn(), kv, pos0, causal),
+            },
+        )?;
         state.kv.set_len(pos0 + n);
+        if let Some(rec) = &mut state.recurrent {
+            rec.passed(n);
+        }
         let (s, out) = (&mut state.scratch, &mut state.logits);
         match logits {
             LogitRows::None => {}
@@ -439,16 +466,42 @@ impl<B: Backend> Decoder<B> {
             }
             self.check_tokens(tokens)?;
             state.kv.reserve(state.kv.len() + tokens.len())?;
+            if let Some(rec) = &state.recurrent {
+                rec.check_pass(tokens.len())?;
+            }
             starts.push(ids.len());
             ids.extend_from_slice(tokens);
         }
         if let Some(t) = taps.as_deref_mut() {
             t.prepare(be, n)?;
         }
+        for (state, _) in parts.iter_mut() {
+            self.settle(state)?;
+        }
         let s = &mut batch.scratch;
         s.shape(be, n, cfg);
         be.embed(&self.weights.tok_embd, &ids, &mut s.x);
         self.layers(s, n, taps, None, &mut |il, s| {
+            if let (true, Some(hs)) = (cfg.recurrent_layers[il], s.hybrid.as_mut()) {
+                for ((state, tokens), &row) in parts.iter_mut().zip(&starts) {
+                    // The part's rows through its own state.
+                    let m = tokens.len();
+                    let (Some(rec), Some(own), Some(dn)) = (
+                        state.recurrent.as_mut(),
+                        state.scratch.hybrid.as_mut(),
+                        cfg.delta_net.as_ref(),
+                    ) else {
+                        continue;
+                    };
+                    own.shape(be, m, cfg, dn);
+                    be.copy_rows(&hs.mix_in, row, &mut own.mix_in, 0, 0, m);
+                    be.copy_rows(&hs.alpha, row, &mut own.alpha, 0, 0, m);
+                    be.copy_rows(&hs.beta, row, &mut own.beta, 0, 0, m);
+                    self.recur(il, own, rec);
+                    be.copy_rows(&own.out, 0, &mut hs.out, row, 0, m);
+                }
+                return;
+            }
             let (q, k, v, attn) = s.q_k_v_attn();
             for ((state, tokens), &row) in parts.iter_mut().zip(&starts) {
                 // The part's rows, through its own scratch: rope at its
@@ -463,10 +516,13 @@ impl<B: Backend> Decoder<B> {
                 self.attend(il, own.q_k_v_attn(), &mut state.kv, pos0, true);
                 be.copy_rows(&own.attn, 0, attn, row, 0, m);
             }
-        });
+        })?;
         for (state, tokens) in parts.iter_mut() {
             let len = state.kv.len() + tokens.len();
             state.kv.set_len(len);
+            if let Some(rec) = &mut state.recurrent {
+                rec.passed(tokens.len());
+            }
         }
         let last: Vec<usize> = parts
             .iter()
@@ -489,17 +545,19 @@ impl<B: Backend> Decoder<B> {
     }
 
     /// The layer loop over the `n` rows of `s.x`, from the embedded tokens
-    /// to the last block's output; `attend` turns each layer's `q`, `k`, `v`
-    /// into `attn` (rope, cache append and attention: what depends on the
-    /// sequences the rows belong to).
+    /// to the last block's output; `mix` runs what depends on the
+    /// sequences the rows belong to: for an attention block, turning `q`,
+    /// `k`, `v` into `attn` (rope, cache append and attention); for a
+    /// gated-DeltaNet block, the convolution and delta rule over the
+    /// sequence's recurrent state.
     fn layers(
         &self,
         s: &mut Scratch<B>,
         n: usize,
         mut taps: Option<&mut Taps<B>>,
         mut hook: Option<&mut dyn LayerHook<B>>,
-        attend: &mut dyn FnMut(usize, &mut Scratch<B>),
-    ) {
+        mix: &mut dyn FnMut(usize, &mut Scratch<B>),
+    ) -> Result<(), ModelError> {
         let cfg = &self.config;
         let be = &*self.backend;
         let w = &self.weights;
@@ -510,41 +568,13 @@ impl<B: Backend> Decoder<B> {
             if let Some(t) = taps.as_deref_mut() {
                 t.capture(be, il, &s.x, n);
             }
-            // Attention.
-            let mut qkv = [
-                projection(&lw.wq, lw.bq.as_ref(), &mut s.q),
-                projection(&lw.wk, lw.bk.as_ref(), &mut s.k),
-                projection(&lw.wv, lw.bv.as_ref(), &mut s.v),
-            ];
-            if let Some(h) = hook.as_deref_mut() {
-                be.rms_norm(&s.x, &lw.attn_norm, cfg.n_embd, cfg.rms_eps, &mut s.xn);
-                h.apply(be, il, HookPoint::AttnInput, &mut s.xn);
-                be.matmul_many(&s.xn, &mut qkv);
-            } else {
-                let norm = RowNorm {
-                    weight: &lw.attn_norm,
-                    eps: cfg.rms_eps,
-                    out: &mut s.xn,
-                };
-                be.normed_matmul_many(&s.x, norm, &mut qkv);
-            }
-            if let Some(qn) = &lw.q_norm {
-                be.rms_norm(&s.q, qn, cfg.head_dim, cfg.rms_eps, &mut s.tmp_q);
-                std::mem::swap(&mut s.q, &mut s.tmp_q);
-            }
-            if let Some(kn) = &lw.k_norm {
-                be.rms_norm(&s.k, kn, cfg.head_dim, cfg.rms_eps, &mut s.tmp_k);
-                std::mem::swap(&mut s.k, &mut s.tmp_k);
-            }
-            attend(il, s);
-            if hook.is_none() && lw.post_attn_norm.is_none() {
-                be.matmul_accumulate(&lw.wo, &s.attn, &mut s.x, &mut s.o);
-            } else {
-                be.matmul(&lw.wo, &s.attn, &mut s.o);
-                if let Some(h) = hook.as_deref_mut() {
-                    h.apply(be, il, HookPoint::AttnOutput, &mut s.o);
+            match &lw.mixer {
+                Mixer::Attention(aw) => {
+                    self.attention_block(il, lw, aw, s, hook.as_deref_mut(), mix)?
                 }
-                self.add_branch(s, lw.post_attn_norm.as_ref());
+                Mixer::DeltaNet(dw) => {
+                    self.delta_net_block(il, lw, dw, s, hook.as_deref_mut(), mix)?
+                }
             }
             // Feed-forward.
             if let Some(h) = hook.as_deref_mut() {
@@ -592,6 +622,229 @@ impl<B: Backend> Decoder<B> {
             // activation" or a NaN must not poison their context.
             be.clamp_finite(&mut t.out, TAP_LIMIT);
         }
+        Ok(())
+    }
+
+    /// Normed input of layer `il`'s mixer into `projections`, with `hook`
+    /// seeing the normed rows where there is one.
+    fn mixer_input(
+        &self,
+        il: usize,
+        lw: &LayerWeights<B>,
+        x: &B::Tensor,
+        xn: &mut B::Tensor,
+        hook: Option<&mut (dyn LayerHook<B> + '_)>,
+        projections: &mut [Projection<'_, B>],
+    ) {
+        let (cfg, be) = (&self.config, &*self.backend);
+        if let Some(h) = hook {
+            be.rms_norm(x, &lw.attn_norm, cfg.n_embd, cfg.rms_eps, xn);
+            h.apply(be, il, HookPoint::AttnInput, xn);
+            be.matmul_many(xn, projections);
+        } else {
+            let norm = RowNorm {
+                weight: &lw.attn_norm,
+                eps: cfg.rms_eps,
+                out: xn,
+            };
+            be.normed_matmul_many(x, norm, projections);
+        }
+    }
+
+    /// Adds a mixer's output projection of `input` to the residual stream,
+    /// through the hook and post-norm where there are some.
+    fn mixer_output(
+        &self,
+        il: usize,
+        lw: &LayerWeights<B>,
+        wo: &B::Weight,
+        input: &B::Tensor,
+        s: &mut Scratch<B>,
+        hook: Option<&mut (dyn LayerHook<B> + '_)>,
+    ) {
+        let be = &*self.backend;
+        if hook.is_none() && lw.post_attn_norm.is_none() {
+            be.matmul_accumulate(wo, input, &mut s.x, &mut s.o);
+        } else {
+            be.matmul(wo, input, &mut s.o);
+            if let Some(h) = hook {
+                h.apply(be, il, HookPoint::AttnOutput, &mut s.o);
+            }
+            self.add_branch(s, lw.post_attn_norm.as_ref());
+        }
+    }
+
+    /// An attention block's mixer: projections, (gated attention: the
+    /// gates split off), q/k norms, `mix`, gates, output projection.
+    fn attention_block(
+        &self,
+        il: usize,
+        lw: &LayerWeights<B>,
+        aw: &AttentionWeights<B>,
+        s: &mut Scratch<B>,
+        mut hook: Option<&mut (dyn LayerHook<B> + '_)>,
+        mix: &mut dyn FnMut(usize, &mut Scratch<B>),
+    ) -> Result<(), ModelError> {
+        let (cfg, be) = (&self.config, &*self.backend);
+        let mut gated = match (cfg.gated_attention, s.hybrid.as_mut()) {
+            (false, _) => None,
+            (true, Some(hs)) => Some(hs),
+            (true, None) => return Err(missing_scratch()),
+        };
+        let q_out = match gated {
+            Some(ref mut hs) => &mut hs.q_full,
+            None => &mut s.q,
+        };
+        let mut qkv = [
+            projection(&aw.wq, aw.bq.as_ref(), q_out),
+            projection(&aw.wk, aw.bk.as_ref(), &mut s.k),
+            projection(&aw.wv, aw.bv.as_ref(), &mut s.v),
+        ];
+        self.mixer_input(il, lw, &s.x, &mut s.xn, hook.as_deref_mut(), &mut qkv);
+        if let Some(hs) = s.hybrid.as_mut().filter(|_| cfg.gated_attention) {
+            be.split_heads(&hs.q_full, cfg.head_dim, &mut s.q, &mut hs.q_gate);
+        }
+        if let Some(qn) = &aw.q_norm {
+            be.rms_norm(&s.q, qn, cfg.head_dim, cfg.rms_eps, &mut s.tmp_q);
+            std::mem::swap(&mut s.q, &mut s.tmp_q);
+        }
+        if let Some(kn) = &aw.k_norm {
+            be.rms_norm(&s.k, kn, cfg.head_dim, cfg.rms_eps, &mut s.tmp_k);
+            std::mem::swap(&mut s.k, &mut s.tmp_k);
+        }
+        mix(il, s);
+        if let Some(hs) = s.hybrid.as_ref().filter(|_| cfg.gated_attention) {
+            be.sigmoid_mul(&mut s.attn, &hs.q_gate);
+        }
+        let attn = std::mem::replace(&mut s.attn, be.tensor(0, 0));
+        self.mixer_output(il, lw, &aw.wo, &attn, s, hook);
+        s.attn = attn;
+        Ok(())
+    }
+
+    /// A gated-DeltaNet block's mixer: projections, `mix` (convolution
+    /// and delta rule), gated norm, output projection.
+    fn delta_net_block(
+        &self,
+        il: usize,
+        lw: &LayerWeights<B>,
+        dw: &DeltaNetWeights<B>,
+        s: &mut Scratch<B>,
+        mut hook: Option<&mut (dyn LayerHook<B> + '_)>,
+        mix: &mut dyn FnMut(usize, &mut Scratch<B>),
+    ) -> Result<(), ModelError> {
+        let (cfg, be) = (&self.config, &*self.backend);
+        let (Some(hs), Some(dn)) = (s.hybrid.as_mut(), cfg.delta_net.as_ref()) else {
+            return Err(missing_scratch());
+        };
+        let mut projections = [
+            projection(&dw.w_qkv, None, &mut hs.mix_in),
+            projection(&dw.w_z, None, &mut hs.z),
+            projection(&dw.w_beta, None, &mut hs.beta),
+            projection(&dw.w_alpha, None, &mut hs.alpha),
+        ];
+        self.mixer_input(
+            il,
+            lw,
+            &s.x,
+            &mut s.xn,
+            hook.as_deref_mut(),
+            &mut projections,
+        );
+        mix(il, s);
+        let Some(hs) = s.hybrid.as_mut() else {
+            return Err(missing_scratch());
+        };
+        be.rms_norm(&hs.out, &dw.norm, dn.v_dim, cfg.rms_eps, &mut hs.normed);
+        be.gated(GatedActivation::SwiGlu, &hs.z, &hs.normed, &mut hs.out);
+        let out = std::mem::replace(&mut hs.out, be.tensor(0, 0));
+        self.mixer_output(il, lw, &dw.w_out, &out, s, hook);
+        if let Some(hs) = s.hybrid.as_mut() {
+            hs.out = out;
+        }
+        Ok(())
+    }
+
+    /// Layer `il`'s convolution and delta rule over `hs`'s projections, on
+    /// the sequence's state in `rec` (logging the inputs after a
+    /// checkpoint); the output in `hs.out`.
+    fn recur(&self, il: usize, hs: &mut HybridScratch<B>, rec: &mut RecurrentMemory<B>) {
+        let (cfg, be) = (&self.config, &*self.backend);
+        let (Mixer::DeltaNet(dw), Some(dn)) = (&self.weights.layers[il].mixer, &cfg.delta_net)
+        else {
+            return;
+        };
+        let n = be.shape(&hs.mix_in).0;
+        let l = rec.layer(cfg.slot_of(il));
+        if let Some((log_in, log_alpha, log_beta, at)) = l.log {
+            be.copy_rows(&hs.mix_in, 0, log_in, at, 0, n);
+            be.copy_rows(&hs.alpha, 0, log_alpha, at, 0, n);
+            be.copy_rows(&hs.beta, 0, log_beta, at, 0, n);
+        }
+        be.causal_conv_silu(&hs.mix_in, &dw.conv, l.conv, &mut hs.conv_out);
+        let p = dn.params(cfg.rms_eps);
+        be.gated_delta_rule(
+            &hs.conv_out,
+            &hs.alpha,
+            &hs.beta,
+            &dw.dt_bias,
+            &dw.a,
+            l.ssm,
+            &mut hs.out,
+            p,
+        );
+    }
+
+    /// Brings `state`'s recurrent memory to its position before a pass: a
+    /// rollback's restore and replay, a checkpoint's copy.
+    fn settle(&self, state: &mut DecoderState<B>) -> Result<(), ModelError> {
+        let (cfg, be) = (&self.config, &*self.backend);
+        let Some(rec) = state.recurrent.as_mut() else {
+            return Ok(());
+        };
+        if let Some(keep) = rec.prepare(be).filter(|&k| k > 0) {
+            let (Some(hs), Some(dn)) = (state.scratch.hybrid.as_mut(), cfg.delta_net.as_ref())
+            else {
+                return Err(missing_scratch());
+            };
+            hs.shape(be, keep, cfg, dn);
+            let p = dn.params(cfg.rms_eps);
+            for (il, lw) in self.weights.layers.iter().enumerate() {
+                let Mixer::DeltaNet(dw) = &lw.mixer else {
+                    continue;
+                };
+                let l = rec.replay_layer(cfg.slot_of(il));
+                let logs = [
+                    (&mut *l.log_in, dn.conv_dim()),
+                    (&mut *l.log_alpha, dn.n_v_heads),
+                    (&mut *l.log_beta, dn.n_v_heads),
+                ];
+                let log_rows = be.shape(&*logs[0].0).0;
+                for (t, cols) in logs {
+                    be.reshape(t, keep, cols);
+                }
+                be.causal_conv_silu(l.log_in, &dw.conv, l.conv, &mut hs.conv_out);
+                be.gated_delta_rule(
+                    &hs.conv_out,
+                    l.log_alpha,
+                    l.log_beta,
+                    &dw.dt_bias,
+                    &dw.a,
+                    l.ssm,
+                    &mut hs.out,
+                    p,
+                );
+                for (t, cols) in [
+                    (l.log_in, dn.conv_dim()),
+                    (l.log_alpha, dn.n_v_heads),
+                    (l.log_beta, dn.n_v_heads),
+                ] {
+                    be.reshape(t, log_rows, cols);
+                }
+            }
+        }
+        rec.rebase_at(be, state.kv.len());
+        Ok(())
     }
 
     /// Adds a residual branch's output `s.o` to `s.x`, through the
@@ -659,7 +912,7 @@ impl<B: Backend> Decoder<B> {
             mask,
             params,
         };
-        be.attention_step((q, k, v), kv.layer_mut(il), step, attn);
+        be.attention_step((q, k, v), kv.layer_mut(cfg.slot_of(il)), step, attn);
     }
 
     /// Logits of `rows` of the last block's output `s.x`, in that order.
@@ -691,6 +944,12 @@ impl<B: Backend> Decoder<B> {
     }
 }
 
+/// A hybrid model's pass found no hybrid activations (not reached: they
+/// are made with the state of every hybrid model).
+fn missing_scratch() -> ModelError {
+    ModelError::Usage("a hybrid block ran without its activations".into())
+}
+
 /// Preallocated activations of one forward pass.
 struct Scratch<B: Backend> {
     x: B::Tensor,
@@ -705,6 +964,8 @@ struct Scratch<B: Backend> {
     gate: B::Tensor,
     up: B::Tensor,
     hidden: B::Tensor,
+    /// Hybrid blocks' activations, for hybrid models.
+    hybrid: Option<HybridScratch<B>>,
 }
 
 impl<B: Backend> Scratch<B> {
@@ -714,9 +975,22 @@ impl<B: Backend> Scratch<B> {
         [e, e, q, kv, kv, q, kv, q, e, ff, ff, ff]
     }
 
+    /// Columns of every tensor, hybrid ones included.
+    fn all_cols(cfg: &ModelConfig) -> Vec<usize> {
+        let hybrid = cfg
+            .delta_net
+            .iter()
+            .flat_map(|dn| HybridScratch::<B>::cols(cfg, dn));
+        Self::cols(cfg).into_iter().chain(hybrid).collect()
+    }
+
     fn new(be: &B, cfg: &ModelConfig, rows: usize) -> Self {
         let [x, xn, q, k, v, tmp_q, tmp_k, attn, o, gate, up, hidden] =
             Self::cols(cfg).map(|cols| be.tensor(rows, cols));
+        let hybrid = cfg
+            .delta_net
+            .as_ref()
+            .map(|dn| HybridScratch::new(be, cfg, dn, rows));
         Scratch {
             x,
             xn,
@@ -730,6 +1004,7 @@ impl<B: Backend> Scratch<B> {
             gate,
             up,
             hidden,
+            hybrid,
         }
     }
 
@@ -763,6 +1038,9 @@ impl<B: Backend> Scratch<B> {
         for (t, cols) in tensors.into_iter().zip(Self::cols(cfg)) {
             be.reshape(t, n, cols);
         }
+        if let (Some(h), Some(dn)) = (&mut self.hybrid, &cfg.delta_net) {
+            h.shape(be, n, cfg, dn);
+        }
     }
 }
 
@@ -792,9 +1070,12 @@ impl<B: Backend> BatchState<B> {
     }
 }
 
-/// One sequence: its KV cache, scratch activations and last logits.
+/// One sequence: its KV cache (attention blocks), recurrent state (a
+/// hybrid model's gated-DeltaNet blocks), scratch activations and last
+/// logits.
 pub struct DecoderState<B: Backend> {
     pub kv: KvCache<B>,
+    recurrent: Option<RecurrentMemory<B>>,
     scratch: Scratch<B>,
     logits: B::Tensor,
     max_batch: usize,
@@ -821,7 +1102,7 @@ impl PassRows {
                 usize::try_from(max / (cols.max(1) as u64 * 4)).unwrap_or(usize::MAX)
             })
         };
-        let scratch = Scratch::<B>::cols(cfg).into_iter().map(fit).min();
+        let scratch = Scratch::<B>::all_cols(cfg).into_iter().map(fit).min();
         let max_batch = requested.min(scratch.unwrap_or(usize::MAX)).max(1);
         PassRows {
             max_batch,
@@ -835,16 +1116,23 @@ impl<B: Backend> DecoderState<B> {
     /// scratch rows and the logits.
     fn sizes(cfg: &ModelConfig, n_ctx: usize, rows: PassRows, kv_type: KvType) -> Vec<u64> {
         let kv = tensor_bytes(n_ctx, cfg.kv_dim(), kv_type.element_bytes());
-        let scratch = Scratch::<B>::cols(cfg).map(|cols| tensor_bytes(rows.max_batch, cols, 4));
-        std::iter::repeat_n(kv, 2 * cfg.n_layer)
+        let scratch = Scratch::<B>::all_cols(cfg)
+            .into_iter()
+            .map(|cols| tensor_bytes(rows.max_batch, cols, 4));
+        std::iter::repeat_n(kv, 2 * cfg.n_kv_layers())
             .chain(scratch)
             .chain([tensor_bytes(rows.logit_rows, cfg.n_vocab_head, 4)])
+            .chain(RecurrentMemory::<B>::sizes(cfg, rows.max_batch))
             .collect()
     }
 
     fn new(be: &B, cfg: &ModelConfig, n_ctx: usize, rows: PassRows, kv_type: KvType) -> Self {
         DecoderState {
-            kv: KvCache::new(be, cfg.n_layer, cfg.kv_dim(), n_ctx, kv_type),
+            kv: KvCache::new(be, cfg.n_kv_layers(), cfg.kv_dim(), n_ctx, kv_type),
+            recurrent: cfg
+                .delta_net
+                .as_ref()
+                .map(|dn| RecurrentMemory::new(be, dn, cfg.n_recurrent_layers(), rows.max_batch)),
             scratch: Scratch::new(be, cfg, rows.max_batch),
             logits: be.tensor(rows.logit_rows, cfg.n_vocab_head),
             max_batch: rows.max_batch,
@@ -888,8 +1176,36 @@ impl<B: Backend> DecoderState<B> {
         self.kv.len() == 0
     }
 
-    /// Forgets every position from `len` on (speculative rollback).
-    pub fn truncate(&mut self, len: usize) {
+    /// Forgets every position from `len` on. A hybrid model's state goes
+    /// back only to 0 or to a position logged since its last checkpoint
+    /// ([`Self::can_truncate`]); elsewhere this fails and nothing changes.
+    pub fn truncate(&mut self, len: usize) -> Result<(), ModelError> {
+        if let Some(rec) = &mut self.recurrent {
+            rec.rewind(self.kv.len(), len)?;
+        }
         self.kv.truncate(len);
+        Ok(())
+    }
+
+    /// Whether [`Self::truncate`] to `len` succeeds.
+    pub fn can_truncate(&self, len: usize) -> bool {
+        self.recurrent
+            .as_ref()
+            .is_none_or(|rec| rec.can_rewind(self.kv.len(), len))
+    }
+
+    /// Marks the current end before a pass whose rows may be taken back
+    /// (see [`crate::engine::SequenceMemory`]).
+    pub(crate) fn begin_checkpoint(&mut self) {
+        if let Some(rec) = &mut self.recurrent {
+            rec.checkpoint();
+        }
+    }
+
+    /// Ends what [`Self::begin_checkpoint`] began.
+    pub(crate) fn end_checkpoint(&mut self) {
+        if let Some(rec) = &mut self.recurrent {
+            rec.end_checkpoint();
+        }
     }
 }

@@ -11,6 +11,24 @@ use std::sync::Arc;
 
 pub struct LayerWeights<B: Backend> {
     pub attn_norm: B::Weight,
+    /// What mixes positions: attention, or a gated DeltaNet.
+    pub mixer: Mixer<B>,
+    pub post_attn_norm: Option<B::Weight>,
+    pub ffn_norm: B::Weight,
+    pub w_gate: B::Weight,
+    pub w_up: B::Weight,
+    pub w_down: B::Weight,
+    pub post_ffn_norm: Option<B::Weight>,
+}
+
+/// A block's sequence mixer.
+pub enum Mixer<B: Backend> {
+    Attention(AttentionWeights<B>),
+    DeltaNet(DeltaNetWeights<B>),
+}
+
+pub struct AttentionWeights<B: Backend> {
+    /// Queries; with gated attention each head's gate follows its queries.
     pub wq: B::Weight,
     pub wk: B::Weight,
     pub wv: B::Weight,
@@ -20,21 +38,51 @@ pub struct LayerWeights<B: Backend> {
     pub bv: Option<B::Weight>,
     pub q_norm: Option<B::Weight>,
     pub k_norm: Option<B::Weight>,
-    pub post_attn_norm: Option<B::Weight>,
-    pub ffn_norm: B::Weight,
-    pub w_gate: B::Weight,
-    pub w_up: B::Weight,
-    pub w_down: B::Weight,
-    pub post_ffn_norm: Option<B::Weight>,
+}
+
+/// A gated-DeltaNet block's tensors (llama.cpp's `qwen35` names).
+pub struct DeltaNetWeights<B: Backend> {
+    /// `attn_qkv`: the convolution's input (queries, keys, values).
+    pub w_qkv: B::Weight,
+    /// `attn_gate`: the output gate `z`.
+    pub w_z: B::Weight,
+    /// `ssm_beta`, `ssm_alpha`: per value head, the update strength and
+    /// the decay's input.
+    pub w_beta: B::Weight,
+    pub w_alpha: B::Weight,
+    /// `ssm_conv1d`: `{conv_kernel, conv_dim}` taps.
+    pub conv: B::Weight,
+    /// `ssm_dt.bias` and `ssm_a` (−exp(A_log)), one per value head.
+    pub dt_bias: B::Weight,
+    pub a: B::Weight,
+    /// `ssm_norm`: the output's per-head RMS norm.
+    pub norm: B::Weight,
+    /// `ssm_out`.
+    pub w_out: B::Weight,
 }
 
 impl<B: Backend> LayerWeights<B> {
+    /// The attention weights of an attention block.
+    pub fn attention(&self) -> Option<&AttentionWeights<B>> {
+        match &self.mixer {
+            Mixer::Attention(a) => Some(a),
+            Mixer::DeltaNet(_) => None,
+        }
+    }
+
     /// The weights each multiplied by one input, side by side where the
     /// backend wants them so ([`crate::backend::Device::colocate`]).
     fn colocate(&mut self, backend: &B) {
-        backend.colocate(&mut [&mut self.wq, &mut self.wk, &mut self.wv]);
-        if let (Some(bq), Some(bk), Some(bv)) = (&mut self.bq, &mut self.bk, &mut self.bv) {
-            backend.colocate(&mut [bq, bk, bv]);
+        match &mut self.mixer {
+            Mixer::Attention(a) => {
+                backend.colocate(&mut [&mut a.wq, &mut a.wk, &mut a.wv]);
+                if let (Some(bq), Some(bk), Some(bv)) = (&mut a.bq, &mut a.bk, &mut a.bv) {
+                    backend.colocate(&mut [bq, bk, bv]);
+                }
+            }
+            Mixer::DeltaNet(d) => {
+                backend.colocate(&mut [&mut d.w_qkv, &mut d.w_z, &mut d.w_beta, &mut d.w_alpha])
+            }
         }
         backend.colocate(&mut [&mut self.w_gate, &mut self.w_up]);
     }
@@ -248,7 +296,10 @@ impl<B: Backend> DecoderWeights<B> {
         let output = loader.shared("output.weight", &[d, cfg.n_vocab_head as u64])?;
         let has_qk_norm = matches!(
             cfg.arch,
-            Architecture::Qwen3 | Architecture::Gemma3 | Architecture::DFlash
+            Architecture::Qwen3
+                | Architecture::Gemma3
+                | Architecture::Qwen35
+                | Architecture::DFlash
         );
         let has_post_norms = cfg.arch == Architecture::Gemma3;
         let mut layers = Vec::with_capacity(cfg.n_layer);
@@ -272,19 +323,38 @@ impl<B: Backend> DecoderWeights<B> {
                     Ok(None)
                 }
             };
+            let mixer = if cfg.recurrent_layers[il] {
+                Mixer::DeltaNet(DeltaNetWeights::load(cfg, loader, il)?)
+            } else {
+                Mixer::Attention(AttentionWeights {
+                    wq: loader.require(&n("attn_q.weight"), &[d, cfg.q_proj_dim() as u64])?,
+                    wk: loader.require(&n("attn_k.weight"), &[d, kv])?,
+                    wv: loader.require(&n("attn_v.weight"), &[d, kv])?,
+                    wo: loader.require(&n("attn_output.weight"), &[q, d])?,
+                    bq: loader.optional(&n("attn_q.bias"), &[q])?,
+                    bk: loader.optional(&n("attn_k.bias"), &[kv])?,
+                    bv: loader.optional(&n("attn_v.bias"), &[kv])?,
+                    q_norm: qk_norm(loader, "attn_q_norm.weight")?,
+                    k_norm: qk_norm(loader, "attn_k_norm.weight")?,
+                })
+            };
+            // Qwen3.5 names its pre-FFN norm `post_attention_norm`.
+            let (post_attn_norm, ffn_norm) = if cfg.arch == Architecture::Qwen35 {
+                (
+                    None,
+                    loader.require(&n("post_attention_norm.weight"), &[d])?,
+                )
+            } else {
+                (
+                    post_norm(loader, "post_attention_norm.weight")?,
+                    loader.require(&n("ffn_norm.weight"), &[d])?,
+                )
+            };
             let mut layer = LayerWeights {
                 attn_norm: loader.require(&n("attn_norm.weight"), &[d])?,
-                wq: loader.require(&n("attn_q.weight"), &[d, q])?,
-                wk: loader.require(&n("attn_k.weight"), &[d, kv])?,
-                wv: loader.require(&n("attn_v.weight"), &[d, kv])?,
-                wo: loader.require(&n("attn_output.weight"), &[q, d])?,
-                bq: loader.optional(&n("attn_q.bias"), &[q])?,
-                bk: loader.optional(&n("attn_k.bias"), &[kv])?,
-                bv: loader.optional(&n("attn_v.bias"), &[kv])?,
-                q_norm: qk_norm(loader, "attn_q_norm.weight")?,
-                k_norm: qk_norm(loader, "attn_k_norm.weight")?,
-                post_attn_norm: post_norm(loader, "post_attention_norm.weight")?,
-                ffn_norm: loader.require(&n("ffn_norm.weight"), &[d])?,
+                mixer,
+                post_attn_norm,
+                ffn_norm,
                 w_gate: loader.require(&n("ffn_gate.weight"), &[d, ff])?,
                 w_up: loader.require(&n("ffn_up.weight"), &[d, ff])?,
                 w_down: loader.require(&n("ffn_down.weight"), &[ff, d])?,
@@ -304,5 +374,37 @@ impl<B: Backend> DecoderWeights<B> {
     /// The LM head: `output.weight`, or the tied embedding table.
     pub fn head(&self) -> &B::Weight {
         self.output.as_deref().unwrap_or(&self.tok_embd)
+    }
+}
+
+impl<B: Backend> DeltaNetWeights<B> {
+    fn load(
+        cfg: &ModelConfig,
+        loader: &mut TensorLoader<'_, B>,
+        il: usize,
+    ) -> Result<Self, ModelError> {
+        let dn = cfg.delta_net.ok_or_else(|| {
+            ModelError::Usage(format!(
+                "layer {il} is recurrent but the model has no ssm sizes"
+            ))
+        })?;
+        let n = |t: &str| format!("blk.{il}.{t}");
+        let (e, conv, value, hv) = (
+            cfg.n_embd as u64,
+            dn.conv_dim() as u64,
+            dn.value_dim() as u64,
+            dn.n_v_heads as u64,
+        );
+        Ok(DeltaNetWeights {
+            w_qkv: loader.require(&n("attn_qkv.weight"), &[e, conv])?,
+            w_z: loader.require(&n("attn_gate.weight"), &[e, value])?,
+            w_beta: loader.require(&n("ssm_beta.weight"), &[e, hv])?,
+            w_alpha: loader.require(&n("ssm_alpha.weight"), &[e, hv])?,
+            conv: loader.require(&n("ssm_conv1d.weight"), &[dn.conv_kernel as u64, conv])?,
+            dt_bias: loader.require(&n("ssm_dt.bias"), &[hv])?,
+            a: loader.require(&n("ssm_a"), &[hv])?,
+            norm: loader.require(&n("ssm_norm.weight"), &[dn.v_dim as u64])?,
+            w_out: loader.require(&n("ssm_out.weight"), &[value, e])?,
+        })
     }
 }

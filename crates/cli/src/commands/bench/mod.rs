@@ -15,6 +15,7 @@ use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use anyhow::{Context, Result};
 use blockdraft_core::backend::prelude::*;
 use blockdraft_core::backend::KernelTiming;
+use blockdraft_core::engine::SequenceMemory;
 use blockdraft_core::model::{Decoder, DecoderState, LogitRows};
 use blockdraft_core::sampling::{Bounds, Rng};
 use blockdraft_core::speculative::MAX_DRAFT;
@@ -188,14 +189,14 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
             let _ = write!(line, " memory reads {gbps:.2} GB/s,");
         }
         if args.n_prompt > 0 {
-            state.truncate(0);
+            state.truncate(0)?;
             let tps = args.n_prompt as f64
                 / time_forward(dec, &mut state, &tokens[..args.n_prompt], LogitRows::Last)?;
             prefill.push(tps);
             let _ = write!(line, " prefill {tps:.2} tok/s,");
         }
         if args.n_gen > 0 {
-            state.truncate(0);
+            state.truncate(0)?;
             let before = dec.backend.command_counts();
             dec.backend.take_kernel_timings();
             if let Some(tps) = decode_rate(dec, &mut state, tokens[0], args.n_gen)? {
@@ -220,7 +221,7 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
             "verify passes of k = 1..={} rows at context {}",
             args.verify_max, args.verify_ctx
         ));
-        state.truncate(0);
+        state.truncate(0)?;
         time_forward(dec, &mut state, &tokens[..args.verify_ctx], LogitRows::None)?;
         verify = verify_curve(dec, &mut state, &tokens, args.verify_max, args.reps)?;
     }
@@ -231,7 +232,7 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
             break;
         }
         progress(format!("filling {depth} tokens of context"));
-        state.truncate(0);
+        state.truncate(0)?;
         if depth > 0 {
             time_forward(dec, &mut state, &tokens[..depth], LogitRows::None)?;
         }
@@ -239,14 +240,14 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
         // -n 0 measures no decode here either (nor at depth 0 above).
         let reps = if args.n_gen > 0 { args.reps } else { 0 };
         for _ in 0..reps {
-            state.truncate(depth);
+            rewind(dec, &mut state, &tokens[..depth])?;
             match decode_rate(dec, &mut state, tokens[depth], args.n_gen)? {
                 Some(tps) => rates.push(tps),
                 None => break,
             }
         }
         let rate = (reps > 0 && rates.len() == reps).then(|| median(&rates));
-        state.truncate(depth);
+        rewind(dec, &mut state, &tokens[..depth])?;
         let curve = verify_curve(dec, &mut state, &tokens, args.verify_max, args.reps)?;
         progress(format!(
             "depth {depth}: decode {}",
@@ -488,6 +489,20 @@ fn decode_rate<B: Backend>(
     Ok(Some(n_gen as f64 / t.elapsed().as_secs_f64()))
 }
 
+/// Goes back to holding `held`: a truncation, or for a hybrid model's
+/// state, which goes back only within a checkpoint's rows, a fresh fill.
+fn rewind<B: Backend>(dec: &Decoder<B>, state: &mut DecoderState<B>, held: &[u32]) -> Result<()> {
+    if state.can_truncate(held.len()) {
+        state.truncate(held.len())?;
+    } else {
+        state.truncate(0)?;
+        if !held.is_empty() {
+            time_forward(dec, state, held, LogitRows::None)?;
+        }
+    }
+    Ok(())
+}
+
 /// `(k, median seconds)` of verify passes of k = 1..=`verify_max` rows
 /// (fewer where the state's passes are smaller) after the state's current
 /// context, which each pass leaves as it was.
@@ -503,13 +518,16 @@ fn verify_curve<B: Backend>(
     for k in 1..=verify_max.min(state.logit_rows()) {
         let mut times = Vec::new();
         for _ in 0..reps.max(3) {
+            // As a speculative round does: a hybrid model's state is
+            // copied at the checkpoint, and restored at the commit.
+            let at = state.checkpoint();
             times.push(time_forward(
                 dec,
                 state,
                 &tokens[base..base + k],
                 LogitRows::All,
             )?);
-            state.truncate(base);
+            state.commit(at, 0)?;
         }
         if interrupt::requested() {
             break;
@@ -702,13 +720,14 @@ fn speculative_bench<B: Backend>(args: &Args, loaded: &Loaded<B>, spec: &str) ->
         for rows in 1..=max_rows {
             let mut times = Vec::new();
             for _ in 0..3 {
+                let at = state.checkpoint();
                 times.push(time_forward(
                     dec,
                     &mut state,
                     &timing_tokens[context..context + rows],
                     LogitRows::All,
                 )?);
-                state.truncate(context);
+                state.commit(at, 0)?;
             }
             pass_seconds.push(median(&times));
         }

@@ -274,7 +274,7 @@ fn generate_data<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
                     Taps::new(&*dec.backend, cfg, &args.taps, 64)?,
                 )),
             };
-            state.truncate(0);
+            state.truncate(0)?;
             let seq = replayed(&loaded, state, taps, i, r, &mut replay_stats)?;
             resolve(i, Some(seq), &replay_stats)?;
         } else {

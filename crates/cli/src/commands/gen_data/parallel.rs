@@ -91,7 +91,7 @@ impl<'a, B: Backend> Generator<'a, B> {
             .iter_mut()
             .find(|s| s.active.is_none())
             .expect("a free slot");
-        slot.state.truncate(0);
+        slot.state.truncate(0)?;
         let mut taps = Vec::with_capacity((ids.len() + self.n_predict) * self.width);
         for chunk in ids.chunks(slot.state.max_batch()) {
             forward_capturing(

@@ -602,7 +602,7 @@ impl<B: Backend> DFlashDrafter<B> {
                 "DFlash context injection of {n} rows from taps of shape {rows}x{width} (scratch holds {capacity} rows)"
             )));
         }
-        self.state.truncate(pos0);
+        self.state.truncate(pos0)?;
         if self.state.len() != pos0 {
             return Err(ModelError::Usage(format!(
                 "DFlash context injection at position {pos0}, but the drafter holds only {} positions",
@@ -642,6 +642,11 @@ impl<B: Backend> DFlashDrafter<B> {
             }
         };
         for (il, lw) in self.model.decoder.weights.layers.iter().enumerate() {
+            let Some(aw) = lw.attention() else {
+                return Err(ModelError::Usage(
+                    "a DFlash drafter's layers are attention blocks".into(),
+                ));
+            };
             // DFly: this layer's context is the shared projection (before
             // any norm) plus its own mix of the raw taps.
             if let Some((f, wide, fused)) = dfly.as_mut() {
@@ -656,9 +661,9 @@ impl<B: Backend> DFlashDrafter<B> {
                 );
                 be.copy_rows(&s.c, 0, wide, 0, il * cfg.n_embd, rows);
             }
-            be.matmul(&lw.wk, &s.c, &mut s.k);
-            be.matmul(&lw.wv, &s.c, &mut s.v);
-            let k = match &lw.k_norm {
+            be.matmul(&aw.wk, &s.c, &mut s.k);
+            be.matmul(&aw.wv, &s.c, &mut s.v);
+            let k = match &aw.k_norm {
                 Some(kn) => {
                     be.rms_norm(&s.k, kn, cfg.head_dim, cfg.rms_eps, &mut s.k_normed);
                     &mut s.k_normed
@@ -767,7 +772,7 @@ impl<B: Backend> DFlashDrafter<B> {
             hook,
         );
         // The block's own K/V never outlive the round.
-        self.state.truncate(pos);
+        self.state.truncate(pos)?;
         result?;
         Ok(rows)
     }
@@ -1075,10 +1080,11 @@ impl<B: Backend> Drafter<B> for DFlashDrafter<B> {
         Ok(Some(n))
     }
 
-    fn rollback(&mut self, len: usize) {
-        self.state.truncate(len);
+    fn rollback(&mut self, len: usize) -> Result<(), ModelError> {
+        self.state.truncate(len)?;
         let p = &mut self.pending;
         p.rows = p.rows.min(len.saturating_sub(p.pos0));
+        Ok(())
     }
 }
 

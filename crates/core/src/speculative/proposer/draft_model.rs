@@ -3,6 +3,7 @@
 
 use super::{Draft, Drafter};
 use crate::backend::Backend;
+use crate::engine::{Checkpoint, SequenceMemory};
 use crate::error::ModelError;
 use crate::model::{Decoder, DecoderState, LogitRows};
 use std::sync::Arc;
@@ -23,6 +24,8 @@ pub struct DraftModelDrafter<B: Backend> {
     /// it goes on over one batch of the prompt, in the parts the policy
     /// affords, rather than skipping to a gap's window.
     primed: bool,
+    /// Where the drafts of the last proposal began.
+    drafting: Option<Checkpoint>,
 }
 
 impl<B: Backend> DraftModelDrafter<B> {
@@ -44,6 +47,7 @@ impl<B: Backend> DraftModelDrafter<B> {
             state,
             skipped: 0,
             primed: false,
+            drafting: None,
         })
     }
 
@@ -54,9 +58,18 @@ impl<B: Backend> DraftModelDrafter<B> {
     }
 
     /// Forgets the cached drafts beyond [`Self::seen_len`].
-    fn forget_drafts(&mut self, history: &[u32]) {
+    fn forget_drafts(&mut self, history: &[u32]) -> Result<(), ModelError> {
         let seen = self.seen_len(history);
-        self.state.truncate(seen.saturating_sub(self.skipped));
+        self.rewind(seen.saturating_sub(self.skipped))
+    }
+
+    /// Goes back to `len` positions: for a hybrid draft model, within the
+    /// rows drafted since [`Self::drafting`]'s checkpoint.
+    fn rewind(&mut self, len: usize) -> Result<(), ModelError> {
+        match self.drafting.take() {
+            Some(at) if len >= at.len() => self.state.commit(at, len - at.len()),
+            _ => self.state.truncate(len),
+        }
     }
 
     /// The committed tokens before `upto` that this model has not seen, at
@@ -108,10 +121,12 @@ impl<B: Backend> DraftModelDrafter<B> {
         let n_ctx = self.state.kv.capacity();
         let n_max = n_max.min(n_ctx.saturating_sub(history.len()));
         if n_max > 0 {
-            self.forget_drafts(history);
+            self.forget_drafts(history)?;
             let range = self.unseen(history, history.len(), usize::MAX);
             self.feed(history, range, usize::MAX)?;
             self.primed = true;
+            // The drafts are taken back at the next round.
+            self.drafting = Some(self.state.checkpoint());
         }
         Ok(n_max)
     }
@@ -132,7 +147,7 @@ impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
     /// it.
     fn catch_up(&mut self, history: &[u32], most: usize) -> Result<usize, ModelError> {
         let (upto, window) = self.catch_up_span(history);
-        self.forget_drafts(history);
+        self.forget_drafts(history)?;
         let range = self.unseen(history, upto, window);
         let fed = self.feed(history, range.clone(), most)?;
         if fed == range.len() {
@@ -195,7 +210,7 @@ impl<B: Backend> Drafter<B> for DraftModelDrafter<B> {
         Ok(Some(n))
     }
 
-    fn rollback(&mut self, len: usize) {
-        self.state.truncate(len.saturating_sub(self.skipped));
+    fn rollback(&mut self, len: usize) -> Result<(), ModelError> {
+        self.rewind(len.saturating_sub(self.skipped))
     }
 }

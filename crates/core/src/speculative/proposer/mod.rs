@@ -110,7 +110,8 @@ pub trait Drafter<B: Backend>: Send {
     }
 
     /// Forgets everything about positions from `len` on.
-    fn rollback(&mut self, len: usize) {
+    fn rollback(&mut self, len: usize) -> Result<(), ModelError> {
         let _ = len;
+        Ok(())
     }
 }

@@ -94,8 +94,8 @@ impl<B: Backend> Drafter<B> for ForcedDrafter<B> {
         Drafter::<B>::propose(&mut self.oracle, history, n_max).await
     }
 
-    fn rollback(&mut self, len: usize) {
-        self.inner.rollback(len);
+    fn rollback(&mut self, len: usize) -> Result<(), ModelError> {
+        self.inner.rollback(len)
     }
 }
 
