@@ -5,8 +5,8 @@
 //! instantiates it for a backend.
 
 use crate::backend::{
-    AttentionMask, AttentionParams, AttentionStep, Backend, ConvParams, GatedActivation, KvType,
-    Projection, RopeParams, RopeStyle, RowNorm, WeightSource,
+    AttentionMask, AttentionParams, AttentionStep, Backend, ConvParams, DeltaNetParams,
+    GatedActivation, KvType, Projection, RopeParams, RopeStyle, RowNorm, WeightSource,
 };
 use crate::sampling::{Rng, SamplingParams};
 use blockdraft_gguf::{quants, GgmlType, GgufFile, GgufWriter};
@@ -978,6 +978,154 @@ pub async fn grouped_conv<B: Backend, R: Backend>(be: &B, reference: &R) {
     }
 }
 
+/// The hybrid blocks' ops ([`crate::backend::HybridOps`]): the causal
+/// convolution from a non-zero state (output and the state after it), the
+/// gated delta rule over several rows with key heads shared by value heads
+/// and a decode row (output and state), the head split and the sigmoid
+/// gate. A backend without them skips, saying so.
+pub async fn hybrid_blocks<B: Backend, R: Backend>(be: &B, reference: &R) {
+    if !be.runs_hybrid_blocks() {
+        eprintln!(
+            "SKIP hybrid_blocks: {} does not run hybrid blocks",
+            be.name()
+        );
+        return;
+    }
+    let mut rng = Rng::new(35);
+    let (c, taps) = (96, 4);
+    let conv_w = weight_file(GgmlType::F32, c, taps, 36);
+    for n in [1, 5] {
+        let x = uniform(&mut rng, n * c, 1.0);
+        let state = uniform(&mut rng, (taps - 1) * c, 1.0);
+        let (mut s_got, mut out) = (tensor(be, taps - 1, c, &state), be.tensor(n, c));
+        be.causal_conv_silu(
+            &tensor(be, n, c, &x),
+            &load(be, &conv_w),
+            &mut s_got,
+            &mut out,
+        );
+        let (mut s_want, mut want) = (
+            tensor(reference, taps - 1, c, &state),
+            reference.tensor(n, c),
+        );
+        reference.causal_conv_silu(
+            &tensor(reference, n, c, &x),
+            &load(reference, &conv_w),
+            &mut s_want,
+            &mut want,
+        );
+        let what = format!("causal_conv_silu, {n} rows");
+        assert_close(
+            &what,
+            &be.read(&out).await,
+            &reference.read(&want).await,
+            1e-5,
+        );
+        assert_close(
+            &what,
+            &be.read(&s_got).await,
+            &reference.read(&s_want).await,
+            0.0,
+        );
+    }
+    let p = DeltaNetParams {
+        n_k_heads: 2,
+        n_v_heads: 4,
+        k_dim: 32,
+        v_dim: 32,
+        eps: 1e-6,
+    };
+    let (rows, cols) = p.state_shape();
+    let (dt_bias, a) = (
+        weight_file(GgmlType::F32, 1, 4, 37),
+        weight_file(GgmlType::F32, 1, 4, 38),
+    );
+    for n in [1, 6] {
+        let x = uniform(&mut rng, n * p.input_dim(), 1.0);
+        let alpha = uniform(&mut rng, n * p.n_v_heads, 2.0);
+        let beta = uniform(&mut rng, n * p.n_v_heads, 2.0);
+        let state = uniform(&mut rng, rows * cols, 0.5);
+        let width = p.n_v_heads * p.v_dim;
+        let mut s_got = tensor(be, rows, cols, &state);
+        let mut out = be.tensor(n, width);
+        be.gated_delta_rule(
+            &tensor(be, n, p.input_dim(), &x),
+            &tensor(be, n, p.n_v_heads, &alpha),
+            &tensor(be, n, p.n_v_heads, &beta),
+            &load(be, &dt_bias),
+            &load(be, &a),
+            &mut s_got,
+            &mut out,
+            p,
+        );
+        let mut s_want = tensor(reference, rows, cols, &state);
+        let mut want = reference.tensor(n, width);
+        reference.gated_delta_rule(
+            &tensor(reference, n, p.input_dim(), &x),
+            &tensor(reference, n, p.n_v_heads, &alpha),
+            &tensor(reference, n, p.n_v_heads, &beta),
+            &load(reference, &dt_bias),
+            &load(reference, &a),
+            &mut s_want,
+            &mut want,
+            p,
+        );
+        let what = format!("gated_delta_rule, {n} rows");
+        assert_close(
+            &what,
+            &be.read(&out).await,
+            &reference.read(&want).await,
+            1e-5,
+        );
+        assert_close(
+            &what,
+            &be.read(&s_got).await,
+            &reference.read(&s_want).await,
+            1e-5,
+        );
+    }
+    let (n, heads, d) = (3, 4, 16);
+    let x = uniform(&mut rng, n * heads * 2 * d, 4.0);
+    let (mut first, mut second) = (be.tensor(n, heads * d), be.tensor(n, heads * d));
+    be.split_heads(
+        &tensor(be, n, heads * 2 * d, &x),
+        d,
+        &mut first,
+        &mut second,
+    );
+    let (mut r_first, mut r_second) = (
+        reference.tensor(n, heads * d),
+        reference.tensor(n, heads * d),
+    );
+    reference.split_heads(
+        &tensor(reference, n, heads * 2 * d, &x),
+        d,
+        &mut r_first,
+        &mut r_second,
+    );
+    assert_close(
+        "split_heads",
+        &be.read(&first).await,
+        &reference.read(&r_first).await,
+        0.0,
+    );
+    assert_close(
+        "split_heads",
+        &be.read(&second).await,
+        &reference.read(&r_second).await,
+        0.0,
+    );
+    let gate = uniform(&mut rng, n * heads * d, 6.0);
+    be.sigmoid_mul(&mut first, &tensor(be, n, heads * d, &gate));
+    reference.sigmoid_mul(&mut r_first, &tensor(reference, n, heads * d, &gate));
+    assert_close(
+        "sigmoid_mul",
+        &be.read(&first).await,
+        &reference.read(&r_first).await,
+        1e-6,
+    );
+}
+
 /// Argmax per row: the first index wins ties, rows wider than a workgroup.
 pub async fn argmax<B: Backend, R: Backend>(be: &B, reference: &R) {
     let mut rng = Rng::new(13);
@@ -1530,14 +1678,14 @@ macro_rules! backend_conformance_tests {
     (async $attr:path, $backend:expr, $reference:expr) => {
         $crate::backend_conformance_tests!(@async $attr, $backend, $reference;
             matmul, matmul_fused, normed_projections, embed, rms_norm, rope, attention_inputs, attention_step, elementwise, copy_rows,
-            attention, kv_f16, grouped_conv, argmax, top_k, add_slices, selector_walk, penalize,
-            sample_to, device_ids, random_shapes);
+            attention, kv_f16, grouped_conv, hybrid_blocks, argmax, top_k, add_slices,
+            selector_walk, penalize, sample_to, device_ids, random_shapes);
     };
     ($backend:expr, $reference:expr) => {
         $crate::backend_conformance_tests!(@each $backend, $reference;
             matmul, matmul_fused, normed_projections, embed, rms_norm, rope, attention_inputs, attention_step, elementwise, copy_rows,
-            attention, kv_f16, grouped_conv, argmax, top_k, add_slices, selector_walk, penalize,
-            sample_to, device_ids, random_shapes);
+            attention, kv_f16, grouped_conv, hybrid_blocks, argmax, top_k, add_slices,
+            selector_walk, penalize, sample_to, device_ids, random_shapes);
     };
     (@each $backend:expr, $reference:expr; $($op:ident),*) => {
         $(

@@ -42,8 +42,9 @@ pub use weights::WgpuWeight;
 
 use blockdraft_core::backend::{
     self, AttentionMask, AttentionOps, AttentionParams, AttentionStep, BackendError, CommandCounts,
-    ConvParams, DrafterOps, ElementwiseOps, GatedActivation, HybridOps, KernelTiming, KvType,
-    LinearOps, Projection, RopeParams, RopeStyle, RowNorm, SamplingOps, WeightSource,
+    ConvParams, DeltaNetParams, DrafterOps, ElementwiseOps, GatedActivation, HybridOps,
+    KernelTiming, KvType, LinearOps, Projection, RopeParams, RopeStyle, RowNorm, SamplingOps,
+    WeightSource,
 };
 // The trait's methods, without its name (wgpu has a `Device` of its own).
 use blockdraft_core::backend::Device as _;
@@ -1349,9 +1350,150 @@ impl SamplingOps for WgpuBackend {
     }
 }
 
-/// Hybrid models' blocks are not implemented here yet: the defaults
-/// record an unsupported-op error and loading a hybrid model is refused.
-impl HybridOps for WgpuBackend {}
+impl HybridOps for WgpuBackend {
+    fn runs_hybrid_blocks(&self) -> bool {
+        true
+    }
+
+    fn causal_conv_silu(
+        &self,
+        x: &WgpuTensor,
+        weight: &WgpuWeight,
+        state: &mut WgpuTensor,
+        out: &mut WgpuTensor,
+    ) {
+        let taps = weight.cols();
+        assert!(
+            weight.rows() == x.cols
+                && (state.rows, state.cols) == (taps - 1, x.cols)
+                && (out.rows, out.cols) == (x.rows, x.cols),
+            "causal_conv_silu shapes"
+        );
+        let Some(taps_binding) = weight.f32_binding() else {
+            self.record_error(BackendError::Unsupported {
+                what: format!("{} convolution taps on wgpu (F32 only)", weight.ty()),
+            });
+            return;
+        };
+        let params = params::DeltaNet {
+            n_rows: u(x.rows),
+            channels: u(x.cols),
+            taps: u(taps),
+            n_k_heads: 0,
+            n_v_heads: 0,
+            k_dim: 0,
+            v_dim: 0,
+            eps: 0.0,
+        };
+        self.dev.dispatch(
+            kernel("delta_net.wgsl", "causal_conv_silu"),
+            &params,
+            &[x.binding(), taps_binding, state.binding(), out.binding()],
+            grid(x.cols, 256),
+        );
+    }
+
+    fn gated_delta_rule(
+        &self,
+        x: &WgpuTensor,
+        alpha: &WgpuTensor,
+        beta: &WgpuTensor,
+        dt_bias: &WgpuWeight,
+        a: &WgpuWeight,
+        state: &mut WgpuTensor,
+        out: &mut WgpuTensor,
+        p: DeltaNetParams,
+    ) {
+        assert!(
+            x.cols == p.input_dim()
+                && (state.rows, state.cols) == p.state_shape()
+                && (out.rows, out.cols) == (x.rows, p.n_v_heads * p.v_dim),
+            "gated_delta_rule shapes"
+        );
+        // The kernel keeps a key head in workgroup memory.
+        const MAX_K: usize = 256;
+        if p.k_dim > MAX_K {
+            self.record_error(BackendError::Unsupported {
+                what: format!(
+                    "DeltaNet key heads of {} (at most {MAX_K}) on wgpu",
+                    p.k_dim
+                ),
+            });
+            return;
+        }
+        let params = params::DeltaNet {
+            n_rows: u(x.rows),
+            channels: 0,
+            taps: 0,
+            n_k_heads: u(p.n_k_heads),
+            n_v_heads: u(p.n_v_heads),
+            k_dim: u(p.k_dim),
+            v_dim: u(p.v_dim),
+            eps: p.eps,
+        };
+        self.dev.dispatch(
+            kernel("delta_net.wgsl", "gated_delta_rule"),
+            &params,
+            &[
+                x.binding(),
+                alpha.binding(),
+                state.binding(),
+                out.binding(),
+                beta.binding(),
+                dt_bias.dense_binding(),
+                a.dense_binding(),
+            ],
+            [u(p.n_v_heads), 1, 1],
+        );
+    }
+
+    fn split_heads(
+        &self,
+        x: &WgpuTensor,
+        d: usize,
+        first: &mut WgpuTensor,
+        second: &mut WgpuTensor,
+    ) {
+        let half = (x.rows, x.cols / 2);
+        assert!(
+            x.cols % (2 * d) == 0
+                && (first.rows, first.cols) == half
+                && (second.rows, second.cols) == half,
+            "split_heads shapes"
+        );
+        let params = params::GatedAttention {
+            n: u(first.len()),
+            d: u(d),
+            _pad0: 0,
+            _pad1: 0,
+        };
+        self.dev.dispatch(
+            kernel("gated_attention.wgsl", "split_heads"),
+            &params,
+            &[x.binding(), first.binding(), second.binding()],
+            grid(first.len(), 256),
+        );
+    }
+
+    fn sigmoid_mul(&self, x: &mut WgpuTensor, gate: &WgpuTensor) {
+        assert!(
+            (x.rows, x.cols) == (gate.rows, gate.cols),
+            "sigmoid_mul shapes"
+        );
+        let params = params::GatedAttention {
+            n: u(x.len()),
+            d: 1,
+            _pad0: 0,
+            _pad1: 0,
+        };
+        self.dev.dispatch(
+            kernel("gated_attention.wgsl", "sigmoid_mul"),
+            &params,
+            &[gate.binding(), x.binding()],
+            grid(x.len(), 256),
+        );
+    }
+}
 
 impl DrafterOps for WgpuBackend {
     fn grouped_conv(

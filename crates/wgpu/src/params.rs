@@ -158,6 +158,26 @@ params! {
         _pad2: u32,
     }
 
+    /// `causal_conv_silu`, `gated_delta_rule`.
+    DeltaNet for ["delta_net.wgsl"] {
+        n_rows: u32,
+        channels: u32,
+        taps: u32,
+        n_k_heads: u32,
+        n_v_heads: u32,
+        k_dim: u32,
+        v_dim: u32,
+        eps: f32,
+    }
+
+    /// `split_heads`, `sigmoid_mul`.
+    GatedAttention for ["gated_attention.wgsl"] {
+        n: u32,
+        d: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+
     /// `copy_rows` and `append_kv`, into f32 or f16.
     CopyRows for ["copy.wgsl", "copy_f16.wgsl"] {
         n_rows: u32,

@@ -51,6 +51,14 @@ pub const SOURCES: &[(&str, &str)] = &[
     ),
     ("argmax.wgsl", include_str!("../../../shaders/argmax.wgsl")),
     ("conv.wgsl", include_str!("../../../shaders/conv.wgsl")),
+    (
+        "delta_net.wgsl",
+        include_str!("../../../shaders/delta_net.wgsl"),
+    ),
+    (
+        "gated_attention.wgsl",
+        include_str!("../../../shaders/gated_attention.wgsl"),
+    ),
     ("topk.wgsl", include_str!("../../../shaders/topk.wgsl")),
     (
         "selector.wgsl",

@@ -249,6 +249,12 @@ impl WgpuWeight {
         self.ty
     }
 
+    /// An F32 weight held in one part, as f32 values (a DeltaNet block's
+    /// convolution taps); `None` for another type or a split one.
+    pub(crate) fn f32_binding(&self) -> Option<Binding<'_>> {
+        (self.ty == GgmlType::F32 && self.parts.len() == 1).then(|| self.parts[0].binding())
+    }
+
     /// A 1-D weight as f32 (norm and bias kernels).
     pub(crate) fn dense_binding(&self) -> Binding<'_> {
         assert!(
