@@ -1,7 +1,7 @@
 // A hybrid model's gated-DeltaNet block (see HybridOps): the causal depthwise
 // convolution over rows with its rolling state, then SiLU; and the gated delta
 // rule over rows in order, one workgroup per value head, one invocation per
-// state row (value index), the head's query and key in workgroup memory.
+// value column of its state, the head's query and key in workgroup memory.
 
 #include "common.wgsl"
 
@@ -21,7 +21,8 @@ struct Params {
 @group(0) @binding(1) var<storage, read> src: array<f32>;
 // Convolution: the taps, `taps` per channel; delta rule: alpha per row and head.
 @group(0) @binding(2) var<storage, read> aux: array<f32>;
-// Convolution: the last `taps − 1` inputs; delta rule: `v_dim x k_dim` per head.
+// Convolution: the last `taps − 1` inputs; delta rule: `k_dim x v_dim` per head
+// (row i: key index i over the value columns).
 @group(0) @binding(3) var<storage, read_write> state: array<f32>;
 @group(0) @binding(4) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(5) var<storage, read> beta: array<f32>;
@@ -117,19 +118,20 @@ fn gated_delta_rule(@builtin(workgroup_id) wid: vec3<u32>,
         let ks = 1.0 / max(sqrt(workgroup_sum(lid, kk)), p.eps);
         let g = exp(softplus(aux[t * p.n_v_heads + h] + dt_bias[h]) * decay[h]);
         let b = 1.0 / (1.0 + exp(-beta[t * p.n_v_heads + h]));
+        // Invocation j walks column j of the head's state (coalesced rows).
         for (var j = lid; j < p.v_dim; j += WG) {
-            let s0 = (h * p.v_dim + j) * p.k_dim;
+            let s0 = h * p.k_dim * p.v_dim + j;
             var sk = 0.0;
             for (var i = 0u; i < p.k_dim; i++) {
-                let e = state[s0 + i] * g;
-                state[s0 + i] = e;
+                let e = state[s0 + i * p.v_dim] * g;
+                state[s0 + i * p.v_dim] = e;
                 sk += e * (k_s[i] * ks);
             }
             let d = (src[row + 2u * p.n_k_heads * p.k_dim + h * p.v_dim + j] - sk) * b;
             var o = 0.0;
             for (var i = 0u; i < p.k_dim; i++) {
-                let e = state[s0 + i] + (k_s[i] * ks) * d;
-                state[s0 + i] = e;
+                let e = state[s0 + i * p.v_dim] + (k_s[i] * ks) * d;
+                state[s0 + i * p.v_dim] = e;
                 o += e * (q_s[i] * qs);
             }
             dst[(t * p.n_v_heads + h) * p.v_dim + j] = o;

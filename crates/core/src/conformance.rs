@@ -1040,13 +1040,17 @@ pub async fn hybrid_blocks<B: Backend, R: Backend>(be: &B, reference: &R) {
         weight_file(GgmlType::F32, 1, 4, 37),
         weight_file(GgmlType::F32, 1, 4, 38),
     );
-    for n in [1, 6] {
+    // A decode row in place; six rows read from another tensor (a
+    // checkpoint's), which stays as it was.
+    for (n, from_other) in [(1, false), (6, true)] {
         let x = uniform(&mut rng, n * p.input_dim(), 1.0);
         let alpha = uniform(&mut rng, n * p.n_v_heads, 2.0);
         let beta = uniform(&mut rng, n * p.n_v_heads, 2.0);
         let state = uniform(&mut rng, rows * cols, 0.5);
+        let stale = uniform(&mut rng, rows * cols, 9.0);
         let width = p.n_v_heads * p.v_dim;
-        let mut s_got = tensor(be, rows, cols, &state);
+        let from = tensor(be, rows, cols, &state);
+        let mut s_got = tensor(be, rows, cols, if from_other { &stale } else { &state });
         let mut out = be.tensor(n, width);
         be.gated_delta_rule(
             &tensor(be, n, p.input_dim(), &x),
@@ -1054,6 +1058,7 @@ pub async fn hybrid_blocks<B: Backend, R: Backend>(be: &B, reference: &R) {
             &tensor(be, n, p.n_v_heads, &beta),
             &load(be, &dt_bias),
             &load(be, &a),
+            from_other.then_some(&from),
             &mut s_got,
             &mut out,
             p,
@@ -1066,6 +1071,7 @@ pub async fn hybrid_blocks<B: Backend, R: Backend>(be: &B, reference: &R) {
             &tensor(reference, n, p.n_v_heads, &beta),
             &load(reference, &dt_bias),
             &load(reference, &a),
+            None,
             &mut s_want,
             &mut want,
             p,
@@ -1082,6 +1088,11 @@ pub async fn hybrid_blocks<B: Backend, R: Backend>(be: &B, reference: &R) {
             &be.read(&s_got).await,
             &reference.read(&s_want).await,
             1e-5,
+        );
+        assert_eq!(
+            be.read(&from).await,
+            state,
+            "{what}: `from` is left as it was"
         );
     }
     let (n, heads, d) = (3, 4, 16);

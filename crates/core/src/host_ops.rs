@@ -174,19 +174,36 @@ pub fn causal_conv_silu(
         weight.len() == c * k && state.len() == history * c && out.len() == x.len(),
         "causal_conv_silu shapes"
     );
-    // The window: the state's rows, then the new ones.
-    let window: Vec<f32> = state.iter().chain(x).copied().collect();
+    // Row r of the window: the state's rows, then the new ones.
     let n = x.len() / c.max(1);
+    let window = |r: usize, ch: usize| {
+        if r < history {
+            state[r * c + ch]
+        } else {
+            x[(r - history) * c + ch]
+        }
+    };
     for t in 0..n {
         for ch in 0..c {
             let mut sum = 0.0f32;
             for tap in 0..k {
-                sum += window[(t + tap) * c + ch] * weight[ch * k + tap];
+                sum += window(t + tap, ch) * weight[ch * k + tap];
             }
             out[t * c + ch] = silu(sum);
         }
     }
-    state.copy_from_slice(&window[n * c..]);
+    // Row j of the new state is window row n + j, at or after row j: in
+    // place, in increasing j.
+    for j in 0..history {
+        for ch in 0..c {
+            let v = if n + j < history {
+                state[(n + j) * c + ch]
+            } else {
+                x[(n + j - history) * c + ch]
+            };
+            state[j * c + ch] = v;
+        }
+    }
 }
 
 /// [`crate::backend::HybridOps::gated_delta_rule`] on host slices.
@@ -238,17 +255,19 @@ pub fn gated_delta_rule(
             let (qh, kh) = (&q[kh * dk..(kh + 1) * dk], &kk[kh * dk..(kh + 1) * dk]);
             let decay = (softplus(alpha[t * hv + h] + dt_bias[h]) * a[h]).exp();
             let b = sigmoid(beta[t * hv + h]);
-            let s = &mut state[h * dv * dk..(h + 1) * dv * dk];
+            // Head h's state: k_dim rows of v_dim, S[i][j] at i·v_dim + j.
+            let s = &mut state[h * dk * dv..(h + 1) * dk * dv];
             for j in 0..dv {
-                let s_row = &mut s[j * dk..(j + 1) * dk];
                 let mut sk = 0.0f32;
-                for (e, ki) in s_row.iter_mut().zip(kh) {
+                for (i, ki) in kh.iter().enumerate() {
+                    let e = &mut s[i * dv + j];
                     *e *= decay;
                     sk += *e * ki;
                 }
                 let d = (v_in[h * dv + j] - sk) * b;
                 let mut o = 0.0f32;
-                for ((e, ki), qi) in s_row.iter_mut().zip(kh).zip(qh) {
+                for (i, (ki, qi)) in kh.iter().zip(qh).enumerate() {
+                    let e = &mut s[i * dv + j];
                     *e += ki * d;
                     o += *e * qi;
                 }

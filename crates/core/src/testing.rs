@@ -198,6 +198,35 @@ pub struct SyntheticHybrid {
     /// Multi-token-prediction layers appended as `blk.{n_layer}..`
     /// (loaded by llama.cpp on request only; blockdraft skips them).
     pub mtp_layers: usize,
+    /// Type of the matrices whose rows are whole blocks of it.
+    pub matrix_type: GgmlType,
+}
+
+impl SyntheticHybrid {
+    /// Qwen3.5-0.8B's geometry (24 blocks, one in four attention, width
+    /// 1024, 16 DeltaNet heads of 128), with a vocabulary of `n_vocab`.
+    pub fn qwen35_0_8b(n_vocab: usize, matrix_type: GgmlType) -> Self {
+        SyntheticHybrid {
+            dims: SyntheticDims {
+                n_layer: 24,
+                n_embd: 1024,
+                n_head: 8,
+                n_head_kv: 2,
+                head_dim: 256,
+                n_ff: 3584,
+                n_vocab,
+                window: 0,
+            },
+            interval: 4,
+            n_rot: 64,
+            conv_kernel: 4,
+            n_k_heads: 16,
+            n_v_heads: 16,
+            state_size: 128,
+            mtp_layers: 0,
+            matrix_type,
+        }
+    }
 }
 
 impl Default for SyntheticHybrid {
@@ -220,6 +249,7 @@ impl Default for SyntheticHybrid {
             n_v_heads: 4,
             state_size: 16,
             mtp_layers: 0,
+            matrix_type: GgmlType::F32,
         }
     }
 }
@@ -232,6 +262,7 @@ pub fn synthetic_qwen35(h: &SyntheticHybrid, seed: u64) -> SyntheticModel {
     let arch = "qwen35";
     let d = h.dims;
     let mut b = Builder::new(arch, seed);
+    b.matrix_type = h.matrix_type;
     b.common_keys(arch, &d);
     let w = &mut b.writer;
     let key = |k: &str| format!("{arch}.{k}");
@@ -240,12 +271,14 @@ pub fn synthetic_qwen35(h: &SyntheticHybrid, seed: u64) -> SyntheticModel {
     w.add("tokenizer.ggml.model", "no_vocab");
     w.add(key("full_attention_interval"), h.interval as u32);
     w.add(key("rope.dimension_count"), h.n_rot as u32);
-    // Pairs of sector i mod 8 take time (i ≡ 0 mod 3, i < 9), height
-    // (≡ 1, < 9) or width (≡ 2, < 6): every one, for n_rot/2 = 8.
-    let third = (h.n_rot / 2) as i32 / 8;
+    // Section k counts the pairs i ≡ k (mod 3), so every pair takes time,
+    // height or width (see `check_rope_sections`): Qwen3.5's [11, 11, 10,
+    // 0] for 32 pairs.
+    let pairs = (h.n_rot / 2) as i32;
+    let section = |k: i32| (pairs - k + 2) / 3;
     w.add(
         key("rope.dimension_sections"),
-        vec![3 * third, 3 * third, 2 * third, 0],
+        vec![section(0), section(1), section(2), 0],
     );
     w.add(key("ssm.conv_kernel"), h.conv_kernel as u32);
     w.add(key("ssm.state_size"), h.state_size as u32);

@@ -11,6 +11,7 @@ mod weight_buffer;
 pub use weight_buffer::WeightBuffer;
 
 pub mod attention;
+mod delta_net;
 mod libm;
 mod ops;
 
@@ -654,7 +655,8 @@ impl HybridOps for CpuBackend {
                 && (out.rows, out.cols) == (x.rows, x.cols),
             "causal_conv_silu shapes"
         );
-        host_ops::causal_conv_silu(
+        delta_net::causal_conv_silu(
+            &self.pool,
             x.as_slice(),
             x.cols,
             weight.values(),
@@ -671,6 +673,7 @@ impl HybridOps for CpuBackend {
         beta: &CpuTensor,
         dt_bias: &CpuWeight,
         a: &CpuWeight,
+        from: Option<&CpuTensor>,
         state: &mut CpuTensor,
         out: &mut CpuTensor,
         p: DeltaNetParams,
@@ -678,15 +681,18 @@ impl HybridOps for CpuBackend {
         assert!(
             x.cols == p.input_dim()
                 && (state.rows, state.cols) == p.state_shape()
+                && from.is_none_or(|f| (f.rows, f.cols) == p.state_shape())
                 && (out.rows, out.cols) == (x.rows, p.n_v_heads * p.v_dim),
             "gated_delta_rule shapes"
         );
-        host_ops::gated_delta_rule(
+        delta_net::gated_delta_rule(
+            &self.pool,
             x.as_slice(),
             alpha.as_slice(),
             beta.as_slice(),
             dt_bias.values(),
             a.values(),
+            from.map(CpuTensor::as_slice),
             state.as_mut_slice(),
             out.as_mut_slice(),
             p,

@@ -752,3 +752,51 @@ fn every_drafter_kind_on_a_hybrid_target_is_identical_to_plain() {
         }
     }
 }
+
+/// Writes `$QWEN35_BENCH_DIR/{hybrid,attention}-0.8b.gguf`: random Q8_0
+/// models of Qwen3.5-0.8B's geometry (32k vocabulary), hybrid, and of the
+/// same size with every block attention, for `bench` to compare verify
+/// costs.
+#[test]
+#[ignore = "writes 1.1 GB of benchmark models"]
+fn write_benchmark_models() {
+    let dir = std::path::PathBuf::from(std::env::var_os("QWEN35_BENCH_DIR").unwrap());
+    let h = SyntheticHybrid::qwen35_0_8b(32_768, blockdraft_gguf::GgmlType::Q8_0);
+    // A DeltaNet block holds 3.2M more weights than an attention block;
+    // 768 more FFN columns in every block (3 × 1024 × 768 × 24 = 56.6M of
+    // the 18 blocks' 57.6M) make the attention-only model as large.
+    let mut all_attention = SyntheticHybrid { interval: 1, ..h };
+    all_attention.dims.n_ff += 768;
+    for (name, geometry) in [("hybrid", h), ("attention", all_attention)] {
+        let bytes = with_vocabulary(&synthetic_qwen35(&geometry, 1).bytes, h.dims.n_vocab);
+        std::fs::write(dir.join(format!("{name}-0.8b.gguf")), bytes).unwrap();
+    }
+}
+
+/// `model` with an SPM vocabulary of `n` made-up tokens (byte tokens,
+/// `<s>`, `</s>`), which the command line needs to load it.
+fn with_vocabulary(model: &[u8], n: usize) -> Vec<u8> {
+    let file = GgufFile::from_bytes(model.to_vec()).unwrap();
+    let mut w = blockdraft_gguf::GgufWriter::new();
+    w.add_all(file.metadata());
+    let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
+    let mut types = vec![2i32, 3, 3];
+    tokens.extend((0..256).map(|b| format!("<0x{b:02X}>")));
+    types.extend(std::iter::repeat_n(6, 256));
+    let words = n - tokens.len();
+    tokens.extend((0..words).map(|i| format!("\u{2581}w{i}")));
+    types.extend(std::iter::repeat_n(1, words));
+    w.add("tokenizer.ggml.model", "llama");
+    w.add(
+        "tokenizer.ggml.tokens",
+        tokens.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    w.add("tokenizer.ggml.token_type", types);
+    w.add("tokenizer.ggml.scores", vec![0.0f32; n]);
+    for t in file.tensors() {
+        let data = file.tensor_data(&t.name).unwrap();
+        w.add_tensor(t.name.clone(), &t.dims, t.ty, data.to_vec())
+            .unwrap();
+    }
+    w.to_bytes().unwrap()
+}

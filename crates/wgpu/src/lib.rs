@@ -1400,6 +1400,7 @@ impl HybridOps for WgpuBackend {
         beta: &WgpuTensor,
         dt_bias: &WgpuWeight,
         a: &WgpuWeight,
+        from: Option<&WgpuTensor>,
         state: &mut WgpuTensor,
         out: &mut WgpuTensor,
         p: DeltaNetParams,
@@ -1420,6 +1421,10 @@ impl HybridOps for WgpuBackend {
                 ),
             });
             return;
+        }
+        // A copy on the device: cheap beside the rule's own passes.
+        if let Some(from) = from {
+            self.copy_rows(from, 0, state, 0, 0, from.rows);
         }
         let params = params::DeltaNet {
             n_rows: u(x.rows),

@@ -35,10 +35,13 @@ pub trait HybridOps: Device {
     /// to the state after the last row. Per row and value head `h` (key
     /// head `h mod n_k_heads`): `q`, `k` L2-normalised (floor `eps`) and
     /// `q /= √k_dim`; decay `g = softplus(alpha[h] + dt_bias[h]) · a[h]`,
-    /// `β = sigmoid(beta[h])`; `S ← e^g·S`, `d = β·(v − S·k)`,
-    /// `S ← S + d·kᵀ`, output row `S·q` into `out` (`n x n_v_heads·v_dim`).
+    /// `β = sigmoid(beta[h])`; with the head's state `S` (`k_dim x v_dim`):
+    /// `S ← e^g·S`, `d = β·(v − Sᵀk)`, `S ← S + k·dᵀ`, output row `Sᵀq`
+    /// into `out` (`n x n_v_heads·v_dim`).
     /// `alpha` and `beta` are `n x n_v_heads`; `dt_bias` and `a` hold
-    /// `n_v_heads` values.
+    /// `n_v_heads` values. The state before the first row is `from`'s
+    /// where given (which is left as it is), else `state`'s own: a
+    /// checkpointed state is read without being copied.
     #[allow(clippy::too_many_arguments)]
     fn gated_delta_rule(
         &self,
@@ -47,11 +50,12 @@ pub trait HybridOps: Device {
         beta: &Self::Tensor,
         dt_bias: &Self::Weight,
         a: &Self::Weight,
+        from: Option<&Self::Tensor>,
         state: &mut Self::Tensor,
         out: &mut Self::Tensor,
         p: DeltaNetParams,
     ) {
-        let _ = (x, alpha, beta, dt_bias, a, state, out, p);
+        let _ = (x, alpha, beta, dt_bias, a, from, state, out, p);
         unsupported(self, "gated_delta_rule");
     }
 

@@ -370,9 +370,11 @@ impl DeltaNetParams {
         2 * self.n_k_heads * self.k_dim + self.n_v_heads * self.v_dim
     }
 
-    /// `(rows, cols)` of the state of all heads: head `h`'s `v_dim x k_dim`
-    /// matrix is rows `h·v_dim..`.
+    /// `(rows, cols)` of the state of all heads: head `h`'s `k_dim x v_dim`
+    /// matrix `S` (key index by value index) is rows `h·k_dim..`, so that
+    /// a key's row runs over the value columns that vectors (CPU lanes, GPU
+    /// invocations) share.
     pub fn state_shape(&self) -> (usize, usize) {
-        (self.n_v_heads * self.v_dim, self.k_dim)
+        (self.n_v_heads * self.k_dim, self.v_dim)
     }
 }

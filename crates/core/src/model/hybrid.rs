@@ -3,13 +3,16 @@
 //! recurrent state with what a speculative rollback needs to restore it.
 //!
 //! A KV cache forgets rows by getting shorter; a recurrent state cannot.
-//! At a checkpoint the state is copied (the *base*) and the inputs of the
-//! rows that follow are logged; going back to a position after the base
-//! restores it and replays the logged rows up to that position. The replay
+//! At a checkpoint the state becomes the *base* and the inputs of the rows
+//! that follow are logged; going back to a position after the base
+//! replays the logged rows up to it from the base. The delta rule's state
+//! (the large part) has two buffers: while the live state is the base, a
+//! pass reads it and writes the other one, so neither the checkpoint nor
+//! a restore copies it; the small convolution state is copied. The replay
 //! needs the model's weights, so it runs at the start of the next forward
 //! pass ([`RecurrentMemory::rewind`] only marks it): a verify of `k` rows
-//! then costs one state copy and the replay of the kept rows (each a
-//! fraction of a row's cost), not a snapshot per row.
+//! then costs the replay of the kept rows (each a fraction of a row's
+//! cost), not a snapshot per row.
 
 use super::config::{DeltaNetConfig, ModelConfig};
 use crate::backend::{tensor_bytes, Backend, DeltaNetParams};
@@ -99,12 +102,12 @@ impl<B: Backend> HybridScratch<B> {
     }
 }
 
-/// One recurrent layer's state, base copy and input log.
+/// One recurrent layer's states, base and input log.
 struct LayerState<B: Backend> {
     conv: B::Tensor,
-    ssm: B::Tensor,
     base_conv: B::Tensor,
-    base_ssm: B::Tensor,
+    /// The delta rule's state in two buffers ([`RecurrentMemory::live`]).
+    ssm: [B::Tensor; 2],
     log_in: B::Tensor,
     log_alpha: B::Tensor,
     log_beta: B::Tensor,
@@ -115,15 +118,18 @@ pub struct RecurrentMemory<B: Backend> {
     layers: Vec<LayerState<B>>,
     /// Rows each log holds.
     log_rows: usize,
-    /// Position of the base copy, when there is one.
-    base: Option<usize>,
+    /// Position of the base, and the `ssm` buffer holding it, when there
+    /// is one.
+    base: Option<(usize, usize)>,
+    /// The `ssm` buffer holding the live state.
+    live: usize,
     /// Rows logged since the base.
     logged: usize,
     /// Whether passes log their rows (from a checkpoint to its commit).
     logging: bool,
     /// What the next pass does first, in this order: zero the state,
-    /// restore the base and replay this many logged rows, copy the state
-    /// into the base.
+    /// restore the base and replay this many logged rows, make the state
+    /// the base.
     clear: bool,
     replay: Option<usize>,
     rebase: bool,
@@ -134,11 +140,11 @@ impl<B: Backend> RecurrentMemory<B> {
     /// their rows.
     fn shapes(dn: &DeltaNetConfig, log_rows: usize) -> [(usize, usize); 7] {
         let conv = (dn.conv_kernel - 1, dn.conv_dim());
-        let ssm = (dn.value_dim(), dn.k_dim);
+        let ssm = dn.params(0.0).state_shape();
         [
             conv,
-            ssm,
             conv,
+            ssm,
             ssm,
             (log_rows, dn.conv_dim()),
             (log_rows, dn.n_v_heads),
@@ -167,13 +173,12 @@ impl<B: Backend> RecurrentMemory<B> {
         let log_rows = Self::log_rows(max_batch);
         let layers = (0..n_layers)
             .map(|_| {
-                let [conv, ssm, base_conv, base_ssm, log_in, log_alpha, log_beta] =
+                let [conv, base_conv, ssm0, ssm1, log_in, log_alpha, log_beta] =
                     Self::shapes(dn, log_rows).map(|(r, c)| be.tensor(r, c));
                 LayerState {
                     conv,
-                    ssm,
                     base_conv,
-                    base_ssm,
+                    ssm: [ssm0, ssm1],
                     log_in,
                     log_alpha,
                     log_beta,
@@ -184,6 +189,7 @@ impl<B: Backend> RecurrentMemory<B> {
             layers,
             log_rows,
             base: None,
+            live: 0,
             logged: 0,
             logging: false,
             clear: false,
@@ -212,7 +218,7 @@ impl<B: Backend> RecurrentMemory<B> {
             || len == 0
             || self
                 .base
-                .is_some_and(|b| b <= len && len - b <= self.logged)
+                .is_some_and(|(b, _)| b <= len && len - b <= self.logged)
     }
 
     /// Goes back from position `now` to `len` (see [`Self::can_rewind`]);
@@ -230,7 +236,7 @@ impl<B: Backend> RecurrentMemory<B> {
             return Ok(());
         }
         match self.base {
-            Some(b) if b <= len && len - b <= self.logged => {
+            Some((b, _)) if b <= len && len - b <= self.logged => {
                 self.replay = Some(len - b);
                 Ok(())
             }
@@ -258,66 +264,81 @@ impl<B: Backend> RecurrentMemory<B> {
     /// (the caller then replays [`Self::take_replay`] rows), re-basing.
     pub(super) fn prepare(&mut self, be: &B) -> Option<usize> {
         if std::mem::take(&mut self.clear) {
+            let live = self.live;
             for l in &mut self.layers {
-                for t in [&mut l.conv, &mut l.ssm] {
+                for t in [&mut l.conv, &mut l.ssm[live]] {
                     let (r, c) = be.shape(t);
                     be.write(t, &vec![0.0; r * c]);
                 }
             }
         }
         let replay = self.replay.take();
-        if replay.is_some() {
+        if let (Some(_), Some((_, slot))) = (replay, self.base) {
             for l in &mut self.layers {
                 copy_all(be, &l.base_conv, &mut l.conv);
-                copy_all(be, &l.base_ssm, &mut l.ssm);
             }
+            self.live = slot;
         }
         replay
     }
 
     /// After the replay of [`Self::prepare`]: the state is at `len`; a
-    /// pending checkpoint copies it into the base.
+    /// pending checkpoint makes it the base.
     pub(super) fn rebase_at(&mut self, be: &B, len: usize) {
         if std::mem::take(&mut self.rebase) {
             for l in &mut self.layers {
                 copy_all(be, &l.conv, &mut l.base_conv);
-                copy_all(be, &l.ssm, &mut l.base_ssm);
             }
-            self.base = Some(len);
+            self.base = Some((len, self.live));
             self.logged = 0;
+        }
+    }
+
+    /// The `ssm` buffer a pass writes: the live one, unless that holds the
+    /// base, which stays as it is.
+    fn target(&self) -> usize {
+        match self.base {
+            Some((_, slot)) if slot == self.live => 1 - slot,
+            _ => self.live,
         }
     }
 
     /// Layer `r`'s live state, and its log when this pass logs.
     pub(super) fn layer(&mut self, r: usize) -> LayerRefs<'_, B> {
+        let (logging, logged) = (self.logging, self.logged);
+        let (live, target) = (self.live, self.target());
         let l = &mut self.layers[r];
+        let [a, b] = &mut l.ssm;
+        let (other, to) = if target == 0 { (&*b, a) } else { (&*a, b) };
         LayerRefs {
             conv: &mut l.conv,
-            ssm: &mut l.ssm,
-            log: self.logging.then_some((
-                &mut l.log_in,
-                &mut l.log_alpha,
-                &mut l.log_beta,
-                self.logged,
-            )),
+            ssm_from: (live != target).then_some(other),
+            ssm: to,
+            log: logging.then_some((&mut l.log_in, &mut l.log_alpha, &mut l.log_beta, logged)),
         }
     }
 
     /// Layer `r`'s logged rows, for a replay.
     pub(super) fn replay_layer(&mut self, r: usize) -> ReplayRefs<'_, B> {
+        let (live, target) = (self.live, self.target());
         let l = &mut self.layers[r];
+        let [a, b] = &mut l.ssm;
+        let (other, to) = if target == 0 { (&*b, a) } else { (&*a, b) };
         ReplayRefs {
             conv: &mut l.conv,
-            ssm: &mut l.ssm,
+            ssm_from: (live != target).then_some(other),
+            ssm: to,
             log_in: &mut l.log_in,
             log_alpha: &mut l.log_alpha,
             log_beta: &mut l.log_beta,
         }
     }
 
-    /// Counts a pass of `n` rows.
-    pub(super) fn passed(&mut self, n: usize) {
-        if self.logging {
+    /// Counts a pass (or replay) of `n` rows, whose states went to
+    /// [`Self::target`]; `logged`: rows that went to the log.
+    pub(super) fn passed(&mut self, n: usize, logged: bool) {
+        self.live = self.target();
+        if logged && self.logging {
             self.logged += n;
         }
     }
@@ -325,6 +346,8 @@ impl<B: Backend> RecurrentMemory<B> {
 
 pub(super) struct LayerRefs<'a, B: Backend> {
     pub conv: &'a mut B::Tensor,
+    /// The delta rule's state before the pass, where it is not `ssm`'s.
+    pub ssm_from: Option<&'a B::Tensor>,
     pub ssm: &'a mut B::Tensor,
     /// Input log, alpha log, beta log, and the row the pass starts at.
     #[allow(clippy::type_complexity)]
@@ -338,6 +361,7 @@ pub(super) struct LayerRefs<'a, B: Backend> {
 
 pub(super) struct ReplayRefs<'a, B: Backend> {
     pub conv: &'a mut B::Tensor,
+    pub ssm_from: Option<&'a B::Tensor>,
     pub ssm: &'a mut B::Tensor,
     pub log_in: &'a mut B::Tensor,
     pub log_alpha: &'a mut B::Tensor,

@@ -416,7 +416,7 @@ impl<B: Backend> Decoder<B> {
         )?;
         state.kv.set_len(pos0 + n);
         if let Some(rec) = &mut state.recurrent {
-            rec.passed(n);
+            rec.passed(n, true);
         }
         let (s, out) = (&mut state.scratch, &mut state.logits);
         match logits {
@@ -521,7 +521,7 @@ impl<B: Backend> Decoder<B> {
             let len = state.kv.len() + tokens.len();
             state.kv.set_len(len);
             if let Some(rec) = &mut state.recurrent {
-                rec.passed(tokens.len());
+                rec.passed(tokens.len(), true);
             }
         }
         let last: Vec<usize> = parts
@@ -789,6 +789,7 @@ impl<B: Backend> Decoder<B> {
             &hs.beta,
             &dw.dt_bias,
             &dw.a,
+            l.ssm_from,
             l.ssm,
             &mut hs.out,
             p,
@@ -830,6 +831,7 @@ impl<B: Backend> Decoder<B> {
                     l.log_beta,
                     &dw.dt_bias,
                     &dw.a,
+                    l.ssm_from,
                     l.ssm,
                     &mut hs.out,
                     p,
@@ -842,6 +844,7 @@ impl<B: Backend> Decoder<B> {
                     be.reshape(t, log_rows, cols);
                 }
             }
+            rec.passed(keep, false);
         }
         rec.rebase_at(be, state.kv.len());
         Ok(())

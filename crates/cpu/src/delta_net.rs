@@ -1,0 +1,398 @@
+//! The gated delta rule on the CPU (`HybridOps::gated_delta_rule`): the
+//! arithmetic of `host_ops::gated_delta_rule`, its reference, ordered for
+//! speed. A task takes a block of 64 of a head's value columns (32 KB of
+//! state for Qwen3.5's heads, which stays in L1) through every row of the
+//! pass (from a contiguous copy when there are several); the vectors run
+//! along the columns, so no dot needs a horizontal sum, and the block's
+//! four vectors are four independent FMA chains. Value heads and their
+//! column blocks are split across the pool; a narrower block (a head of
+//! fewer columns) runs zero-padded.
+
+use crate::kernels::with_fma;
+use crate::ops::expf_ggml;
+use crate::pool::ThreadPool;
+use blockdraft_core::backend::DeltaNetParams;
+
+/// Value columns of one pool task.
+const BLOCK: usize = 64;
+
+/// Raw pointers shared by pool tasks that each write disjoint state rows
+/// and output elements.
+struct Shared(*mut f32);
+// SAFETY: tasks touch disjoint elements; the pool joins before the slices
+// are used again.
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    /// A method, so closures capture the whole `Sync` wrapper.
+    fn at(&self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_rule(
+    pool: &ThreadPool,
+    x: &[f32],
+    alpha: &[f32],
+    beta: &[f32],
+    dt_bias: &[f32],
+    a: &[f32],
+    from: Option<&[f32]>,
+    state: &mut [f32],
+    out: &mut [f32],
+    p: DeltaNetParams,
+) {
+    let (hk, hv, dk, dv) = (p.n_k_heads, p.n_v_heads, p.k_dim, p.v_dim);
+    let width = p.input_dim();
+    let n = x.len() / width.max(1);
+    assert!(
+        x.len() == n * width
+            && alpha.len() == n * hv
+            && beta.len() == n * hv
+            && dt_bias.len() == hv
+            && a.len() == hv
+            && state.len() == hv * dk * dv
+            && from.is_none_or(|f| f.len() == state.len())
+            && out.len() == n * hv * dv,
+        "gated_delta_rule shapes"
+    );
+    // Normalised queries (scaled) and keys of every row and key head, as
+    // the reference computes them.
+    let q_scale = 1.0 / (dk as f32).sqrt();
+    let mut q = vec![0.0f32; n * hk * dk];
+    let mut k = vec![0.0f32; n * hk * dk];
+    for t in 0..n {
+        let row = &x[t * width..];
+        for (src, dst, scale) in [(0, &mut q, q_scale), (hk * dk, &mut k, 1.0)] {
+            for h in 0..hk {
+                let v = &row[src + h * dk..][..dk];
+                let sum: f32 = v.iter().map(|e| e * e).sum();
+                let s = scale / sum.sqrt().max(p.eps);
+                let o = &mut dst[(t * hk + h) * dk..][..dk];
+                o.iter_mut().zip(v).for_each(|(o, e)| *o = e * s);
+            }
+        }
+    }
+    let softplus = |u: f32| if u > 20.0 { u } else { (1.0 + u.exp()).ln() };
+    let gates: Vec<(f32, f32)> = (0..n * hv)
+        .map(|i| {
+            let h = i % hv;
+            let decay = (softplus(alpha[i] + dt_bias[h]) * a[h]).exp();
+            (decay, 1.0 / (1.0 + (-beta[i]).exp()))
+        })
+        .collect();
+    let blocks = dv.div_ceil(BLOCK);
+    let (state_at, out_at) = (Shared(state.as_mut_ptr()), Shared(out.as_mut_ptr()));
+    let pass = Pass {
+        x,
+        q: &q,
+        k: &k,
+        gates: &gates,
+        from,
+        p,
+        n,
+    };
+    pool.run(hv * blocks, &|task| {
+        let (h, block) = (task / blocks, task % blocks);
+        let cols = block * BLOCK..((block + 1) * BLOCK).min(dv);
+        run_task(&pass, h, cols, &state_at, &out_at);
+    });
+}
+
+/// What every task of one call reads.
+struct Pass<'a> {
+    x: &'a [f32],
+    q: &'a [f32],
+    k: &'a [f32],
+    /// `(e^g, β)` per row and value head.
+    gates: &'a [(f32, f32)],
+    /// The state before the pass, where it is not the one written.
+    from: Option<&'a [f32]>,
+    p: DeltaNetParams,
+    n: usize,
+}
+
+/// Value columns `cols` of head `h` through every row of the pass, in the
+/// widest vectors the CPU has.
+fn run_task(pass: &Pass, h: usize, cols: std::ops::Range<usize>, state: &Shared, out: &Shared) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::kernels::x86::has_avx512f() {
+            // SAFETY: AVX-512 F (with AVX2 and FMA) checked at run time.
+            return unsafe { task_avx512(pass, h, cols, state, out) };
+        }
+        if crate::kernels::x86::has_avx2() {
+            // SAFETY: AVX2 and FMA checked at run time.
+            return unsafe { task_avx2(pass, h, cols, state, out) };
+        }
+    }
+    task(pass, h, cols, state, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn task_avx512(
+    pass: &Pass,
+    h: usize,
+    cols: std::ops::Range<usize>,
+    state: &Shared,
+    out: &Shared,
+) {
+    task(pass, h, cols, state, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn task_avx2(
+    pass: &Pass,
+    h: usize,
+    cols: std::ops::Range<usize>,
+    state: &Shared,
+    out: &Shared,
+) {
+    task(pass, h, cols, state, out)
+}
+
+#[inline(always)]
+fn task(pass: &Pass, h: usize, cols: std::ops::Range<usize>, state: &Shared, out: &Shared) {
+    let p = pass.p;
+    let (hk, hv, dk, dv) = (p.n_k_heads, p.n_v_heads, p.k_dim, p.v_dim);
+    let width = p.input_dim();
+    let (kh, c0, w) = (h % hk, cols.start, cols.len());
+    let head = state.at(h * dk * dv + c0);
+    // Several rows, or a partial block, run on a contiguous copy (its
+    // extra columns zero, and staying 0): the state's own rows are `dv`
+    // apart, a stride at which a block's rows share too few L1 sets to
+    // stay there from one row of the pass to the next. One row runs on the
+    // state, read from `from` where given.
+    let local = pass.n > 1 || w != BLOCK;
+    let mut padded = Vec::new();
+    let (base, stride) = if !local {
+        (head, dv)
+    } else {
+        padded = vec![0f32; dk * BLOCK];
+        for i in 0..dk {
+            let at = (h * dk + i) * dv + c0;
+            let src = match pass.from {
+                Some(from) => &from[at..at + w],
+                // SAFETY: row i of the head's state, columns `cols`: this
+                // task's.
+                None => unsafe { std::slice::from_raw_parts(state.at(at), w) },
+            };
+            padded[i * BLOCK..][..w].copy_from_slice(src);
+        }
+        (padded.as_mut_ptr(), BLOCK)
+    };
+    // SAFETY: `BLOCK` values of row i, this task's alone (or the copy's).
+    let row = |i: usize| unsafe { &mut *(base.add(i * stride) as *mut [f32; BLOCK]) };
+    // Row i as the pass starts: `from`'s (when not copied in) or the same.
+    let first_row = |i: usize| -> &[f32; BLOCK] {
+        match pass.from.filter(|_| !local) {
+            Some(from) => {
+                let at = (h * dk + i) * dv + c0;
+                from[at..at + BLOCK].try_into().expect("a whole block")
+            }
+            None => row(i),
+        }
+    };
+    for t in 0..pass.n {
+        let start = |i: usize| if t == 0 { first_row(i) } else { &*row(i) };
+        let (decay, b) = pass.gates[t * hv + h];
+        let at = (t * hk + kh) * dk;
+        let (q, k) = (&pass.q[at..at + dk], &pass.k[at..at + dk]);
+        // (e^g·S)ᵀk = e^g·(Sᵀk).
+        let mut sk = [0f32; BLOCK];
+        for (i, &ki) in k.iter().enumerate() {
+            let r = start(i);
+            for c in 0..BLOCK {
+                sk[c] = r[c].mul_add(ki, sk[c]);
+            }
+        }
+        let v = &pass.x[t * width + 2 * hk * dk + h * dv + c0..][..w];
+        let d: [f32; BLOCK] = std::array::from_fn(|c| {
+            if c < w {
+                (v[c] - decay * sk[c]) * b
+            } else {
+                0.0
+            }
+        });
+        // S ← e^g·S + k·dᵀ, and Sᵀq.
+        let mut o = [0f32; BLOCK];
+        for (i, (&ki, &qi)) in k.iter().zip(q).enumerate() {
+            let r: [f32; BLOCK] = *start(i);
+            let dst = row(i);
+            for c in 0..BLOCK {
+                let e = r[c].mul_add(decay, ki * d[c]);
+                dst[c] = e;
+                o[c] = e.mul_add(qi, o[c]);
+            }
+        }
+        for (c, &oc) in o[..w].iter().enumerate() {
+            // SAFETY: output (t, h, c0 + c) belongs to this task alone.
+            unsafe { *out.at((t * hv + h) * dv + c0 + c) = oc };
+        }
+    }
+    if local {
+        for i in 0..dk {
+            // SAFETY: as above.
+            let dst = unsafe { std::slice::from_raw_parts_mut(head.add(i * dv), w) };
+            dst.copy_from_slice(&padded[i * BLOCK..][..w]);
+        }
+    }
+}
+
+/// Channels of one convolution task.
+const CONV_CHANNELS: usize = 512;
+
+/// `HybridOps::causal_conv_silu` (reference: `host_ops::causal_conv_silu`,
+/// whose sums it keeps; SiLU's exponential is ggml's, as llama.cpp's SiLU
+/// computes it): channels split across the pool, each task's taps
+/// transposed so that its rows run along its channels in vectors.
+pub fn causal_conv_silu(
+    pool: &ThreadPool,
+    x: &[f32],
+    c: usize,
+    weight: &[f32],
+    taps: usize,
+    state: &mut [f32],
+    out: &mut [f32],
+) {
+    let history = taps - 1;
+    let n = x.len() / c.max(1);
+    assert!(
+        x.len() == n * c
+            && weight.len() == c * taps
+            && state.len() == history * c
+            && out.len() == x.len(),
+        "causal_conv_silu shapes"
+    );
+    let (state_at, out_at) = (Shared(state.as_mut_ptr()), Shared(out.as_mut_ptr()));
+    pool.run(c.div_ceil(CONV_CHANNELS), &|task| {
+        let chans = task * CONV_CHANNELS..((task + 1) * CONV_CHANNELS).min(c);
+        let (c0, w) = (chans.start, chans.len());
+        // SAFETY: state columns `chans` of every row are this task's alone,
+        // as are output columns `chans`; reads come before writes below.
+        let state_row =
+            |r: usize| unsafe { std::slice::from_raw_parts_mut(state_at.at(r * c + c0), w) };
+        let window = |r: usize| -> &[f32] {
+            if r < history {
+                state_row(r)
+            } else {
+                &x[(r - history) * c + c0..][..w]
+            }
+        };
+        let mut by_tap = vec![0f32; taps * w];
+        for (j, tw) in weight[c0 * taps..(c0 + w) * taps]
+            .chunks_exact(taps)
+            .enumerate()
+        {
+            for (tap, &v) in tw.iter().enumerate() {
+                by_tap[tap * w + j] = v;
+            }
+        }
+        with_fma(
+            #[inline(always)]
+            || {
+                let mut sum = vec![0f32; w];
+                for t in 0..n {
+                    sum.fill(0.0);
+                    for (tap, wt) in by_tap.chunks_exact(w).enumerate() {
+                        for ((s, v), wv) in sum.iter_mut().zip(window(t + tap)).zip(wt) {
+                            *s += v * wv;
+                        }
+                    }
+                    // SAFETY: as above.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(out_at.at(t * c + c0), w) };
+                    for (o, s) in dst.iter_mut().zip(&sum) {
+                        *o = s / (1.0 + expf_ggml(-s));
+                    }
+                }
+            },
+        );
+        // The window's last `history` rows, in increasing row order (row j
+        // reads row n + j, at or after it).
+        for j in 0..history {
+            let src: Vec<f32> = window(n + j).to_vec();
+            state_row(j).copy_from_slice(&src);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blockdraft_core::host_ops;
+    use blockdraft_core::sampling::Rng;
+
+    #[test]
+    fn the_convolution_matches_the_reference() {
+        let mut rng = Rng::new(3);
+        let mut uniform =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect() };
+        for (c, taps, n) in [(1100, 4, 3), (96, 3, 1), (600, 4, 9)] {
+            let (x, weight, state) = (uniform(n * c), uniform(c * taps), uniform((taps - 1) * c));
+            let (mut want_s, mut want) = (state.clone(), vec![0.0; n * c]);
+            host_ops::causal_conv_silu(&x, c, &weight, taps, &mut want_s, &mut want);
+            for threads in [1, 2] {
+                let pool = ThreadPool::new(threads);
+                let (mut s, mut out) = (state.clone(), vec![0.0; n * c]);
+                causal_conv_silu(&pool, &x, c, &weight, taps, &mut s, &mut out);
+                // The same sums; SiLU's exponentials within an ulp or two.
+                let close = out
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| (g - w).abs() <= 1e-6 * (1.0 + w.abs()));
+                assert!(close, "{c} channels, {n} rows, {threads} threads");
+                assert_eq!(s, want_s, "{c} channels, {n} rows, {threads} threads");
+            }
+        }
+    }
+
+    /// The pool's split and the lanes' order give the reference's values
+    /// to float rounding, for head widths with and without a 16-lane tail.
+    #[test]
+    fn matches_the_reference() {
+        let mut rng = Rng::new(9);
+        let mut uniform = |n: usize, scale: f32| -> Vec<f32> {
+            (0..n)
+                .map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * scale)
+                .collect()
+        };
+        for (hk, hv, dk, n) in [(2, 4, 32, 5), (1, 3, 20, 1), (2, 2, 128, 9), (1, 2, 128, 1)] {
+            let p = DeltaNetParams {
+                n_k_heads: hk,
+                n_v_heads: hv,
+                k_dim: dk,
+                v_dim: dk,
+                eps: 1e-6,
+            };
+            let x = uniform(n * p.input_dim(), 1.0);
+            let (alpha, beta) = (uniform(n * hv, 2.0), uniform(n * hv, 2.0));
+            let (dt_bias, a) = (uniform(hv, 0.5), uniform(hv, 1.0));
+            let state = uniform(hv * dk * dk, 0.5);
+            let (mut want_s, mut want) = (state.clone(), vec![0.0; n * hv * dk]);
+            host_ops::gated_delta_rule(&x, &alpha, &beta, &dt_bias, &a, &mut want_s, &mut want, p);
+            // In place, and from a state elsewhere (written over a stale one).
+            for (threads, from_other) in [(1, false), (3, false), (2, true)] {
+                let pool = ThreadPool::new(threads);
+                let stale = vec![7.0; state.len()];
+                let (from, mut s) = match from_other {
+                    true => (Some(state.as_slice()), stale),
+                    false => (None, state.clone()),
+                };
+                let mut out = vec![0.0; n * hv * dk];
+                gated_delta_rule(
+                    &pool, &x, &alpha, &beta, &dt_bias, &a, from, &mut s, &mut out, p,
+                );
+                // Within 1e-5 of the largest magnitude.
+                let close = |g: &[f32], w: &[f32]| {
+                    let scale = w.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+                    g.iter().zip(w).all(|(g, w)| (g - w).abs() <= 1e-5 * scale)
+                };
+                assert!(close(&out, &want), "output, dk {dk}, {threads} threads");
+                assert!(close(&s, &want_s), "state, dk {dk}, {threads} threads");
+            }
+        }
+    }
+}
