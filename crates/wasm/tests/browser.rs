@@ -6,7 +6,9 @@
 //! device, identical to plain decoding; a model streamed onto WebGPU
 //! tensor by tensor, never whole in wasm memory; at most 9 dispatches per
 //! decoder layer, one pass per submit and no bind group created per warm
-//! decode step, as natively. `tests/run.sh` runs it with
+//! decode step, as natively; a hybrid (`qwen35`) model streamed in, decoding
+//! as the CPU backend and through DFlash rounds that roll its recurrent
+//! state back. `tests/run.sh` runs it with
 //! `wasm-bindgen-test-runner` and chromedriver (flags in webdriver.json).
 #![cfg(target_arch = "wasm32")]
 
@@ -16,7 +18,8 @@ use blockdraft_core::sampling::SamplingParams;
 use blockdraft_core::speculative::{DFlashDrafter, DFlashModel, PolicyConfig};
 use blockdraft_core::testing::{
     dispatches_per_layer, greedy_plain_async, greedy_speculative_async, plain_in_state,
-    synthetic_decoder, synthetic_dflash, SyntheticDFlash, SyntheticDims,
+    synthetic_decoder, synthetic_dflash, synthetic_qwen35, SyntheticDFlash, SyntheticDims,
+    SyntheticHybrid,
 };
 use blockdraft_core::ModelError;
 use blockdraft_cpu::CpuBackend;
@@ -229,6 +232,44 @@ async fn dflash_speculative_decoding_is_identical_to_plain() {
         dec.backend.weight_bytes_loaded(),
         uploaded,
         "drafters upload no weights"
+    );
+    assert_eq!(dec.backend.take_device_error(), None);
+}
+
+/// A hybrid model (gated DeltaNet and gated attention) streamed onto
+/// WebGPU: plain greedy decoding as the CPU backend's, and DFlash rounds,
+/// drafted on the device, whose rejected rows roll the recurrent state
+/// back, identical to it.
+#[wasm_bindgen_test]
+async fn a_hybrid_model_streams_in_and_rolls_back_on_webgpu() {
+    let mut h = SyntheticHybrid::default();
+    h.dims.n_layer = 7;
+    h.dims.n_embd = 48;
+    let bytes = synthetic_qwen35(&h, 35).bytes;
+    let gpu = Arc::new(webgpu().await);
+    let mut stream = StreamingLoad::new(gpu.clone());
+    stream.begin_part(Some(bytes.len() as u64)).unwrap();
+    for chunk in bytes.chunks(64 << 10) {
+        stream.push(chunk).unwrap();
+    }
+    stream.end_part().unwrap();
+    let mut model = stream.finish().unwrap();
+    let config = ModelConfig::from_metadata(&model.metadata).unwrap();
+    let dec = Decoder::load_with_config(config, &mut model, None, gpu, &mut |_| {}).unwrap();
+    let cpu = load(&GgufFile::from_bytes(bytes).unwrap(), CpuBackend::new(1));
+    let prompt = [3u32, 14, 15, 9, 26, 5, 3, 14, 15, 9];
+    let n = 16;
+    let want = greedy_plain_async(&dec, &prompt, n).await;
+    assert_eq!(want, greedy_plain_async(&cpu, &prompt, n).await);
+    let spec = SyntheticDFlash::small(48, vec![1, 4, 7], GgmlType::Q8_0);
+    let drafter = GgufFile::from_bytes(synthetic_dflash(&spec, 5).bytes).unwrap();
+    let mut d = DFlashDrafter::load(&drafter, &dec, prompt.len() + n + 32, 32).unwrap();
+    let (got, stats) =
+        greedy_speculative_async(&dec, &mut d, &prompt, n, PolicyConfig::fixed(5)).await;
+    assert_eq!(got, want);
+    assert!(
+        stats.rounds > 0 && stats.accepted < stats.drafted,
+        "{stats:?}"
     );
     assert_eq!(dec.backend.take_device_error(), None);
 }
