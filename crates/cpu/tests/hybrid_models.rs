@@ -464,12 +464,18 @@ fn an_mtp_layer_is_skipped() {
     assert_eq!(run(&dec), run(&dec_mtp));
 }
 
-/// Metadata a hybrid file must get right is refused by name.
+/// Block kinds are read as llama.cpp reads them; metadata a hybrid file
+/// must get right is refused by name.
 #[test]
-fn inconsistent_hybrid_metadata_is_a_typed_error() {
+fn hybrid_metadata_is_read_as_llama_cpp_reads_it_and_refused_by_name() {
     let m = synthetic_qwen35(&SyntheticHybrid::default(), SEED);
     let file = GgufFile::from_bytes(m.bytes.clone()).unwrap();
-    let cases: [(&str, blockdraft_gguf::Value, &str); 4] = [
+    let cases: [(&str, blockdraft_gguf::Value, &str); 5] = [
+        (
+            "qwen35.attention.recurrent_layers",
+            vec![true; 5].into(),
+            "recurrent_layers",
+        ),
         ("qwen35.ssm.inner_size", 63u32.into(), "inner_size"),
         ("qwen35.ssm.time_step_rank", 3u32.into(), "time_step_rank"),
         (
@@ -483,6 +489,34 @@ fn inconsistent_hybrid_metadata_is_a_typed_error() {
             "full_attention_interval",
         ),
     ];
+    // The block kinds come from the file's list where it has one, else
+    // from the interval (4 where absent).
+    let kinds = |edit: &dyn Fn(&mut blockdraft_gguf::Metadata)| {
+        let mut md = file.metadata().clone();
+        edit(&mut md);
+        ModelConfig::from_metadata(&md).unwrap().recurrent_layers
+    };
+    assert_eq!(
+        kinds(&|_| {}),
+        [true, true, false, true, true, false],
+        "interval 3"
+    );
+    let listed = vec![false, true, true, true, true, false, true];
+    assert_eq!(
+        kinds(&|md| md.set("qwen35.attention.recurrent_layers", listed.clone())),
+        listed[..6]
+    );
+    let unset = |md: &mut blockdraft_gguf::Metadata| {
+        let mut kept = blockdraft_gguf::Metadata::default();
+        for (k, v) in md
+            .iter()
+            .filter(|(k, _)| *k != "qwen35.full_attention_interval")
+        {
+            kept.set(k, v.clone());
+        }
+        *md = kept;
+    };
+    assert_eq!(kinds(&unset), [true, true, true, false, true, true]);
     for (key, value, named) in cases {
         let mut md = file.metadata().clone();
         md.set(key, value);

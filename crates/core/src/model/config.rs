@@ -247,14 +247,7 @@ impl ModelConfig {
             }
             Architecture::Qwen35 => {
                 cfg.gated_attention = true;
-                let interval = get("full_attention_interval")?;
-                if interval == 0 {
-                    return Err(ModelError::invalid(
-                        key("full_attention_interval"),
-                        "must be at least 1".into(),
-                    ));
-                }
-                cfg.recurrent_layers = (0..n_layer).map(|il| (il + 1) % interval != 0).collect();
+                cfg.recurrent_layers = recurrent_layers(md, arch_name, n_layer)?;
                 cfg.delta_net = Some(delta_net_config(md, arch_name)?);
                 check_rope_sections(md, arch_name, n_rot)?;
             }
@@ -337,6 +330,44 @@ impl ModelConfig {
         }
         Ok(n_ctx.max(1))
     }
+}
+
+/// Which blocks of a hybrid are gated-DeltaNet ones: as the file lists
+/// them (`attention.recurrent_layers`, one flag per block, multi-token
+/// prediction layers included), else every block but each
+/// `full_attention_interval`-th (4 where absent), as llama.cpp reads them.
+fn recurrent_layers(md: &Metadata, arch: &str, n_layer: usize) -> Result<Vec<bool>, ModelError> {
+    use blockdraft_gguf::ArrayValue;
+    let list = format!("{arch}.attention.recurrent_layers");
+    if let Some(flags) = md.opt_array(&list)? {
+        let flags: Vec<bool> = match flags {
+            ArrayValue::Bool(v) => v.clone(),
+            ArrayValue::U8(v) => v.iter().map(|&f| f != 0).collect(),
+            ArrayValue::I32(v) => v.iter().map(|&f| f != 0).collect(),
+            ArrayValue::U32(v) => v.iter().map(|&f| f != 0).collect(),
+            _ => {
+                return Err(ModelError::invalid(
+                    list,
+                    "expected an array of flags".into(),
+                ));
+            }
+        };
+        if flags.len() < n_layer {
+            return Err(ModelError::invalid(
+                list,
+                format!("{} flags for {n_layer} blocks", flags.len()),
+            ));
+        }
+        return Ok(flags[..n_layer].to_vec());
+    }
+    let key = format!("{arch}.full_attention_interval");
+    let interval = md.opt_u64(&key)?.unwrap_or(4);
+    if interval == 0 {
+        return Err(ModelError::invalid(key, "must be at least 1".into()));
+    }
+    Ok((0..n_layer as u64)
+        .map(|il| (il + 1) % interval != 0)
+        .collect())
 }
 
 /// The `ssm.*` sizes of a hybrid file, checked against each other.
