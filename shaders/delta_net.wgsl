@@ -1,7 +1,8 @@
 // A hybrid model's gated-DeltaNet block (see HybridOps): the causal depthwise
 // convolution over rows with its rolling state, then SiLU; and the gated delta
-// rule over rows in order, one workgroup per value head, one invocation per
-// value column of its state, the head's query and key in workgroup memory.
+// rule over rows in order, a workgroup per value head and block of its state's
+// value columns, one column per invocation, the head's query and key in
+// workgroup memory.
 
 #include "common.wgsl"
 
@@ -94,13 +95,25 @@ fn workgroup_sum(lid: u32, v: f32) -> f32 {
     return total;
 }
 
+// Workgroup (h, block): value head h, columns block·WG.. of its state, one
+// per invocation, held in a private array through every row of the pass
+// (read once, written once, however many rows).
 @compute @workgroup_size(128)
 fn gated_delta_rule(@builtin(workgroup_id) wid: vec3<u32>,
                     @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
+    let j = wid.y * WG + lid;
+    let owns_column = j < p.v_dim;
     let kh = h % p.n_k_heads;
     let width = 2u * p.n_k_heads * p.k_dim + p.n_v_heads * p.v_dim;
     let q_scale = 1.0 / sqrt(f32(p.k_dim));
+    let s0 = h * p.k_dim * p.v_dim + j;
+    var col: array<f32, MAX_K>;
+    if owns_column {
+        for (var i = 0u; i < p.k_dim; i++) {
+            col[i] = state[s0 + i * p.v_dim];
+        }
+    }
     for (var t = 0u; t < p.n_rows; t++) {
         let row = t * width;
         var qq = 0.0;
@@ -116,27 +129,30 @@ fn gated_delta_rule(@builtin(workgroup_id) wid: vec3<u32>,
         // L2 norms with a floor; the sums' barriers publish q_s and k_s.
         let qs = q_scale / max(sqrt(workgroup_sum(lid, qq)), p.eps);
         let ks = 1.0 / max(sqrt(workgroup_sum(lid, kk)), p.eps);
-        let g = exp(softplus(aux[t * p.n_v_heads + h] + dt_bias[h]) * decay[h]);
-        let b = 1.0 / (1.0 + exp(-beta[t * p.n_v_heads + h]));
-        // Invocation j walks column j of the head's state (coalesced rows).
-        for (var j = lid; j < p.v_dim; j += WG) {
-            let s0 = h * p.k_dim * p.v_dim + j;
+        if owns_column {
+            let g = exp(softplus(aux[t * p.n_v_heads + h] + dt_bias[h]) * decay[h]);
+            let b = 1.0 / (1.0 + exp(-beta[t * p.n_v_heads + h]));
             var sk = 0.0;
             for (var i = 0u; i < p.k_dim; i++) {
-                let e = state[s0 + i * p.v_dim] * g;
-                state[s0 + i * p.v_dim] = e;
+                let e = col[i] * g;
+                col[i] = e;
                 sk += e * (k_s[i] * ks);
             }
             let d = (src[row + 2u * p.n_k_heads * p.k_dim + h * p.v_dim + j] - sk) * b;
             var o = 0.0;
             for (var i = 0u; i < p.k_dim; i++) {
-                let e = state[s0 + i * p.v_dim] + (k_s[i] * ks) * d;
-                state[s0 + i * p.v_dim] = e;
+                let e = col[i] + (k_s[i] * ks) * d;
+                col[i] = e;
                 o += e * (q_s[i] * qs);
             }
             dst[(t * p.n_v_heads + h) * p.v_dim + j] = o;
         }
         // q_s and k_s are rewritten for the next row.
         workgroupBarrier();
+    }
+    if owns_column {
+        for (var i = 0u; i < p.k_dim; i++) {
+            state[s0 + i * p.v_dim] = col[i];
+        }
     }
 }

@@ -1028,26 +1028,82 @@ pub async fn hybrid_blocks<B: Backend, R: Backend>(be: &B, reference: &R) {
             0.0,
         );
     }
-    let p = DeltaNetParams {
-        n_k_heads: 2,
-        n_v_heads: 4,
-        k_dim: 32,
-        v_dim: 32,
-        eps: 1e-6,
-    };
+    // Key heads shared by value heads; and value heads wider than a GPU
+    // workgroup or a CPU block.
+    let shapes = [(2, 4, 32, 32), (1, 2, 48, 160)];
+    for (n_k_heads, n_v_heads, k_dim, v_dim) in shapes {
+        let p = DeltaNetParams {
+            n_k_heads,
+            n_v_heads,
+            k_dim,
+            v_dim,
+            eps: 1e-6,
+        };
+        delta_rule_case(be, reference, &mut rng, p).await;
+    }
+    let (n, heads, d) = (3, 4, 16);
+    let x = uniform(&mut rng, n * heads * 2 * d, 4.0);
+    let (mut first, mut second) = (be.tensor(n, heads * d), be.tensor(n, heads * d));
+    be.split_heads(
+        &tensor(be, n, heads * 2 * d, &x),
+        d,
+        &mut first,
+        &mut second,
+    );
+    let (mut r_first, mut r_second) = (
+        reference.tensor(n, heads * d),
+        reference.tensor(n, heads * d),
+    );
+    reference.split_heads(
+        &tensor(reference, n, heads * 2 * d, &x),
+        d,
+        &mut r_first,
+        &mut r_second,
+    );
+    assert_close(
+        "split_heads",
+        &be.read(&first).await,
+        &reference.read(&r_first).await,
+        0.0,
+    );
+    assert_close(
+        "split_heads",
+        &be.read(&second).await,
+        &reference.read(&r_second).await,
+        0.0,
+    );
+    let gate = uniform(&mut rng, n * heads * d, 6.0);
+    be.sigmoid_mul(&mut first, &tensor(be, n, heads * d, &gate));
+    reference.sigmoid_mul(&mut r_first, &tensor(reference, n, heads * d, &gate));
+    assert_close(
+        "sigmoid_mul",
+        &be.read(&first).await,
+        &reference.read(&r_first).await,
+        1e-6,
+    );
+}
+
+/// [`hybrid_blocks`]'s delta-rule case for one geometry.
+async fn delta_rule_case<B: Backend, R: Backend>(
+    be: &B,
+    reference: &R,
+    rng: &mut Rng,
+    p: DeltaNetParams,
+) {
     let (rows, cols) = p.state_shape();
+    let hv = p.n_v_heads;
     let (dt_bias, a) = (
-        weight_file(GgmlType::F32, 1, 4, 37),
-        weight_file(GgmlType::F32, 1, 4, 38),
+        weight_file(GgmlType::F32, 1, hv, 37),
+        weight_file(GgmlType::F32, 1, hv, 38),
     );
     // A decode row in place; six rows read from another tensor (a
     // checkpoint's), which stays as it was.
     for (n, from_other) in [(1, false), (6, true)] {
-        let x = uniform(&mut rng, n * p.input_dim(), 1.0);
-        let alpha = uniform(&mut rng, n * p.n_v_heads, 2.0);
-        let beta = uniform(&mut rng, n * p.n_v_heads, 2.0);
-        let state = uniform(&mut rng, rows * cols, 0.5);
-        let stale = uniform(&mut rng, rows * cols, 9.0);
+        let x = uniform(rng, n * p.input_dim(), 1.0);
+        let alpha = uniform(rng, n * p.n_v_heads, 2.0);
+        let beta = uniform(rng, n * p.n_v_heads, 2.0);
+        let state = uniform(rng, rows * cols, 0.5);
+        let stale = uniform(rng, rows * cols, 9.0);
         let width = p.n_v_heads * p.v_dim;
         let from = tensor(be, rows, cols, &state);
         let mut s_got = tensor(be, rows, cols, if from_other { &stale } else { &state });
@@ -1095,46 +1151,6 @@ pub async fn hybrid_blocks<B: Backend, R: Backend>(be: &B, reference: &R) {
             "{what}: `from` is left as it was"
         );
     }
-    let (n, heads, d) = (3, 4, 16);
-    let x = uniform(&mut rng, n * heads * 2 * d, 4.0);
-    let (mut first, mut second) = (be.tensor(n, heads * d), be.tensor(n, heads * d));
-    be.split_heads(
-        &tensor(be, n, heads * 2 * d, &x),
-        d,
-        &mut first,
-        &mut second,
-    );
-    let (mut r_first, mut r_second) = (
-        reference.tensor(n, heads * d),
-        reference.tensor(n, heads * d),
-    );
-    reference.split_heads(
-        &tensor(reference, n, heads * 2 * d, &x),
-        d,
-        &mut r_first,
-        &mut r_second,
-    );
-    assert_close(
-        "split_heads",
-        &be.read(&first).await,
-        &reference.read(&r_first).await,
-        0.0,
-    );
-    assert_close(
-        "split_heads",
-        &be.read(&second).await,
-        &reference.read(&r_second).await,
-        0.0,
-    );
-    let gate = uniform(&mut rng, n * heads * d, 6.0);
-    be.sigmoid_mul(&mut first, &tensor(be, n, heads * d, &gate));
-    reference.sigmoid_mul(&mut r_first, &tensor(reference, n, heads * d, &gate));
-    assert_close(
-        "sigmoid_mul",
-        &be.read(&first).await,
-        &reference.read(&r_first).await,
-        1e-6,
-    );
 }
 
 /// Argmax per row: the first index wins ties, rows wider than a workgroup.

@@ -1448,7 +1448,8 @@ impl HybridOps for WgpuBackend {
                 dt_bias.dense_binding(),
                 a.dense_binding(),
             ],
-            [u(p.n_v_heads), 1, 1],
+            // Workgroups of 128 value columns (the kernel's WG).
+            [u(p.n_v_heads), u(p.v_dim.div_ceil(128)), 1],
         );
     }
 
