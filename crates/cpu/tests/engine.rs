@@ -1,8 +1,9 @@
 //! The step machine on the CPU backend: sequences stepped together (plain
 //! steps batched into one target pass, speculative rounds alone, sequences
 //! joining late) give exactly the tokens each gives alone, for plain
-//! greedy and sampled decoding and for every drafter kind; every sequence
-//! shares the models' weights, and making one uploads none.
+//! greedy and sampled decoding and for every drafter kind, on attention
+//! and on hybrid targets; every sequence shares the models' weights, and
+//! making one uploads none.
 
 use blockdraft_core::backend::prelude::*;
 use blockdraft_core::engine::{Engine, Event, Held, Sequence};
@@ -13,7 +14,8 @@ use blockdraft_core::speculative::{
     PolicyConfig, SharedDrafter,
 };
 use blockdraft_core::testing::{
-    block_on, synthetic_decoder, synthetic_dflash, SyntheticDFlash, SyntheticDims,
+    block_on, synthetic_decoder, synthetic_dflash, synthetic_qwen35, SyntheticDFlash,
+    SyntheticDims, SyntheticHybrid,
 };
 use blockdraft_core::ModelError;
 use blockdraft_cpu::CpuBackend;
@@ -40,13 +42,31 @@ struct Models {
 }
 
 fn models() -> Models {
+    models_of(false)
+}
+
+/// Three-block models: llama, or hybrid (`qwen35`: two gated-DeltaNet
+/// blocks, then gated attention), whose draft model is hybrid too.
+fn models_of(hybrid: bool) -> Models {
     let dims = SyntheticDims {
         n_layer: 3,
         ..SyntheticDims::default()
     };
     let be = Arc::new(CpuBackend::new(2));
     let load = |seed| {
-        let file = GgufFile::from_bytes(synthetic_decoder("llama", dims, seed).bytes).unwrap();
+        let bytes = if hybrid {
+            let h = SyntheticHybrid {
+                dims: SyntheticDims {
+                    n_layer: 3,
+                    ..SyntheticHybrid::default().dims
+                },
+                ..SyntheticHybrid::default()
+            };
+            synthetic_qwen35(&h, seed).bytes
+        } else {
+            synthetic_decoder("llama", dims, seed).bytes
+        };
+        let file = GgufFile::from_bytes(bytes).unwrap();
         Arc::new(Decoder::load(&file, be.clone(), &mut |_| {}).unwrap())
     };
     let target = load(41);
@@ -112,7 +132,17 @@ fn alone(m: &Models, mut seq: Sequence<'_, CpuBackend>) -> Vec<u32> {
 
 #[test]
 fn sequences_stepped_together_give_the_tokens_of_each_alone() {
-    let m = models();
+    stepped_together(&models());
+}
+
+/// The same on a hybrid target, whose recurrent state every sequence rolls
+/// back on its own (batched plain steps, rounds, a hybrid draft model).
+#[test]
+fn hybrid_sequences_stepped_together_give_the_tokens_of_each_alone() {
+    stepped_together(&models_of(true));
+}
+
+fn stepped_together(m: &Models) {
     let loaded = m.target.backend.weight_bytes_loaded();
     let n_vocab = m.target.config.n_vocab;
     let kinds = [
@@ -128,7 +158,7 @@ fn sequences_stepped_together_give_the_tokens_of_each_alone() {
     let want: Vec<Vec<u32>> = kinds
         .iter()
         .enumerate()
-        .map(|(i, &k)| alone(&m, sequence(&m, k, &prompt(i, n_vocab))))
+        .map(|(i, &k)| alone(m, sequence(m, k, &prompt(i, n_vocab))))
         .collect();
     // A seed draws the same tokens with a drafter as without.
     let sampled = kinds
@@ -137,10 +167,7 @@ fn sequences_stepped_together_give_the_tokens_of_each_alone() {
         .unwrap();
     assert_eq!(
         want[sampled],
-        alone(
-            &m,
-            sequence(&m, Kind::Sampled(5), &prompt(sampled, n_vocab))
-        )
+        alone(m, sequence(m, Kind::Sampled(5), &prompt(sampled, n_vocab)))
     );
 
     // Rounds among the batch: the two paths interleaved (the default
@@ -150,14 +177,14 @@ fn sequences_stepped_together_give_the_tokens_of_each_alone() {
     let mut seqs: Vec<Sequence<'_, CpuBackend>> = kinds[..kinds.len() - 1]
         .iter()
         .enumerate()
-        .map(|(i, &k)| sequence(&m, k, &prompt(i, n_vocab)))
+        .map(|(i, &k)| sequence(m, k, &prompt(i, n_vocab)))
         .collect();
     let mut got: Vec<Vec<u32>> = vec![Vec::new(); kinds.len()];
     let mut finished = vec![false; kinds.len()];
     for step in 0.. {
         if step == 3 {
             let last = kinds.len() - 1;
-            seqs.push(sequence(&m, kinds[last], &prompt(last, n_vocab)));
+            seqs.push(sequence(m, kinds[last], &prompt(last, n_vocab)));
         }
         if step > 3 && seqs.iter().all(Sequence::is_finished) {
             break;
