@@ -17,8 +17,13 @@ pub const KERNEL_FILES: &[(&str, &str)] = &[
     ("attention", include_str!("../kernels/attention.cu")),
     ("conv", include_str!("../kernels/conv.cu")),
     ("copy", include_str!("../kernels/copy.cu")),
+    ("delta_net", include_str!("../kernels/delta_net.cu")),
     ("elementwise", include_str!("../kernels/elementwise.cu")),
     ("embed", include_str!("../kernels/embed.cu")),
+    (
+        "gated_attention",
+        include_str!("../kernels/gated_attention.cu"),
+    ),
     ("matmul", include_str!("../kernels/matmul.cu")),
     ("norm", include_str!("../kernels/norm.cu")),
     ("quantize", include_str!("../kernels/quantize.cu")),

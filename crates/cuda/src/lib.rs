@@ -33,9 +33,9 @@
 pub mod compile;
 
 use blockdraft_core::backend::{
-    AttentionMask, AttentionOps, AttentionParams, BackendError, ConvParams, Device, DrafterOps,
-    ElementwiseOps, GatedActivation, HybridOps, KvType, LinearOps, MemoryLimits, RopeParams,
-    RopeStyle, SamplingOps, WeightSource,
+    AttentionMask, AttentionOps, AttentionParams, BackendError, ConvParams, DeltaNetParams, Device,
+    DrafterOps, ElementwiseOps, GatedActivation, HybridOps, KvType, LinearOps, MemoryLimits,
+    RopeParams, RopeStyle, SamplingOps, WeightSource,
 };
 use blockdraft_gguf::GgmlType;
 use cudarc::driver::{
@@ -161,6 +161,8 @@ const FUNCTIONS: &[(&str, &[&str])] = &[
     ("argmax", &["argmax_rows"]),
     ("attention", &["attention_f32", "attention_f16"]),
     ("conv", &["grouped_conv"]),
+    ("delta_net", &["causal_conv_silu", "gated_delta_rule"]),
+    ("gated_attention", &["split_heads", "sigmoid_mul"]),
     (
         "copy",
         &[
@@ -1178,9 +1180,195 @@ impl SamplingOps for CudaBackend {
     }
 }
 
-/// Hybrid models' blocks are not implemented here yet: the defaults
-/// record an unsupported-op error and loading a hybrid model is refused.
-impl HybridOps for CudaBackend {}
+/// One thread per value in blocks of 256.
+fn per_value(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl HybridOps for CudaBackend {
+    fn runs_hybrid_blocks(&self) -> bool {
+        true
+    }
+
+    fn causal_conv_silu(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaWeight,
+        state: &mut CudaTensor,
+        out: &mut CudaTensor,
+    ) {
+        self.run(|| {
+            let taps = weight.cols;
+            shape_unless(
+                taps > 0
+                    && weight.rows == x.cols
+                    && (state.rows, state.cols) == (taps - 1, x.cols)
+                    && (out.rows, out.cols) == (x.rows, x.cols),
+                || "causal_conv_silu shapes".into(),
+            )?;
+            if weight.ty != GgmlType::F32 {
+                return Err(CudaError::Shape(format!(
+                    "causal_conv_silu: {} convolution taps (F32 only)",
+                    weight.ty
+                )));
+            }
+            if x.cols == 0 {
+                return Ok(());
+            }
+            int(x.len(), "values")?;
+            let (n, c, taps_i) = (
+                int(x.rows, "rows")?,
+                int(x.cols, "cols")?,
+                int(taps, "taps")?,
+            );
+            let f = self.function("causal_conv_silu")?;
+            let xs = x.f32()?;
+            let ss = state.f32_mut()?;
+            let os = out.f32_mut()?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(xs)
+                .arg(&weight.bytes)
+                .arg(&n)
+                .arg(&c)
+                .arg(&taps_i)
+                .arg(ss)
+                .arg(os);
+            // SAFETY: arguments as `causal_conv_silu` takes them; shapes and
+            // the taps' type checked.
+            unsafe { b.launch(per_value(x.cols)) }.map_err(driver("causal_conv_silu"))?;
+            Ok(())
+        });
+    }
+
+    fn gated_delta_rule(
+        &self,
+        x: &CudaTensor,
+        alpha: &CudaTensor,
+        beta: &CudaTensor,
+        dt_bias: &CudaWeight,
+        a: &CudaWeight,
+        from: Option<&CudaTensor>,
+        state: &mut CudaTensor,
+        out: &mut CudaTensor,
+        p: DeltaNetParams,
+    ) {
+        // The kernel's block width and widest key head (delta_net.cu).
+        const THREADS: usize = 128;
+        const MAX_K: usize = 256;
+        if let Some(from) = from {
+            self.copy_rows(from, 0, state, 0, 0, from.rows);
+        }
+        self.run(|| {
+            shape_unless(
+                p.n_k_heads > 0
+                    && p.n_v_heads % p.n_k_heads == 0
+                    && p.k_dim <= MAX_K
+                    && x.cols == p.input_dim()
+                    && (alpha.rows, alpha.cols) == (x.rows, p.n_v_heads)
+                    && (beta.rows, beta.cols) == (x.rows, p.n_v_heads)
+                    && (dt_bias.cols, a.cols) == (p.n_v_heads, p.n_v_heads)
+                    && (state.rows, state.cols) == p.state_shape()
+                    && (out.rows, out.cols) == (x.rows, p.n_v_heads * p.v_dim),
+                || format!("gated_delta_rule shapes ({p:?}, key heads of at most {MAX_K})"),
+            )?;
+            let (dt, decay) = match (&dt_bias.dense, &a.dense) {
+                (Some(dt), Some(decay)) => (dt, decay),
+                _ => {
+                    return Err(CudaError::Shape(
+                        "gated_delta_rule: dt_bias and a are 1-D".into(),
+                    ))
+                }
+            };
+            if x.rows == 0 || p.v_dim == 0 {
+                return Ok(());
+            }
+            int(x.len().max(state.len()), "values")?;
+            let dims = [
+                int(x.rows, "rows")?,
+                int(p.n_k_heads, "key heads")?,
+                int(p.n_v_heads, "value heads")?,
+                int(p.k_dim, "key width")?,
+                int(p.v_dim, "value width")?,
+            ];
+            let f = self.function("gated_delta_rule")?;
+            let cfg = LaunchConfig {
+                grid_dim: (p.n_v_heads as u32, p.v_dim.div_ceil(THREADS) as u32, 1),
+                block_dim: (THREADS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (xs, al, be) = (x.f32()?, alpha.f32()?, beta.f32()?);
+            let ss = state.f32_mut()?;
+            let os = out.f32_mut()?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(xs).arg(al).arg(be).arg(dt).arg(decay);
+            for d in &dims {
+                b.arg(d);
+            }
+            b.arg(&p.eps).arg(ss).arg(os);
+            // SAFETY: arguments as `gated_delta_rule` takes them; shapes checked.
+            unsafe { b.launch(cfg) }.map_err(driver("gated_delta_rule"))?;
+            Ok(())
+        });
+    }
+
+    fn split_heads(
+        &self,
+        x: &CudaTensor,
+        d: usize,
+        first: &mut CudaTensor,
+        second: &mut CudaTensor,
+    ) {
+        self.run(|| {
+            let half = (x.rows, x.cols / 2);
+            shape_unless(
+                d > 0
+                    && x.cols % (2 * d) == 0
+                    && (first.rows, first.cols) == half
+                    && (second.rows, second.cols) == half,
+                || "split_heads shapes".into(),
+            )?;
+            if first.len() == 0 {
+                return Ok(());
+            }
+            let (len, d_i) = (first.len(), int(d, "head width")?);
+            let n = int(len, "values")?;
+            let f = self.function("split_heads")?;
+            let xs = x.f32()?;
+            let fs = first.f32_mut()?;
+            let ss = second.f32_mut()?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(xs).arg(&n).arg(&d_i).arg(fs).arg(ss);
+            // SAFETY: arguments as `split_heads` takes them; shapes checked.
+            unsafe { b.launch(per_value(len)) }.map_err(driver("split_heads"))?;
+            Ok(())
+        });
+    }
+
+    fn sigmoid_mul(&self, x: &mut CudaTensor, gate: &CudaTensor) {
+        self.run(|| {
+            shape_unless((x.rows, x.cols) == (gate.rows, gate.cols), || {
+                "sigmoid_mul shapes".into()
+            })?;
+            if x.len() == 0 {
+                return Ok(());
+            }
+            let n = int(x.len(), "values")?;
+            let f = self.function("sigmoid_mul")?;
+            let gs = gate.f32()?;
+            let len = x.len();
+            let xs = x.f32_mut()?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(gs).arg(&n).arg(xs);
+            // SAFETY: arguments as `sigmoid_mul` takes them; shapes checked.
+            unsafe { b.launch(per_value(len)) }.map_err(driver("sigmoid_mul"))?;
+            Ok(())
+        });
+    }
+}
 
 impl DrafterOps for CudaBackend {
     fn grouped_conv(

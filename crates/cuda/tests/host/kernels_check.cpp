@@ -4,8 +4,9 @@
 // the dequantized dot, attention over f32 and f16 caches with every mask of
 // the conformance suite, argmax ties and NaN, RMS norm, rope, row copies
 // into an f16 cache, the grouped convolution, embedding rows by f32 ids,
-// slice sums and the sanitiser. Prints each check; exits non-zero on any
-// failure.
+// slice sums and the sanitiser, the hybrid blocks' convolution, delta rule
+// (two column blocks, shared key heads) and gates. Prints each check; exits
+// non-zero on any failure.
 #include "emulator.h"
 #include "common.cuh"
 namespace Q {
@@ -37,6 +38,12 @@ namespace CV {
 }
 namespace EL {
 #include "elementwise.cu"
+}
+namespace DN {
+#include "delta_net.cu"
+}
+namespace GA {
+#include "gated_attention.cu"
 }
 std::mt19937 rng(5);
 float uni(float s) { return (std::uniform_real_distribution<float>(-1, 1)(rng)) * s; }
@@ -206,6 +213,53 @@ void test_misc() {
   check(sp[0] == 0 && sp[1] == 65504 && sp[2] == -65504 && sp[3] == 65504 && sp[4] == -65504 && sp[5] == 3.5f && sp[7] == 65504, "clamp_finite");
 }
 
+// The hybrid blocks against straightforward loops (the same sums in the
+// same order, so the same floats up to libm's exp).
+void test_hybrid() {
+  // causal_conv_silu: 3 rows, 4 taps, 300 channels, from a non-zero state.
+  int n = 3, c = 300, taps = 4, hist = taps - 1;
+  std::vector<float> x(n*c), w(c*taps), st(hist*c), out(n*c), want(n*c);
+  for (auto &v : x) v = uni(1); for (auto &v : w) v = uni(1); for (auto &v : st) v = uni(1);
+  std::vector<float> win(st); win.insert(win.end(), x.begin(), x.end());
+  for (int t = 0; t < n; t++) for (int ch = 0; ch < c; ch++) { float s = 0;
+    for (int k = 0; k < taps; k++) s = s + win[(t+k)*c + ch] * w[ch*taps + k]; want[t*c+ch] = s / (1.0f + expf(-s)); }
+  std::vector<float> want_st(win.begin() + n*c, win.end());
+  launch({(unsigned)((c+255)/256),1,1}, {256,1,1}, [&]{ DN::causal_conv_silu(x.data(), (const unsigned char*)w.data(), n, c, taps, st.data(), out.data()); });
+  check(out == want && st == want_st, "causal_conv_silu");
+  // gated_delta_rule: 2 key heads under 4 value heads of 48 keys by 160 values (two column blocks), 3 rows.
+  int hk = 2, hv = 4, dk = 48, dv = 160, width = 2*hk*dk + hv*dv;
+  std::vector<float> xr(n*width), al(n*hv), be(n*hv), dt(hv), a(hv), s(hv*dk*dv), o(n*hv*dv), wo(n*hv*dv);
+  for (auto &v : xr) v = uni(1); for (auto &v : al) v = uni(2); for (auto &v : be) v = uni(2);
+  for (auto &v : dt) v = uni(.5); for (auto &v : a) v = -fabsf(uni(1)); for (auto &v : s) v = uni(.5);
+  std::vector<float> ws(s);
+  for (int t = 0; t < n; t++) { const float *row = &xr[t*width];
+    for (int h = 0; h < hv; h++) { int kh = h % hk; float qq = 0, kk = 0;
+      for (int i = 0; i < dk; i++) { qq += row[kh*dk+i]*row[kh*dk+i]; kk += row[(hk+kh)*dk+i]*row[(hk+kh)*dk+i]; }
+      float qs = (1.0f / sqrtf((float)dk)) / fmaxf(sqrtf(qq), 1e-6f), ks = 1.0f / fmaxf(sqrtf(kk), 1e-6f);
+      float u = al[t*hv+h] + dt[h]; float g = expf((u > 20 ? u : logf(1 + expf(u))) * a[h]); float b = 1 / (1 + expf(-be[t*hv+h]));
+      for (int j = 0; j < dv; j++) { float *col = &ws[(size_t)h*dk*dv + j]; float sk = 0;
+        for (int i = 0; i < dk; i++) { float e = col[i*dv] * g; col[i*dv] = e; sk += e * (row[(hk+kh)*dk+i]*ks); }
+        float d = (row[2*hk*dk + h*dv + j] - sk) * b; float acc = 0;
+        for (int i = 0; i < dk; i++) { float e = col[i*dv] + (row[(hk+kh)*dk+i]*ks)*d; col[i*dv] = e; acc += e * (row[kh*dk+i]*qs); }
+        wo[(t*hv+h)*dv + j] = acc; } } }
+  launch({(unsigned)hv,(unsigned)((dv+127)/128),1}, {128,1,1}, [&]{ DN::gated_delta_rule(xr.data(), al.data(), be.data(), dt.data(), a.data(), n, hk, hv, dk, dv, 1e-6f, s.data(), o.data()); });
+  double worst = 0, scale = 1e-6;
+  for (size_t i = 0; i < wo.size(); i++) { worst = std::max(worst, (double)fabsf(o[i] - wo[i])); scale = std::max(scale, (double)fabsf(wo[i])); }
+  for (size_t i = 0; i < ws.size(); i++) worst = std::max(worst, (double)fabsf(s[i] - ws[i]) / 10);
+  check(worst <= 1e-5 * scale, "gated_delta_rule (two column blocks, shared key heads)");
+  // split_heads, sigmoid_mul
+  int heads = 3, hd = 5, rows = 2; std::vector<float> q(rows*heads*2*hd), f1(rows*heads*hd), f2(rows*heads*hd);
+  for (auto &v : q) v = uni(4);
+  launch({1,1,1}, {256,1,1}, [&]{ GA::split_heads(q.data(), rows*heads*hd, hd, f1.data(), f2.data()); });
+  bool ok = true;
+  for (int e = 0; e < rows*heads*hd; e++) ok &= f1[e] == q[(e/hd)*2*hd + e%hd] && f2[e] == q[(e/hd)*2*hd + hd + e%hd];
+  check(ok, "split_heads");
+  std::vector<float> gx(f1), want_g(f1);
+  for (size_t e = 0; e < gx.size(); e++) want_g[e] = want_g[e] / (1.0f + expf(-f2[e]));
+  launch({1,1,1}, {256,1,1}, [&]{ GA::sigmoid_mul(f2.data(), (int)gx.size(), gx.data()); });
+  check(gx == want_g, "sigmoid_mul");
+}
+
 int main() {
   test_quantize();
   test_matmul<MM::Q4_K>("Q4_K", 256, 144, 1, MM::matmul_Q4_K, EM::deq_q4_k);
@@ -216,6 +270,7 @@ int main() {
   test_argmax();
   test_norm_rope();
   test_misc();
+  test_hybrid();
   printf(bad ? "BAD %d\n" : "ALL OK\n", bad);
   return bad != 0;
 }
