@@ -33,7 +33,7 @@ extern "C" __global__ void causal_conv_silu(const float *x, const unsigned char 
 #define DN_MAX_K 256
 
 // `v` summed over the block, returned to every thread.
-__device__ float dn_block_sum(float *red, float v) {
+__device__ __forceinline__ float dn_block_sum(float *red, float v) {
     red[threadIdx.x] = v;
     __syncthreads();
     for (int s = DN_THREADS / 2; s > 0; s >>= 1) {
@@ -46,7 +46,9 @@ __device__ float dn_block_sum(float *red, float v) {
 }
 
 // Block (h, b): value head h, columns b·128 ..; see Backend::gated_delta_rule.
-extern "C" __global__ void __launch_bounds__(DN_THREADS)
+// (A minimum of blocks per SM lets ptxas take the registers it needs: without
+// one, sm_90's ptxas holds this kernel to 32 registers and spills.)
+extern "C" __global__ void __launch_bounds__(DN_THREADS, 4)
 gated_delta_rule(const float *x, const float *alpha, const float *beta, const float *dt_bias, const float *a,
                  int n, int hk, int hv, int dk, int dv, float eps, float *state, float *out) {
     __shared__ float q_s[DN_MAX_K];
