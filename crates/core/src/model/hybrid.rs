@@ -303,28 +303,18 @@ impl<B: Backend> RecurrentMemory<B> {
         }
     }
 
-    /// Layer `r`'s live state, and its log when this pass logs.
+    /// Row of the logs a pass starts at, when passes log.
+    pub(super) fn log_at(&self) -> Option<usize> {
+        self.logging.then_some(self.logged)
+    }
+
+    /// Layer `r`'s states (the delta rule's to read and to write) and logs.
     pub(super) fn layer(&mut self, r: usize) -> LayerRefs<'_, B> {
-        let (logging, logged) = (self.logging, self.logged);
         let (live, target) = (self.live, self.target());
         let l = &mut self.layers[r];
         let [a, b] = &mut l.ssm;
         let (other, to) = if target == 0 { (&*b, a) } else { (&*a, b) };
         LayerRefs {
-            conv: &mut l.conv,
-            ssm_from: (live != target).then_some(other),
-            ssm: to,
-            log: logging.then_some((&mut l.log_in, &mut l.log_alpha, &mut l.log_beta, logged)),
-        }
-    }
-
-    /// Layer `r`'s logged rows, for a replay.
-    pub(super) fn replay_layer(&mut self, r: usize) -> ReplayRefs<'_, B> {
-        let (live, target) = (self.live, self.target());
-        let l = &mut self.layers[r];
-        let [a, b] = &mut l.ssm;
-        let (other, to) = if target == 0 { (&*b, a) } else { (&*a, b) };
-        ReplayRefs {
             conv: &mut l.conv,
             ssm_from: (live != target).then_some(other),
             ssm: to,
@@ -349,20 +339,8 @@ pub(super) struct LayerRefs<'a, B: Backend> {
     /// The delta rule's state before the pass, where it is not `ssm`'s.
     pub ssm_from: Option<&'a B::Tensor>,
     pub ssm: &'a mut B::Tensor,
-    /// Input log, alpha log, beta log, and the row the pass starts at.
-    #[allow(clippy::type_complexity)]
-    pub log: Option<(
-        &'a mut B::Tensor,
-        &'a mut B::Tensor,
-        &'a mut B::Tensor,
-        usize,
-    )>,
-}
-
-pub(super) struct ReplayRefs<'a, B: Backend> {
-    pub conv: &'a mut B::Tensor,
-    pub ssm_from: Option<&'a B::Tensor>,
-    pub ssm: &'a mut B::Tensor,
+    /// The inputs of the rows since the base: convolution input, alpha,
+    /// beta.
     pub log_in: &'a mut B::Tensor,
     pub log_alpha: &'a mut B::Tensor,
     pub log_beta: &'a mut B::Tensor,

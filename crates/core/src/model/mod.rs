@@ -606,15 +606,20 @@ impl<B: Backend> Decoder<B> {
                     &mut s.hidden,
                 );
             }
-            if hook.is_none() && lw.post_ffn_norm.is_none() {
-                be.matmul_accumulate(&lw.w_down, &s.hidden, &mut s.x, &mut s.o);
-            } else {
-                be.matmul(&lw.w_down, &s.hidden, &mut s.o);
-                if let Some(h) = hook.as_deref_mut() {
-                    h.apply(be, il, HookPoint::FfnOutput, &mut s.o);
-                }
-                self.add_branch(s, lw.post_ffn_norm.as_ref());
-            }
+            let residual = Residual {
+                x: &mut s.x,
+                o: &mut s.o,
+                xn: &mut s.xn,
+            };
+            let down = (&lw.w_down, lw.post_ffn_norm.as_ref());
+            self.add_branch(
+                il,
+                HookPoint::FfnOutput,
+                down,
+                &s.hidden,
+                residual,
+                hook.as_deref_mut(),
+            );
         }
         if let Some(t) = taps {
             t.capture(be, cfg.n_layer, &s.x, n);
@@ -648,29 +653,6 @@ impl<B: Backend> Decoder<B> {
                 out: xn,
             };
             be.normed_matmul_many(x, norm, projections);
-        }
-    }
-
-    /// Adds a mixer's output projection of `input` to the residual stream,
-    /// through the hook and post-norm where there are some.
-    fn mixer_output(
-        &self,
-        il: usize,
-        lw: &LayerWeights<B>,
-        wo: &B::Weight,
-        input: &B::Tensor,
-        s: &mut Scratch<B>,
-        hook: Option<&mut (dyn LayerHook<B> + '_)>,
-    ) {
-        let be = &*self.backend;
-        if hook.is_none() && lw.post_attn_norm.is_none() {
-            be.matmul_accumulate(wo, input, &mut s.x, &mut s.o);
-        } else {
-            be.matmul(wo, input, &mut s.o);
-            if let Some(h) = hook {
-                h.apply(be, il, HookPoint::AttnOutput, &mut s.o);
-            }
-            self.add_branch(s, lw.post_attn_norm.as_ref());
         }
     }
 
@@ -716,9 +698,13 @@ impl<B: Backend> Decoder<B> {
         if let Some(hs) = s.hybrid.as_ref().filter(|_| cfg.gated_attention) {
             be.sigmoid_mul(&mut s.attn, &hs.q_gate);
         }
-        let attn = std::mem::replace(&mut s.attn, be.tensor(0, 0));
-        self.mixer_output(il, lw, &aw.wo, &attn, s, hook);
-        s.attn = attn;
+        let residual = Residual {
+            x: &mut s.x,
+            o: &mut s.o,
+            xn: &mut s.xn,
+        };
+        let wo = (&aw.wo, lw.post_attn_norm.as_ref());
+        self.add_branch(il, HookPoint::AttnOutput, wo, &s.attn, residual, hook);
         Ok(())
     }
 
@@ -757,11 +743,13 @@ impl<B: Backend> Decoder<B> {
         };
         be.rms_norm(&hs.out, &dw.norm, dn.v_dim, cfg.rms_eps, &mut hs.normed);
         be.gated(GatedActivation::SwiGlu, &hs.z, &hs.normed, &mut hs.out);
-        let out = std::mem::replace(&mut hs.out, be.tensor(0, 0));
-        self.mixer_output(il, lw, &dw.w_out, &out, s, hook);
-        if let Some(hs) = s.hybrid.as_mut() {
-            hs.out = out;
-        }
+        let residual = Residual {
+            x: &mut s.x,
+            o: &mut s.o,
+            xn: &mut s.xn,
+        };
+        let w_out = (&dw.w_out, lw.post_attn_norm.as_ref());
+        self.add_branch(il, HookPoint::AttnOutput, w_out, &hs.out, residual, hook);
         Ok(())
     }
 
@@ -775,11 +763,12 @@ impl<B: Backend> Decoder<B> {
             return;
         };
         let n = be.shape(&hs.mix_in).0;
+        let at = rec.log_at();
         let l = rec.layer(cfg.slot_of(il));
-        if let Some((log_in, log_alpha, log_beta, at)) = l.log {
-            be.copy_rows(&hs.mix_in, 0, log_in, at, 0, n);
-            be.copy_rows(&hs.alpha, 0, log_alpha, at, 0, n);
-            be.copy_rows(&hs.beta, 0, log_beta, at, 0, n);
+        if let Some(at) = at {
+            be.copy_rows(&hs.mix_in, 0, l.log_in, at, 0, n);
+            be.copy_rows(&hs.alpha, 0, l.log_alpha, at, 0, n);
+            be.copy_rows(&hs.beta, 0, l.log_beta, at, 0, n);
         }
         be.causal_conv_silu(&hs.mix_in, &dw.conv, l.conv, &mut hs.conv_out);
         let p = dn.params(cfg.rms_eps);
@@ -814,7 +803,7 @@ impl<B: Backend> Decoder<B> {
                 let Mixer::DeltaNet(dw) = &lw.mixer else {
                     continue;
                 };
-                let l = rec.replay_layer(cfg.slot_of(il));
+                let l = rec.layer(cfg.slot_of(il));
                 let logs = [
                     (&mut *l.log_in, dn.conv_dim()),
                     (&mut *l.log_alpha, dn.n_v_heads),
@@ -850,14 +839,32 @@ impl<B: Backend> Decoder<B> {
         Ok(())
     }
 
-    /// Adds a residual branch's output `s.o` to `s.x`, through the
-    /// branch's post-norm where the architecture has one (Gemma 3).
-    fn add_branch(&self, s: &mut Scratch<B>, post_norm: Option<&B::Weight>) {
+    /// Adds a residual branch's output projection `w · input` to `r.x`
+    /// (`w` with the branch's post-norm, where the architecture has one:
+    /// Gemma 3): in one op where nothing sits between, else into `r.o`,
+    /// through `hook` at `point`, then the post-norm.
+    fn add_branch(
+        &self,
+        il: usize,
+        point: HookPoint,
+        (w, post_norm): (&B::Weight, Option<&B::Weight>),
+        input: &B::Tensor,
+        r: Residual<'_, B>,
+        hook: Option<&mut (dyn LayerHook<B> + '_)>,
+    ) {
         let (cfg, be) = (&self.config, &*self.backend);
+        if hook.is_none() && post_norm.is_none() {
+            be.matmul_accumulate(w, input, r.x, r.o);
+            return;
+        }
+        be.matmul(w, input, r.o);
+        if let Some(h) = hook {
+            h.apply(be, il, point, r.o);
+        }
         if let Some(pn) = post_norm {
-            be.add_normed(&mut s.x, &s.o, pn, cfg.rms_eps, &mut s.xn);
+            be.add_normed(r.x, r.o, pn, cfg.rms_eps, r.xn);
         } else {
-            be.add(&mut s.x, &s.o);
+            be.add(r.x, r.o);
         }
     }
 
@@ -951,6 +958,15 @@ impl<B: Backend> Decoder<B> {
 /// are made with the state of every hybrid model).
 fn missing_scratch() -> ModelError {
     ModelError::Usage("a hybrid block ran without its activations".into())
+}
+
+/// The residual stream `x`, and the scratch a branch's output goes
+/// through on its way there (fields of [`Scratch`], borrowed beside the
+/// branch's input).
+struct Residual<'a, B: Backend> {
+    x: &'a mut B::Tensor,
+    o: &'a mut B::Tensor,
+    xn: &'a mut B::Tensor,
 }
 
 /// Preallocated activations of one forward pass.
