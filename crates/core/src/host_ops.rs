@@ -206,6 +206,66 @@ pub fn causal_conv_silu(
     }
 }
 
+/// What the gated delta rule takes from each row of a pass, before any
+/// state is touched: the L2-normalised queries (times `1/√k_dim`) and keys
+/// of every row and key head (`n·n_k_heads·k_dim` each, row-major), and
+/// `(e^g, β)` of every row and value head. The reference and the CPU
+/// backend's kernel both start from it.
+pub struct DeltaRuleRows {
+    /// Rows of the pass.
+    pub n: usize,
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub gates: Vec<(f32, f32)>,
+}
+
+impl DeltaRuleRows {
+    /// Panics where the inputs' lengths do not fit `p` (as the CPU
+    /// backend's ops do on shapes its callers checked).
+    pub fn new(
+        x: &[f32],
+        alpha: &[f32],
+        beta: &[f32],
+        dt_bias: &[f32],
+        a: &[f32],
+        p: DeltaNetParams,
+    ) -> Self {
+        let (hk, hv, dk) = (p.n_k_heads, p.n_v_heads, p.k_dim);
+        let width = p.input_dim();
+        let n = x.len() / width.max(1);
+        assert!(
+            x.len() == n * width
+                && alpha.len() == n * hv
+                && beta.len() == n * hv
+                && dt_bias.len() == hv
+                && a.len() == hv,
+            "gated_delta_rule shapes"
+        );
+        let q_scale = 1.0 / (dk as f32).sqrt();
+        let (mut q, mut k) = (vec![0.0f32; n * hk * dk], vec![0.0f32; n * hk * dk]);
+        for t in 0..n {
+            let row = &x[t * width..];
+            for (src, dst, scale) in [(0, &mut q, q_scale), (hk * dk, &mut k, 1.0)] {
+                for h in 0..hk {
+                    let v = &row[src + h * dk..][..dk];
+                    let sum: f32 = v.iter().map(|e| e * e).sum();
+                    let s = scale / sum.sqrt().max(p.eps);
+                    let o = &mut dst[(t * hk + h) * dk..][..dk];
+                    o.iter_mut().zip(v).for_each(|(o, e)| *o = e * s);
+                }
+            }
+        }
+        let gates = (0..n * hv)
+            .map(|i| {
+                let h = i % hv;
+                let decay = (softplus(alpha[i] + dt_bias[h]) * a[h]).exp();
+                (decay, sigmoid(beta[i]))
+            })
+            .collect();
+        DeltaRuleRows { n, q, k, gates }
+    }
+}
+
 /// [`crate::backend::HybridOps::gated_delta_rule`] on host slices.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta_rule(
@@ -218,43 +278,19 @@ pub fn gated_delta_rule(
     out: &mut [f32],
     p: DeltaNetParams,
 ) {
-    let (hk, hv, dk, dv) = (p.n_k_heads, p.n_v_heads, p.k_dim, p.v_dim);
-    let width = p.input_dim();
-    let n = x.len() / width.max(1);
+    let rows = DeltaRuleRows::new(x, alpha, beta, dt_bias, a, p);
+    let (n, hk, hv, dk, dv) = (rows.n, p.n_k_heads, p.n_v_heads, p.k_dim, p.v_dim);
     assert!(
-        x.len() == n * width
-            && alpha.len() == n * hv
-            && beta.len() == n * hv
-            && dt_bias.len() == hv
-            && a.len() == hv
-            && state.len() == hv * dv * dk
-            && out.len() == n * hv * dv,
+        state.len() == hv * dk * dv && out.len() == n * hv * dv,
         "gated_delta_rule shapes"
     );
-    let q_scale = 1.0 / (dk as f32).sqrt();
-    let mut q = vec![0.0f32; hk * dk];
-    let mut kk = vec![0.0f32; hk * dk];
+    let width = p.input_dim();
     for t in 0..n {
-        let row = &x[t * width..(t + 1) * width];
-        let (q_in, rest) = row.split_at(hk * dk);
-        let (k_in, v_in) = rest.split_at(hk * dk);
-        for h in 0..hk {
-            let l2 = |v: &[f32], out: &mut [f32], scale: f32| {
-                let sum: f32 = v.iter().map(|e| e * e).sum();
-                let s = scale / sum.sqrt().max(p.eps);
-                for (o, e) in out.iter_mut().zip(v) {
-                    *o = e * s;
-                }
-            };
-            let span = h * dk..(h + 1) * dk;
-            l2(&q_in[span.clone()], &mut q[span.clone()], q_scale);
-            l2(&k_in[span.clone()], &mut kk[span.clone()], 1.0);
-        }
+        let v_in = &x[t * width + 2 * hk * dk..(t + 1) * width];
         for h in 0..hv {
-            let kh = h % hk;
-            let (qh, kh) = (&q[kh * dk..(kh + 1) * dk], &kk[kh * dk..(kh + 1) * dk]);
-            let decay = (softplus(alpha[t * hv + h] + dt_bias[h]) * a[h]).exp();
-            let b = sigmoid(beta[t * hv + h]);
+            let at = (t * hk + h % hk) * dk;
+            let (qh, kh) = (&rows.q[at..at + dk], &rows.k[at..at + dk]);
+            let (decay, b) = rows.gates[t * hv + h];
             // Head h's state: k_dim rows of v_dim, S[i][j] at i·v_dim + j.
             let s = &mut state[h * dk * dv..(h + 1) * dk * dv];
             for j in 0..dv {

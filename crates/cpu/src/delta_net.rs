@@ -12,6 +12,7 @@ use crate::kernels::with_fma;
 use crate::ops::expf_ggml;
 use crate::pool::ThreadPool;
 use blockdraft_core::backend::DeltaNetParams;
+use blockdraft_core::host_ops::DeltaRuleRows;
 
 /// Value columns of one pool task.
 const BLOCK: usize = 64;
@@ -43,52 +44,21 @@ pub fn gated_delta_rule(
     out: &mut [f32],
     p: DeltaNetParams,
 ) {
-    let (hk, hv, dk, dv) = (p.n_k_heads, p.n_v_heads, p.k_dim, p.v_dim);
-    let width = p.input_dim();
-    let n = x.len() / width.max(1);
+    let rows = DeltaRuleRows::new(x, alpha, beta, dt_bias, a, p);
+    let (n, hv, dk, dv) = (rows.n, p.n_v_heads, p.k_dim, p.v_dim);
     assert!(
-        x.len() == n * width
-            && alpha.len() == n * hv
-            && beta.len() == n * hv
-            && dt_bias.len() == hv
-            && a.len() == hv
-            && state.len() == hv * dk * dv
+        state.len() == hv * dk * dv
             && from.is_none_or(|f| f.len() == state.len())
             && out.len() == n * hv * dv,
         "gated_delta_rule shapes"
     );
-    // Normalised queries (scaled) and keys of every row and key head, as
-    // the reference computes them.
-    let q_scale = 1.0 / (dk as f32).sqrt();
-    let mut q = vec![0.0f32; n * hk * dk];
-    let mut k = vec![0.0f32; n * hk * dk];
-    for t in 0..n {
-        let row = &x[t * width..];
-        for (src, dst, scale) in [(0, &mut q, q_scale), (hk * dk, &mut k, 1.0)] {
-            for h in 0..hk {
-                let v = &row[src + h * dk..][..dk];
-                let sum: f32 = v.iter().map(|e| e * e).sum();
-                let s = scale / sum.sqrt().max(p.eps);
-                let o = &mut dst[(t * hk + h) * dk..][..dk];
-                o.iter_mut().zip(v).for_each(|(o, e)| *o = e * s);
-            }
-        }
-    }
-    let softplus = |u: f32| if u > 20.0 { u } else { (1.0 + u.exp()).ln() };
-    let gates: Vec<(f32, f32)> = (0..n * hv)
-        .map(|i| {
-            let h = i % hv;
-            let decay = (softplus(alpha[i] + dt_bias[h]) * a[h]).exp();
-            (decay, 1.0 / (1.0 + (-beta[i]).exp()))
-        })
-        .collect();
     let blocks = dv.div_ceil(BLOCK);
     let (state_at, out_at) = (Shared(state.as_mut_ptr()), Shared(out.as_mut_ptr()));
     let pass = Pass {
         x,
-        q: &q,
-        k: &k,
-        gates: &gates,
+        q: &rows.q,
+        k: &rows.k,
+        gates: &rows.gates,
         from,
         p,
         n,
