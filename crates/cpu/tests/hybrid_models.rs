@@ -5,6 +5,8 @@
 //! `tests/reference/qwen35/make_fixtures.sh`), and through speculative
 //! rollback of the recurrent state at every depth.
 
+mod common;
+
 use blockdraft_core::backend::prelude::*;
 use blockdraft_core::engine::SequenceMemory;
 use blockdraft_core::model::{Decoder, DecoderState, LogitRows, ModelConfig};
@@ -19,6 +21,7 @@ use blockdraft_core::testing::{
 use blockdraft_core::ModelError;
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::GgufFile;
+use common::{matvec, rms};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -63,20 +66,6 @@ fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
 struct Reference<'a> {
     h: SyntheticHybrid,
     w: HashMap<&'a str, Vec<f64>>,
-}
-
-fn matvec(w: &[f64], x: &[f64], rows: usize) -> Vec<f64> {
-    let cols = x.len();
-    assert_eq!(w.len(), rows * cols);
-    (0..rows)
-        .map(|r| (0..cols).map(|c| w[r * cols + c] * x[c]).sum())
-        .collect()
-}
-
-fn rms(x: &[f64], w: &[f64]) -> Vec<f64> {
-    let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
-    let s = 1.0 / (ms + 1e-6).sqrt();
-    x.iter().zip(w).map(|(v, g)| v * s * g).collect()
 }
 
 fn silu(x: f64) -> f64 {
@@ -595,19 +584,15 @@ struct Worst {
 /// and 1 of 3 single-token steps, each followed by a next token.
 #[test]
 fn logits_match_llamacpp_on_the_same_files() {
-    let dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llamacpp");
     for (name, h) in fixture_models() {
-        let path = dir.join(format!("qwen35-{name}.json"));
-        let fx: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let path = format!("llamacpp/qwen35-{name}.json");
+        let fx = common::fixture(&path);
         let m = synthetic_qwen35(&h, SEED);
         assert_eq!(
             fx["gguf_fnv1a64"].as_str().unwrap(),
             fnv1a64(&m.bytes),
-            "{name}: the generator no longer writes the model of {} (remake it with \
-             tests/reference/qwen35/make_fixtures.sh)",
-            path.display()
+            "{name}: the generator no longer writes the model of tests/fixtures/{path} (remake \
+             it with tests/reference/qwen35/make_fixtures.sh)"
         );
         let dec = load(&m);
         let v = h.dims.n_vocab;

@@ -3,12 +3,15 @@
 //! the published model definitions (no Qwen3 weights exist in any registry
 //! reachable here, so this is how the Qwen3 path is tested).
 
+mod common;
+
 use blockdraft_core::backend::prelude::*;
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
 use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{synthetic_decoder, SyntheticDims};
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgufFile, GgufWriter};
+use common::{matvec, rms};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -41,19 +44,6 @@ fn build(arch: &str, d: Dims, seed: u64) -> Synthetic {
 }
 
 // ---- the independent reference, in f64 -------------------------------------
-
-fn matvec(w: &[f64], x: &[f64], rows: usize) -> Vec<f64> {
-    let cols = x.len();
-    (0..rows)
-        .map(|r| (0..cols).map(|c| w[r * cols + c] * x[c]).sum())
-        .collect()
-}
-
-fn rms(x: &[f64], w: &[f64]) -> Vec<f64> {
-    let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
-    let s = 1.0 / (ms + 1e-6).sqrt();
-    x.iter().zip(w).map(|(v, g)| v * s * g).collect()
-}
 
 /// Rotates one head. `interleaved`: pairs (2i, 2i+1) (llama); otherwise
 /// pairs (i, i + d/2) (GPT-NeoX style, qwen and gemma).

@@ -13,7 +13,7 @@
 #![cfg(target_arch = "wasm32")]
 
 use blockdraft_core::backend::prelude::*;
-use blockdraft_core::model::{Decoder, LogitRows, ModelConfig, StreamingLoad};
+use blockdraft_core::model::{Decoder, LogitRows, ModelConfig, StreamedModel, StreamingLoad};
 use blockdraft_core::sampling::SamplingParams;
 use blockdraft_core::speculative::{DFlashDrafter, DFlashModel, PolicyConfig};
 use blockdraft_core::testing::{
@@ -236,6 +236,18 @@ async fn dflash_speculative_decoding_is_identical_to_plain() {
     assert_eq!(dec.backend.take_device_error(), None);
 }
 
+/// `bytes` streamed onto `gpu` in 64 KiB chunks, as the npm package feeds
+/// a download.
+fn stream_in(bytes: &[u8], gpu: Arc<WgpuBackend>) -> StreamedModel<WgpuBackend> {
+    let mut stream = StreamingLoad::new(gpu);
+    stream.begin_part(Some(bytes.len() as u64)).unwrap();
+    for chunk in bytes.chunks(64 << 10) {
+        stream.push(chunk).unwrap();
+    }
+    stream.end_part().unwrap();
+    stream.finish().unwrap()
+}
+
 /// A hybrid model (gated DeltaNet and gated attention) streamed onto
 /// WebGPU: plain greedy decoding as the CPU backend's, and DFlash rounds,
 /// drafted on the device, whose rejected rows roll the recurrent state
@@ -247,13 +259,7 @@ async fn a_hybrid_model_streams_in_and_rolls_back_on_webgpu() {
     h.dims.n_embd = 48;
     let bytes = synthetic_qwen35(&h, 35).bytes;
     let gpu = Arc::new(webgpu().await);
-    let mut stream = StreamingLoad::new(gpu.clone());
-    stream.begin_part(Some(bytes.len() as u64)).unwrap();
-    for chunk in bytes.chunks(64 << 10) {
-        stream.push(chunk).unwrap();
-    }
-    stream.end_part().unwrap();
-    let mut model = stream.finish().unwrap();
+    let mut model = stream_in(&bytes, gpu.clone());
     let config = ModelConfig::from_metadata(&model.metadata).unwrap();
     let dec = Decoder::load_with_config(config, &mut model, None, gpu, &mut |_| {}).unwrap();
     let cpu = load(&GgufFile::from_bytes(bytes).unwrap(), CpuBackend::new(1));
@@ -294,13 +300,7 @@ async fn a_model_streams_onto_webgpu_without_sitting_whole_in_wasm_memory() {
     let gpu = Arc::new(webgpu().await);
     let before = LIVE.load(Ordering::Relaxed);
     PEAK.store(before, Ordering::Relaxed);
-    let mut stream = StreamingLoad::new(gpu.clone());
-    stream.begin_part(Some(bytes.len() as u64)).unwrap();
-    for chunk in bytes.chunks(64 << 10) {
-        stream.push(chunk).unwrap();
-    }
-    stream.end_part().unwrap();
-    let mut model = stream.finish().unwrap();
+    let mut model = stream_in(&bytes, gpu.clone());
     let held = PEAK.load(Ordering::Relaxed) - before;
     wasm_bindgen_test::console_log!(
         "streaming a {}-byte model held at most {held} bytes in wasm memory",

@@ -1,4 +1,5 @@
-//! Shared helpers of the real-model tests.
+//! Shared helpers of the tests: real models, fixtures, and the f64
+//! reference decoders' matrix-vector product and RMS norm.
 // Each test binary uses a subset of these.
 #![allow(dead_code)]
 
@@ -55,4 +56,20 @@ pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
         / scale
+}
+
+/// `w · x` for a `{x.len(), rows}` f64 matrix (row `r` at `r·x.len()`).
+pub fn matvec(w: &[f64], x: &[f64], rows: usize) -> Vec<f64> {
+    let cols = x.len();
+    assert_eq!(w.len(), rows * cols);
+    (0..rows)
+        .map(|r| (0..cols).map(|c| w[r * cols + c] * x[c]).sum())
+        .collect()
+}
+
+/// RMS norm of `x` (eps 1e-6, the synthetic models') times `w`.
+pub fn rms(x: &[f64], w: &[f64]) -> Vec<f64> {
+    let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+    let s = 1.0 / (ms + 1e-6).sqrt();
+    x.iter().zip(w).map(|(v, g)| v * s * g).collect()
 }
