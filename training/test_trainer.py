@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dflash_train.data import DataError, load_shards, read_manifest  # noqa: E402
-from dflash_train.model import Drafter, DrafterConfig, rope  # noqa: E402
+from dflash_train.model import DFlyDrafter, Drafter, DrafterConfig, rope  # noqa: E402
 from dflash_train.objective import (accept_length, block_loss,  # noqa: E402
                                     labels_and_weights, valid_anchors)
 
@@ -104,6 +104,73 @@ class DrafterForward(unittest.TestCase):
         with torch.no_grad():
             moved = self.m(self.taps, ids2, self.anchors[1:2], self.embed)
         self.assertGreater((one - moved).abs().amax(dim=-1).min().item(), 1e-4)
+
+
+def tiny_dfly(correction=True, layers=2):
+    torch.manual_seed(0)
+    extra = {"enable_hidden_correction": True, "hidden_correction_intermediate_size": 20} if correction else {}
+    cfg = DrafterConfig(hidden_size=H, intermediate_size=24, num_hidden_layers=layers,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                        target_layer_ids=[0, 1, 2], num_target_layers=4, mask_token_id=V - 1,
+                        vocab_size=V, block_size=B, rope_theta=1e4, extra=extra)
+    m = DFlyDrafter(cfg)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    return m
+
+
+class DFly(unittest.TestCase):
+    """DFly against its formulas (shared/spec/dflash-family.md §3.5)."""
+
+    def setUp(self):
+        g = torch.Generator().manual_seed(2)
+        self.taps = torch.randn(S, 3 * H, generator=g).half()
+        self.ids = torch.randint(0, V - 1, (S,), generator=g)
+        self.embed = torch.randn(V, H, generator=g)
+        self.anchors = torch.tensor([0, 3, 7])
+
+    def test_each_layer_reads_its_own_fusion_of_the_raw_taps(self):
+        m = tiny_dfly()
+        with torch.no_grad():
+            m.layer_fusion_weights.copy_(torch.tensor([[0.3, -1.0, 2.0], [1.5, 0.0, -0.5]]))
+            ctxs = m.contexts(self.taps)
+        x = self.taps.float()
+        for l, ctx in enumerate(ctxs):
+            w = torch.softmax(m.layer_fusion_weights[l], 0)
+            mix = sum(w[t] * x[:, t * H:(t + 1) * H] for t in range(3))
+            want = m.context_norm(m.fc(x) + mix)
+            torch.testing.assert_close(ctx, want)
+        self.assertGreater((ctxs[0] - ctxs[1]).abs().max().item(), 1e-3)
+
+    def test_the_correction_starts_as_the_identity(self):
+        m = tiny_dfly(correction=True)
+        bare = tiny_dfly(correction=False)
+        bare.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("hidden_correction.")})
+        with torch.no_grad():
+            on = m(self.taps, self.ids, self.anchors, self.embed)
+            off = bare(self.taps, self.ids, self.anchors, self.embed)
+        torch.testing.assert_close(on, off)
+
+    def test_slot_k_is_corrected_by_the_token_before_it(self):
+        m = tiny_dfly()
+        with torch.no_grad():
+            m.hidden_correction.down_proj.weight.normal_(0, 0.5)
+            base = m(self.taps, self.ids, self.anchors[1:2], self.embed)[0]
+            ids = self.ids.clone()
+            a = 3
+            ids[a + 1] = (ids[a + 1] + 1) % (V - 1)  # slot 1's label, slot 2's predecessor
+            moved = m(self.taps, ids, self.anchors[1:2], self.embed)[0]
+            h = Drafter.forward(m, self.taps, self.ids, self.anchors[1:2], self.embed)[0]
+        diff = (base - moved).abs().amax(-1)
+        self.assertEqual(diff[0].item(), 0.0)  # slot 1: the anchor before it
+        self.assertGreater(diff[1].item(), 1e-3)  # slot 2
+        self.assertEqual(diff[2:].abs().max().item(), 0.0)
+        hc = m.hidden_correction
+        e = self.embed[self.ids[a + 1]]
+        u = torch.cat([hc.hidden_norm(h[1]), hc.embed_norm(e)])
+        torch.testing.assert_close(base[1], h[1] + hc.down_proj(F.silu(hc.gate_proj(u)) * hc.up_proj(u)))
 
 
 class AgainstPyPIReference(unittest.TestCase):
@@ -301,7 +368,8 @@ class WarmStart(unittest.TestCase):
     def args(self, **flags):
         import argparse
         base = {"init_from": self.SHIPPED, "layers": None, "intermediate": None, "heads": None,
-                "kv_heads": None, "head_dim": None, "block": None, "mask_token": None}
+                "kv_heads": None, "head_dim": None, "block": None, "mask_token": None,
+                "variant": "dflash"}
         return argparse.Namespace(**{**base, **flags})
 
     def manifest(self, taps=(2, 9, 15, 21, 28)):
@@ -355,6 +423,24 @@ class WarmStart(unittest.TestCase):
             self.assertTrue(torch.equal(two(taps, ids, anchors, embed), one(taps, ids, anchors, embed)))
         # Not an identity that stays one: the new layer's projections learn.
         self.assertGreater(float(two.layers[1].self_attn.q_proj.weight.detach().abs().sum()), 0.0)
+
+    def test_a_dfly_run_starts_from_a_v1_drafter(self):
+        import train
+        args = self.args(variant="dfly")
+        weights = train.warm_start(args, self.manifest())
+        self.assertIsNone(args.init_d2t)  # DFly drafts over the whole vocabulary
+        self.assertNotIn("hidden_norm.weight", weights)
+        cfg = DrafterConfig(hidden_size=576, intermediate_size=args.intermediate, num_hidden_layers=1,
+                            num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+                            head_dim=args.head_dim, target_layer_ids=[1, 8, 14, 20, 27],
+                            num_target_layers=30, mask_token_id=args.mask_token, vocab_size=49152,
+                            extra={"enable_hidden_correction": True})
+        m = DFlyDrafter(cfg)
+        missing, unexpected = m.load_state_dict(weights, strict=False)
+        self.assertEqual(unexpected, [])
+        self.assertTrue(all(k == "layer_fusion_weights" or k.startswith("hidden_correction.") for k in missing),
+                        missing)
+        torch.testing.assert_close(m.context_norm.weight, weights["context_norm.weight"])
 
     def test_a_warm_start_may_train_on_another_block_length(self):
         import train

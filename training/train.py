@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train a DFlash (v1) block drafter on `blockdraft gen-data` output.
+"""Train a DFlash v1 or DFly block drafter on `blockdraft gen-data` output.
 
   python3 training/train.py --data DATA_DIR --target MODEL.gguf --out RUN_DIR \
       [--heldout HELDOUT_DATA_DIR] [--steps 4000] [--layers 1] ...
@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dflash_train.data import DataError, load_shards, read_manifest  # noqa: E402
 from dflash_train.gguf_drafter import DrafterFileError, read_drafter  # noqa: E402
-from dflash_train.model import Drafter, DrafterConfig  # noqa: E402
+from dflash_train.model import DFlyDrafter, Drafter, DrafterConfig  # noqa: E402
 from dflash_train.objective import (accept_length, block_loss,  # noqa: E402
                                     labels_and_weights, sample_anchors)
 from dflash_train.target import TargetMismatch, load_target  # noqa: E402
@@ -34,6 +34,9 @@ def parse_args():
     ap.add_argument("--heldout", type=Path, help="gen-data dir of held-out prompts (evaluation only)")
     ap.add_argument("--target", type=Path, required=True, help="the target GGUF the data was made with")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--variant", choices=("dflash", "dfly"), default="dflash",
+                    help="dfly: per-layer context fusion and the predecessor correction (full vocabulary)")
+    ap.add_argument("--no-hidden-correction", action="store_true", help="dfly without the correction")
     ap.add_argument("--layers", type=int, help="drafter layers (default 1)")
     ap.add_argument("--intermediate", type=int, help="drafter MLP width (default: the target's)")
     ap.add_argument("--heads", type=int, help="query heads (default: hidden/64)")
@@ -86,6 +89,14 @@ def warm_start(args, manifest):
     args.block = args.block or m["block_size"]
     args.layers = args.layers or m["layers"]
     args.init_d2t = m["d2t"]
+    if m["variant"] == "dfly" and args.variant != "dfly":
+        raise DrafterFileError(f"{args.init_from}: a DFly drafter; pass --variant dfly")
+    if args.variant == "dfly" and m["variant"] == "dflash":
+        # A DFlash v1 file starts a DFly run: its context norm becomes the
+        # shared one, the fusion and the correction start as DFly's do, and
+        # its reduced head is dropped (DFly drafts over the whole vocabulary).
+        weights["context_norm.weight"] = weights.pop("hidden_norm.weight")
+        args.init_d2t = None
     return weights
 
 
@@ -247,6 +258,13 @@ def main():
         max_position_embeddings=info["n_ctx"] or 8192)
     ckpt_path = args.out / "checkpoint.pt"
     ck = torch.load(ckpt_path, weights_only=False) if ckpt_path.exists() else None
+    if args.variant == "dfly":
+        if args.draft_vocab is not None:
+            sys.exit("error: --draft-vocab: DFly drafts over the target's whole vocabulary (its correction chain "
+                     "embeds each drafted token), so it has no reduced head")
+        cfg.extra.update({"architectures": ["Qwen3DFlyModel"]})
+        if not args.no_hidden_correction:
+            cfg.extra.update({"enable_hidden_correction": True, "hidden_correction_intermediate_size": H})
     d2t = None
     if ck is not None and ck.get("d2t") is not None:
         d2t = ck["d2t"]  # the vocabulary the run started with, whatever data came since
@@ -264,10 +282,12 @@ def main():
         covered = sum(int((head.t2d[s.ids[s.prompt_len:]] >= 0).sum()) for s in seqs)
         total = sum(len(s.ids) - s.prompt_len for s in seqs)
         print(f"draft vocabulary {len(d2t)}: {100 * covered / total:.2f} % of response tokens", flush=True)
-    model = Drafter(cfg)
+    model = (DFlyDrafter if args.variant == "dfly" else Drafter)(cfg)
     if init is not None:
         missing, unexpected = model.load_state_dict(init, strict=False)
         grown = {f"layers.{i}." for i in range(args.init_layers, args.layers)}
+        if args.variant == "dfly":
+            grown |= {"layer_fusion_weights", "hidden_correction."}
         missing = [k for k in missing if not any(k.startswith(g) for g in grown)]
         if missing or unexpected:
             sys.exit(f"error: --init-from {args.init_from}: missing {missing}, unexpected {unexpected}")

@@ -4,7 +4,11 @@ once per shipped drafter; CI only reads the output).
 
 The PyPI `dflash` 0.1.0 `DFlashDraftModel` is built from the shipped GGUF's
 own weights (dequantized with the PyPI `gguf` package), so the reference and
-blockdraft run the very same numbers. Input: the first sequence of a
+blockdraft run the very same numbers. The PyPI package has no DFly: a DFly
+drafter runs in the trainer's `DFlyDrafter` (training/dflash_train/model.py,
+written from the spec and tested against its formulas), its correction
+chained as at inference: each slot corrected by the argmax of the one
+before (the anchor for the first). Input: the first sequence of a
 `blockdraft gen-data` directory made from the same target (its f16 taps are
 the drafter's context), cut RESPONSE_CONTEXT tokens into the response; the
 anchor is the token there. Output JSON: the taps, anchor, positions, and per draft slot the
@@ -45,6 +49,8 @@ def main():
     from transformers import Qwen3Config
 
     w, m = read_drafter(args.drafter)
+    if m["variant"] == "dfly":
+        return dfly_golden(args, w, m)
     taps_ids = m["taps"]
     cfg = Qwen3Config(
         hidden_size=m["hidden"], intermediate_size=m["intermediate"],
@@ -62,20 +68,9 @@ def main():
     missing, unexpected = model.load_state_dict(w, strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
 
-    tr = GGUFReader(str(args.target))
-    tt = {t.name: t for t in tr.tensors}
-    H = cfg.hidden_size
-    deq = lambda t: torch.from_numpy(np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)).reshape(-1, H)  # noqa: E731
-    embed = deq(tt["token_embd.weight"])
-    head = deq(tt["output.weight"]) if "output.weight" in tt else embed
-
-    manifest = read_manifest(args.data)
-    assert manifest["tap_layers"] == taps_ids, "the data's taps differ from the drafter's"
-    seq = load_shards(args.data, manifest)[0]
+    embed, head = target_tables(args.target, cfg.hidden_size)
+    taps, seq, c, anchor = context(args, taps_ids)
     B = cfg.block_size
-    c = seq.prompt_len + RESPONSE_CONTEXT
-    taps = seq.taps[:c].float()
-    anchor = int(seq.ids[c])
     block = torch.tensor([anchor] + [cfg.dflash_config["mask_token_id"]] * (B - 1))
     with torch.no_grad():
         hidden = model(position_ids=torch.arange(c + B)[None], noise_embedding=embed[block][None],
@@ -89,12 +84,62 @@ def main():
             reduced = model.compute_logits(hidden[:, 1:], lambda h: h @ head[d2t].T)[0]
             logits = torch.full((reduced.shape[0], head.shape[0]), float("-inf"))
             logits[:, d2t] = reduced
+    write_golden(args, logits, taps, seq, c, anchor, {"torch": torch.__version__, "dflash": "0.1.0"})
+
+
+def target_tables(path, hidden):
+    """The target's token embedding and LM head, dequantized."""
+    tt = {t.name: t for t in GGUFReader(str(path)).tensors}
+    deq = lambda t: torch.from_numpy(np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)).reshape(-1, hidden)  # noqa: E731
+    embed = deq(tt["token_embd.weight"])
+    return embed, (deq(tt["output.weight"]) if "output.weight" in tt else embed)
+
+
+def context(args, taps_ids):
+    """The first data sequence cut RESPONSE_CONTEXT tokens into its
+    response: (its taps, the sequence, the cut, the anchor there)."""
+    manifest = read_manifest(args.data)
+    assert manifest["tap_layers"] == taps_ids, "the data's taps differ from the drafter's"
+    seq = load_shards(args.data, manifest)[0]
+    c = seq.prompt_len + RESPONSE_CONTEXT
+    return seq.taps[:c].float(), seq, c, int(seq.ids[c])
+
+
+def dfly_golden(args, w, m):
+    from dflash_train.model import DFlyDrafter, Drafter, DrafterConfig
+    extra = {}
+    if m["hidden_correction"]:
+        extra = {"enable_hidden_correction": True,
+                 "hidden_correction_intermediate_size": w["hidden_correction.down_proj.weight"].shape[1]}
+    embed, head = target_tables(args.target, m["hidden"])
+    cfg = DrafterConfig(
+        hidden_size=m["hidden"], intermediate_size=m["intermediate"], num_hidden_layers=m["layers"],
+        num_attention_heads=m["heads"], num_key_value_heads=m["kv_heads"], head_dim=m["head_dim"],
+        target_layer_ids=[t - 1 for t in m["taps"]], num_target_layers=max(m["taps"]),
+        mask_token_id=m["mask_token"], vocab_size=head.shape[0], block_size=m["block_size"],
+        rms_norm_eps=m["eps"], rope_theta=m["rope_theta"], extra=extra)
+    model = DFlyDrafter(cfg).float().eval()
+    model.load_state_dict(w)
+    taps, seq, c, anchor = context(args, m["taps"])
+    with torch.no_grad():
+        hidden = Drafter.forward(model, taps, seq.ids[:c + 1], torch.tensor([c]), embed)[0]
+        rows, prev = [], anchor
+        for z in hidden:
+            if model.hidden_correction is not None:
+                z = model.hidden_correction(z, embed[prev])
+            rows.append(z @ head.T)
+            prev = int(rows[-1].argmax())
+    write_golden(args, torch.stack(rows), taps, seq, c, anchor,
+                 {"torch": torch.__version__, "reference": "training/dflash_train DFlyDrafter"})
+
+
+def write_golden(args, logits, taps, seq, c, anchor, versions):
     top = logits.topk(64, dim=-1)
     golden = {
         "drafter": args.drafter.name,
         "drafter_sha256": hashlib.sha256(args.drafter.read_bytes()).hexdigest(),
         "target": args.target.name,
-        "versions": {"torch": torch.__version__, "dflash": "0.1.0"},
+        "versions": versions,
         "context": c, "anchor": anchor, "prompt_ids": seq.ids[:c].tolist(),
         "taps": [float(f"{x:.5g}") for x in taps.flatten().tolist()],
         "argmax": logits.argmax(-1).tolist(),

@@ -1,5 +1,5 @@
-"""A DFlash v1 drafter GGUF (`blockdraft convert` output) read back into the
-z-lab HF tensor names, dequantized to float32: the golden generator builds
+"""A DFlash v1 or DFly drafter GGUF (`blockdraft convert` output) read back
+into the HF tensor names the trainer's modules use, dequantized to float32: the golden generator builds
 the PyPI reference from it, and the trainer warm-starts from a shipped file
 (`train.py --init-from`), so data made in one session is not lost with the
 machine that made it."""
@@ -19,11 +19,19 @@ GGUF_TO_HF = {
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    # DFly (spec: shared/spec/dflash-family.md §1, DFly extras)
+    "context_norm.weight": "context_norm.weight",
+    "layer_fusion": "layer_fusion_weights",
+    "hidden_correction.hidden_norm.weight": "hidden_correction.hidden_norm.weight",
+    "hidden_correction.embed_norm.weight": "hidden_correction.embed_norm.weight",
+    "hidden_correction.gate.weight": "hidden_correction.gate_proj.weight",
+    "hidden_correction.up.weight": "hidden_correction.up_proj.weight",
+    "hidden_correction.down.weight": "hidden_correction.down_proj.weight",
 }
 
 
 class DrafterFileError(Exception):
-    """A drafter GGUF that is not a DFlash v1 file this trainer can read."""
+    """A drafter GGUF that is not a DFlash v1 or DFly file this trainer can read."""
 
 
 def field(reader, key):
@@ -43,6 +51,7 @@ def array(reader, key):
 
 def read_drafter(path: Path):
     """(weights by HF name, metadata) of the drafter at `path`. Metadata:
+    variant ("dflash" or "dfly"), hidden_correction (DFly's, present),
     taps (GGUF tap layers), mask_token, block_size, hidden, layers, heads,
     kv_heads, head_dim, intermediate, eps, rope_theta, n_ctx, and d2t (a
     reduced vocabulary's target ids, or None)."""
@@ -64,12 +73,12 @@ def read_drafter(path: Path):
             _, i, rest = t.name.split(".", 2)
             base = rest.removesuffix(".weight")
             if base not in GGUF_TO_HF:
-                raise DrafterFileError(f"{path}: tensor {t.name} is not part of a DFlash v1 drafter")
+                raise DrafterFileError(f"{path}: tensor {t.name} is not part of a DFlash v1 or DFly drafter")
             weights[f"layers.{i}.{GGUF_TO_HF[base]}.weight"] = w
         elif t.name in GGUF_TO_HF:
             weights[GGUF_TO_HF[t.name]] = w
         else:
-            raise DrafterFileError(f"{path}: tensor {t.name} is not part of a DFlash v1 drafter")
+            raise DrafterFileError(f"{path}: tensor {t.name} is not part of a DFlash v1 or DFly drafter")
     n = lambda k: field(r, f"dflash.{k}")  # noqa: E731
     meta = {
         "taps": array(r, "dflash.target_layers"),
@@ -85,5 +94,7 @@ def read_drafter(path: Path):
         "rope_theta": n("rope.freq_base"),
         "n_ctx": n("context_length"),
         "d2t": d2t,
+        "variant": "dfly" if "layer_fusion_weights" in weights else "dflash",
+        "hidden_correction": "hidden_correction.down_proj.weight" in weights,
     }
     return weights, meta

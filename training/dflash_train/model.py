@@ -1,7 +1,8 @@
 """The DFlash v1 drafter (z-lab `DFlashDraftModel` layout: module names are
 the checkpoint's tensor names) and its training-time forward over many
 blocks of one sequence at once (spec: shared/spec/dflash-reference.md §1.1,
-§3.2)."""
+§3.2); DFly (§1.3) as a subclass: per-layer context fusion and the
+predecessor correction."""
 import math
 from dataclasses import dataclass, field
 
@@ -161,16 +162,89 @@ class Drafter(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)
 
+    def contexts(self, taps):
+        """Each draft layer's context keys' input [S, H]: one shared fused
+        context in DFlash v1."""
+        ctx = self.hidden_norm(self.fc(taps.float()))
+        return [ctx] * len(self.layers)
+
     def forward(self, taps, ids, anchors, embed):
         """Hidden states of the B−1 draft slots of each anchor's block:
         [A, B−1, H]. taps [S, T·H] (positions 0..S−1), ids [S], anchors [A]."""
         c = self.config
         B = c.block_size
-        ctx = self.hidden_norm(self.fc(taps.float()))
         blk = torch.full((len(anchors), B), c.mask_token_id, dtype=torch.long)
         blk[:, 0] = ids[anchors]
         h = embed[blk]
         pos_blk = anchors[:, None] + torch.arange(B)[None, :]
-        for layer in self.layers:
+        for layer, ctx in zip(self.layers, self.contexts(taps)):
             h = layer(h, ctx, pos_blk, anchors)
         return self.norm(h)[:, 1:]
+
+
+def fusion_init(n_layers, n_taps):
+    """AngelSpec's start for the fusion logits: draft layer i leans on the
+    tap at i·(T−1)/(D−1), shallow to shallow (−2 per tap of distance). A
+    single draft layer leans on the deepest tap, as the last of several
+    does."""
+    centre = [round(i * (n_taps - 1) / (n_layers - 1)) if n_layers > 1 else n_taps - 1
+              for i in range(n_layers)]
+    t = torch.arange(n_taps, dtype=torch.float32)
+    return torch.stack([-2.0 * (t - c).abs() for c in centre])
+
+
+class HiddenCorrection(nn.Module):
+    """TreeFlash's predecessor correction (spec §1.3): h + down(silu(gate u)
+    ⊙ up u) with u = [norm(h) ; norm(e)], e the target embedding of the
+    token before the slot. `down` starts at zero, so training starts from
+    the uncorrected drafter."""
+
+    def __init__(self, hidden, n_ff, eps):
+        super().__init__()
+        self.hidden_norm = RMSNorm(hidden, eps)
+        self.embed_norm = RMSNorm(hidden, eps)
+        self.gate_proj = nn.Linear(2 * hidden, n_ff, bias=False)
+        self.up_proj = nn.Linear(2 * hidden, n_ff, bias=False)
+        self.down_proj = nn.Linear(n_ff, hidden, bias=False)
+
+    def forward(self, h, e):
+        u = torch.cat([self.hidden_norm(h), self.embed_norm(e)], -1)
+        return h + self.down_proj(F.silu(self.gate_proj(u)) * self.up_proj(u))
+
+
+class DFlyDrafter(Drafter):
+    """DFly (spec: shared/spec/dflash-family.md §3.5): draft layer l reads
+    RMSNorm_ctx(fc·x + Σ_t softmax(w_l)_t · x_t), x_t the raw t-th tap; with
+    `enable_hidden_correction` every slot's final hidden state is corrected
+    by its predecessor's embedding. Training feeds the true predecessor
+    (teacher forcing); inference feeds the token drafted before, which is the
+    same token along every accepted prefix, so the τ proxy stays exact."""
+
+    def __init__(self, c: DrafterConfig):
+        super().__init__(c)
+        del self.hidden_norm
+        self.context_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.layer_fusion_weights = nn.Parameter(fusion_init(c.num_hidden_layers, len(c.target_layer_ids)))
+        self.hidden_correction = None
+        if c.extra.get("enable_hidden_correction"):
+            n_ff = c.extra.get("hidden_correction_intermediate_size", c.hidden_size)
+            self.hidden_correction = HiddenCorrection(c.hidden_size, n_ff, c.rms_norm_eps)
+            for m in self.hidden_correction.modules():
+                if isinstance(m, nn.Linear):
+                    nn.init.normal_(m.weight, std=0.02)
+            nn.init.zeros_(self.hidden_correction.down_proj.weight)
+
+    def contexts(self, taps):
+        x = taps.float()
+        base = self.fc(x)
+        raw = x.unflatten(-1, (len(self.config.target_layer_ids), self.config.hidden_size))  # [S, T, H]
+        mix = torch.softmax(self.layer_fusion_weights, -1)  # [D, T]
+        return [self.context_norm(base + torch.einsum("t,sth->sh", w, raw)) for w in mix]
+
+    def forward(self, taps, ids, anchors, embed):
+        h = super().forward(taps, ids, anchors, embed)
+        if self.hidden_correction is None:
+            return h
+        k = torch.arange(1, self.config.block_size)
+        prev = ids[(anchors[:, None] + k[None, :] - 1).clamp(max=len(ids) - 1)]
+        return self.hidden_correction(h, embed[prev])

@@ -5,7 +5,7 @@
 //! A torch `[out, in]` tensor becomes ggml `{in, out}` with the same bytes:
 //! ggml dims are the torch shape reversed, the data is never transposed.
 
-use blockdraft_gguf::{quants, GgmlType, GgufError, GgufFile, GgufWriter};
+use blockdraft_gguf::{quants, GgmlType, GgufError, GgufFile, GgufWriter, Metadata};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -142,6 +142,64 @@ impl TargetGeometry {
             n_embd: get("embedding_length")?,
         })
     }
+}
+
+/// The drafter's own key among the tokenizer's: the token its blocks fill
+/// their draft slots with.
+const MASK_TOKEN_KEY: &str = "tokenizer.ggml.mask_token_id";
+
+/// The target's tokenizer (`tokenizer.ggml.*`, bar the mask token, which is
+/// the drafter's) for a drafter file to carry: llama.cpp loads a vocabulary
+/// from every model file, a drafter's included, and refuses one without
+/// `tokenizer.ggml.model`; blockdraft reads the target's and checks the
+/// size. `None` for an HF directory target, which has no GGUF tokenizer.
+pub fn target_tokenizer(target: &Path) -> Result<Option<Metadata>> {
+    if target.is_dir() {
+        return Ok(None);
+    }
+    let file = GgufFile::open(target)?;
+    let mut tokenizer = Metadata::new();
+    for (key, value) in file.metadata().iter() {
+        if key.starts_with("tokenizer.ggml.") && key != MASK_TOKEN_KEY {
+            tokenizer.set(key, value.clone());
+        }
+    }
+    if !tokenizer.contains_key("tokenizer.ggml.model") {
+        return Err(ConvertError::Target {
+            path: target.into(),
+            message: "has no tokenizer (`tokenizer.ggml.model`)".into(),
+        });
+    }
+    Ok(Some(tokenizer))
+}
+
+/// A drafter GGUF written again with `tokenizer` in place of the tokenizer
+/// keys it had (none to drop them), its tensors and other metadata copied
+/// byte for byte: a shipped drafter made loadable by llama.cpp, or slimmed.
+pub fn with_tokenizer(drafter: &GgufFile, tokenizer: Option<&Metadata>) -> Result<GgufWriter> {
+    if drafter.architecture()? != "dflash" {
+        return Err(ConvertError::Target {
+            path: drafter.path().map(Into::into).unwrap_or_default(),
+            message: format!(
+                "is a `{}` model, not a `dflash` drafter",
+                drafter.architecture()?
+            ),
+        });
+    }
+    let mut writer = GgufWriter::new();
+    for (key, value) in drafter.metadata().iter() {
+        if !key.starts_with("tokenizer.ggml.") || key == MASK_TOKEN_KEY {
+            writer.add(key, value.clone());
+        }
+    }
+    if let Some(tokenizer) = tokenizer {
+        writer.add_all(tokenizer);
+    }
+    for (i, info) in drafter.tensors().iter().enumerate() {
+        let data = drafter.tensor_data_at(i)?;
+        writer.add_tensor(info.name.clone(), data.dims(), data.ty(), data.as_bytes())?;
+    }
+    Ok(writer)
 }
 
 fn read_json(path: &Path) -> Result<Value> {
@@ -634,7 +692,7 @@ fn metadata_and_plan(
     gguf.add(key("block_size"), block_size);
     let shifted: Vec<i32> = ids.iter().map(|&id| id as i32 + 1).collect();
     gguf.add(key("target_layers"), shifted);
-    gguf.add("tokenizer.ggml.mask_token_id", mask);
+    gguf.add(MASK_TOKEN_KEY, mask);
     for (field, k) in [
         ("logit_scale", "logit_scale"),
         ("final_logit_softcapping", "final_logit_softcapping"),

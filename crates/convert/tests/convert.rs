@@ -5,7 +5,8 @@
 //! as GGUF by `blockdraft_core::testing`, and every validation refuses.
 
 use blockdraft_convert::{
-    convert, convert_with_head, ConvertError, OutType, TargetGeometry, Variant,
+    convert, convert_with_head, target_tokenizer, with_tokenizer, ConvertError, OutType,
+    TargetGeometry, Variant,
 };
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
 use blockdraft_core::sampling::Rng;
@@ -16,7 +17,7 @@ use blockdraft_core::testing::{
     SyntheticDFlash, SyntheticDFlash2, SyntheticDims, SyntheticModel,
 };
 use blockdraft_cpu::CpuBackend;
-use blockdraft_gguf::{quants, GgmlType, GgufFile};
+use blockdraft_gguf::{quants, GgmlType, GgufFile, GgufWriter};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use serde_json::{json, Value};
@@ -711,6 +712,102 @@ fn target_geometry_from_gguf_and_hf_dir() {
     .unwrap();
     assert!(matches!(
         TargetGeometry::read(&dir),
+        Err(ConvertError::Target { .. })
+    ));
+}
+
+/// `m`'s file again with a tokenizer of `n_tokens` entries and a mask key
+/// of its own (which a drafter's must not be replaced with).
+fn with_vocabulary(m: &[u8], n_tokens: usize) -> Vec<u8> {
+    let file = GgufFile::from_bytes(m.to_vec()).unwrap();
+    let mut w = GgufWriter::new();
+    w.add_all(file.metadata());
+    w.add("tokenizer.ggml.model", "gpt2");
+    let tokens: Vec<String> = (0..n_tokens).map(|i| format!("t{i}")).collect();
+    w.add("tokenizer.ggml.tokens", tokens);
+    w.add("tokenizer.ggml.eos_token_id", 2u32);
+    w.add("tokenizer.ggml.mask_token_id", 60u32);
+    for (i, info) in file.tensors().iter().enumerate() {
+        let data = file.tensor_data_at(i).unwrap();
+        w.add_tensor(info.name.clone(), data.dims(), data.ty(), data.as_bytes())
+            .unwrap();
+    }
+    w.to_bytes().unwrap()
+}
+
+const MASK: &str = "tokenizer.ggml.mask_token_id";
+
+/// llama.cpp reads a vocabulary from every model file, a drafter's too:
+/// the target's tokenizer (bar the mask token, the drafter's own) goes
+/// into the drafter, or comes out of it, its tensors copied byte for byte,
+/// and blockdraft drafts the same from each; a tokenizer of another size
+/// is refused at load.
+#[test]
+fn a_drafter_carries_the_targets_tokenizer_or_none() {
+    let t = target();
+    let dir = scratch_dir("tokenizer");
+    let m = synthetic_decoder("qwen3", SyntheticDims::default(), 11);
+    std::fs::write(dir.join("bare.gguf"), &m.bytes).unwrap();
+    assert!(matches!(
+        target_tokenizer(&dir.join("bare.gguf")),
+        Err(ConvertError::Target { .. })
+    ));
+    std::fs::write(dir.join("t.gguf"), with_vocabulary(&m.bytes, 61)).unwrap();
+    let tokenizer = target_tokenizer(&dir.join("t.gguf")).unwrap().unwrap();
+    let keys: Vec<_> = tokenizer.keys().collect();
+    assert_eq!(
+        keys,
+        [
+            "tokenizer.ggml.model",
+            "tokenizer.ggml.tokens",
+            "tokenizer.ggml.eos_token_id"
+        ]
+    );
+    assert!(target_tokenizer(&dir).unwrap().is_none(), "an HF directory");
+
+    let drafter = GgufFile::from_bytes(synthetic_dflash(&spec(), 3).bytes).unwrap();
+    let reopen = |w: GgufWriter| GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+    let with = reopen(with_tokenizer(&drafter, Some(&tokenizer)).unwrap());
+    let without = reopen(with_tokenizer(&with, None).unwrap());
+    for file in [&with, &without] {
+        assert_eq!(file.tensors().len(), drafter.tensors().len());
+        for (i, info) in drafter.tensors().iter().enumerate() {
+            assert_eq!(
+                file.tensor_data(&info.name).unwrap().as_bytes(),
+                drafter.tensor_data_at(i).unwrap().as_bytes(),
+                "{}",
+                info.name
+            );
+        }
+        assert_eq!(file.metadata().get(MASK), drafter.metadata().get(MASK));
+        for (k, v) in drafter.metadata().iter() {
+            assert_eq!(file.metadata().get(k), Some(v), "{k}");
+        }
+    }
+    for (k, v) in tokenizer.iter() {
+        assert_eq!(with.metadata().get(k), Some(v), "{k}");
+    }
+    assert!(without
+        .metadata()
+        .keys()
+        .all(|k| !k.starts_with("tokenizer.ggml.") || k == MASK));
+    assert_eq!(block_logits(&t, &with), block_logits(&t, &drafter));
+    assert_eq!(block_logits(&t, &without), block_logits(&t, &drafter));
+
+    let other = target_tokenizer(&{
+        std::fs::write(dir.join("t60.gguf"), with_vocabulary(&m.bytes, 60)).unwrap();
+        dir.join("t60.gguf")
+    })
+    .unwrap()
+    .unwrap();
+    let mismatched = reopen(with_tokenizer(&drafter, Some(&other)).unwrap());
+    let Err(err) = DFlashDrafter::load(&mismatched, &t.dec, 64, 16) else {
+        panic!("a drafter with a tokenizer of 60 entries loaded for a target of 61");
+    };
+    assert!(err.to_string().contains("vocabulary 60"), "{err}");
+    let not_a_drafter = GgufFile::from_bytes(m.bytes).unwrap();
+    assert!(matches!(
+        with_tokenizer(&not_a_drafter, None),
         Err(ConvertError::Target { .. })
     ));
 }

@@ -1,7 +1,11 @@
-//! `blockdraft convert`: an HF DFlash/DFlash2/DFly drafter checkpoint to GGUF.
+//! `blockdraft convert`: an HF DFlash/DFlash2/DFly drafter checkpoint to GGUF,
+//! with the target's tokenizer; or a drafter GGUF again with or without it.
 
-use anyhow::{Context, Result};
-use blockdraft_convert::{convert_with_head, OutType, TargetGeometry};
+use anyhow::{bail, Context, Result};
+use blockdraft_convert::{
+    convert_with_head, target_tokenizer, with_tokenizer, OutType, TargetGeometry,
+};
+use blockdraft_gguf::GgufFile;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -29,27 +33,69 @@ impl From<Type> for OutType {
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Drafter checkpoint directory (config.json and *.safetensors).
+    /// Drafter checkpoint directory (config.json and *.safetensors), or a
+    /// drafter GGUF to write again with the target's tokenizer (or, with
+    /// --no-tokenizer, without one), its tensors unchanged.
     pub hf_dir: PathBuf,
     /// The target model (a GGUF file or an HF directory), checked against
-    /// the drafter's declared geometry.
+    /// the drafter's declared geometry; a GGUF lends its tokenizer.
     #[arg(long)]
     pub target: PathBuf,
     /// Output GGUF path.
     #[arg(short = 'o', long = "output")]
     pub output: PathBuf,
-    /// Type of the matrices (norms, conv bases and layer_fusion stay F32).
-    #[arg(long = "type", value_enum, default_value = "f16")]
-    pub ty: Type,
+    /// Type of the matrices (norms, conv bases and layer_fusion stay F32)
+    /// [default: f16].
+    #[arg(long = "type", value_enum)]
+    pub ty: Option<Type>,
     /// Type of a reduced vocabulary's head (default: --type). Its rows are
     /// the target's; q4_0 halves what a wide head adds to the file.
     #[arg(long = "head-type", value_enum)]
     pub head_ty: Option<Type>,
+    /// Leave the target's tokenizer out. blockdraft reads the target's
+    /// anyway; llama.cpp does not load a drafter without one (it adds
+    /// 1.8 MB for SmolLM2's vocabulary, 5.9 MB for Qwen2.5's).
+    #[arg(long)]
+    pub no_tokenizer: bool,
 }
 
 pub fn run(args: Args) -> Result<()> {
+    let tokenizer = if args.no_tokenizer {
+        None
+    } else {
+        let tokenizer = target_tokenizer(&args.target).context("cannot read the target")?;
+        if tokenizer.is_none() {
+            eprintln!(
+                "note: an HF target directory has no GGUF tokenizer to copy; the drafter loads in \
+                 blockdraft, not in llama.cpp (pass the target's GGUF for that)"
+            );
+        }
+        tokenizer
+    };
+    if args.hf_dir.is_file() {
+        if args.ty.is_some() || args.head_ty.is_some() {
+            bail!("--type and --head-type convert checkpoints; a drafter GGUF is copied as it is");
+        }
+        let drafter = GgufFile::open(&args.hf_dir)
+            .with_context(|| format!("cannot read {}", args.hf_dir.display()))?;
+        with_tokenizer(&drafter, tokenizer.as_ref())
+            .with_context(|| format!("cannot copy {}", args.hf_dir.display()))?
+            .write_file(&args.output)
+            .context("cannot write the drafter")?;
+        eprintln!(
+            "wrote {} ({} tensors, {} tokenizer)",
+            args.output.display(),
+            drafter.tensors().len(),
+            if tokenizer.is_some() {
+                "with the target's"
+            } else {
+                "no"
+            }
+        );
+        return Ok(());
+    }
     let target = TargetGeometry::read(&args.target).context("cannot read the target")?;
-    let out = OutType::from(args.ty);
+    let out = OutType::from(args.ty.unwrap_or(Type::F16));
     let head = args.head_ty.map_or(out, OutType::from);
     let bar = if std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(0);
@@ -61,12 +107,15 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         ProgressBar::hidden()
     };
-    let converted = convert_with_head(&args.hf_dir, target, out, head, &mut |done, total| {
+    let mut converted = convert_with_head(&args.hf_dir, target, out, head, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })
     .with_context(|| format!("cannot convert {}", args.hf_dir.display()))?;
     bar.finish_and_clear();
+    if let Some(tokenizer) = &tokenizer {
+        converted.writer.add_all(tokenizer);
+    }
     converted
         .writer
         .write_file(&args.output)
@@ -137,8 +186,9 @@ mod tests {
             hf_dir: hf,
             target,
             output: output.clone(),
-            ty: Type::Q8_0,
+            ty: Some(Type::Q8_0),
             head_ty: None,
+            no_tokenizer: false,
         })
         .unwrap();
         let file = GgufFile::open(&output).unwrap();
