@@ -304,6 +304,27 @@ class ReducedVocabulary(unittest.TestCase):
             trim_vocab.trim(tensors, {"vocab_size": V}, 6, seqs)
 
 
+    def test_a_shipped_drafter_reads_back_as_its_checkpoint(self):
+        import os
+        import trim_vocab
+        from dflash_train.target import read_target
+        models = Path(os.environ.get("BLOCKDRAFT_MODELS", Path.home() / ".cache/blockdraft/models"))
+        target = models / "smollm2-135m-instruct-q4_1.gguf"
+        if not target.exists():
+            self.skipTest(f"SKIPPED: {target} is not in the model cache (tests/fetch_models.sh)")
+        shipped = Path(__file__).resolve().parents[1] / "drafters" / "smollm2-dflash.gguf"
+        tensors, cfg = trim_vocab.from_gguf(shipped, target)
+        _, head, info = read_target(target)
+        d2t = tensors["d2t"]
+        self.assertEqual(cfg["draft_vocab_size"], len(d2t))
+        self.assertEqual(cfg["vocab_size"], head.shape[0])
+        self.assertEqual(cfg["target_num_hidden_layers"], info["n_layer"])
+        self.assertTrue(torch.equal(tensors["lm_head.weight"], head[d2t]))
+        self.assertIn("layers.0.mlp.down_proj.weight", tensors)
+        with self.assertRaises(trim_vocab.DrafterFileError):
+            trim_vocab.from_gguf(target, target)  # not a drafter
+
+
 class Data(unittest.TestCase):
     def test_truncated_and_missing_data_fail_clearly(self):
         from safetensors.torch import save_file

@@ -26,14 +26,12 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
-from gguf import GGUFReader
-from gguf.quants import dequantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "training"))
 from dflash_train.data import load_shards, read_manifest  # noqa: E402
 from dflash_train.gguf_drafter import read_drafter  # noqa: E402
+from dflash_train.target import read_target  # noqa: E402
 
 # The context ends 8 tokens into the response: drafting happens there, not
 # inside the prompt (where a drafter was never trained).
@@ -68,7 +66,7 @@ def main():
     missing, unexpected = model.load_state_dict(w, strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
 
-    embed, head = target_tables(args.target, cfg.hidden_size)
+    embed, head = read_target(args.target)[:2]
     taps, seq, c, anchor = context(args, taps_ids)
     B = cfg.block_size
     block = torch.tensor([anchor] + [cfg.dflash_config["mask_token_id"]] * (B - 1))
@@ -87,14 +85,6 @@ def main():
     write_golden(args, logits, taps, seq, c, anchor, {"torch": torch.__version__, "dflash": "0.1.0"})
 
 
-def target_tables(path, hidden):
-    """The target's token embedding and LM head, dequantized."""
-    tt = {t.name: t for t in GGUFReader(str(path)).tensors}
-    deq = lambda t: torch.from_numpy(np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)).reshape(-1, hidden)  # noqa: E731
-    embed = deq(tt["token_embd.weight"])
-    return embed, (deq(tt["output.weight"]) if "output.weight" in tt else embed)
-
-
 def context(args, taps_ids):
     """The first data sequence cut RESPONSE_CONTEXT tokens into its
     response: (its taps, the sequence, the cut, the anchor there)."""
@@ -111,7 +101,7 @@ def dfly_golden(args, w, m):
     if m["hidden_correction"]:
         extra = {"enable_hidden_correction": True,
                  "hidden_correction_intermediate_size": w["hidden_correction.down_proj.weight"].shape[1]}
-    embed, head = target_tables(args.target, m["hidden"])
+    embed, head = read_target(args.target)[:2]
     cfg = DrafterConfig(
         hidden_size=m["hidden"], intermediate_size=m["intermediate"], num_hidden_layers=m["layers"],
         num_attention_heads=m["heads"], num_key_value_heads=m["kv_heads"], head_dim=m["head_dim"],

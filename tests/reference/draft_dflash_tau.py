@@ -14,9 +14,9 @@ compared over a prompt set, not per prompt.
       --drafter drafters/smollm2-dflash.gguf --prompts data/prompts/chat-heldout.jsonl \\
       [--limit 12] [-n 128] [-t 2] [--llama-bin ~/.cache/blockdraft/llama.cpp/build/bin]
 
-llama.cpp reads a vocabulary from every model file, so the drafter is first
-written again with the target's tokenizer (`blockdraft convert DRAFTER
---target MODEL`); blockdraft runs the shipped file itself.
+llama.cpp reads a vocabulary from every model file: a drafter converted
+with `--no-tokenizer` is first written again with the target's (`blockdraft
+convert DRAFTER --target MODEL`); one that has it runs as it is in both.
 """
 import argparse
 import json
@@ -85,8 +85,11 @@ def main():
     prompts = [json.loads(l)["prompt"] for l in args.prompts.read_text().splitlines() if l.strip()]
     prompts = prompts[:args.limit]
     with tempfile.TemporaryDirectory() as tmp:
-        with_vocab = str(Path(tmp) / "drafter.gguf")
-        blockdraft(args.blockdraft, "convert", args.drafter, "--target", args.model, "-o", with_vocab)
+        with_vocab = args.drafter
+        if "tokenizer.ggml.model" not in blockdraft(args.blockdraft, "inspect", args.drafter):
+            with_vocab = str(Path(tmp) / "drafter.gguf")
+            blockdraft(args.blockdraft, "convert", args.drafter, "--target", args.model, "-o", with_vocab)
+            print(f"{args.drafter} has no tokenizer: llama.cpp runs a copy with the target's", flush=True)
         totals = {"blockdraft": [0, 0], "llama.cpp": [0, 0]}
         for i, p in enumerate(prompts):
             text = chat_text(args.blockdraft, args.model, p, system)

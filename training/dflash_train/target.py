@@ -20,23 +20,13 @@ def _field(reader, key):
     return bytes(v).decode() if f.types and f.types[0].name == "STRING" else v.tolist()[0]
 
 
-def load_target(path: Path, manifest: dict):
-    """(embedding [V, H], lm_head [V, H], info) as float32 tensors.
-
-    Checks the GGUF against the data's manifest: a drafter trained on the
-    taps of one model is useless on another."""
+def read_target(path: Path):
+    """(embedding [V, H], lm_head [V, H], info) of the GGUF at `path`, as
+    float32 tensors; info: arch, n_layer, n_embd, rope_theta, n_ctx and the
+    chat template."""
     r = GGUFReader(str(path))
     arch = _field(r, "general.architecture")
-    n_layer = _field(r, f"{arch}.block_count")
     n_embd = _field(r, f"{arch}.embedding_length")
-    template = _field(r, "tokenizer.chat_template") or ""
-    for name, ours, theirs in (("architecture", arch, manifest["architecture"]),
-                               ("n_layer", n_layer, manifest["n_layer"]),
-                               ("n_embd", n_embd, manifest["n_embd"])):
-        if ours != theirs:
-            raise TargetMismatch(f"{path}: {name} is {ours}, the data was made from a model with {theirs}")
-    if _fnv1a(template.encode()) != manifest["template_hash"]:
-        raise TargetMismatch(f"{path}: its chat template differs from the one the data was made with")
     tensors = {t.name: t for t in r.tensors}
 
     def matrix(name):
@@ -46,11 +36,26 @@ def load_target(path: Path, manifest: dict):
 
     embed = matrix("token_embd.weight")
     head = matrix("output.weight") if "output.weight" in tensors else embed
+    info = {"arch": arch, "n_layer": _field(r, f"{arch}.block_count"), "n_embd": n_embd,
+            "rope_theta": float(_field(r, f"{arch}.rope.freq_base") or 1e6),
+            "n_ctx": _field(r, f"{arch}.context_length"),
+            "template": _field(r, "tokenizer.chat_template") or ""}
+    return embed, head, info
+
+
+def load_target(path: Path, manifest: dict):
+    """`read_target`, checked against the data's manifest: a drafter
+    trained on the taps of one model is useless on another."""
+    embed, head, info = read_target(path)
+    for name, ours, theirs in (("architecture", info["arch"], manifest["architecture"]),
+                               ("n_layer", info["n_layer"], manifest["n_layer"]),
+                               ("n_embd", info["n_embd"], manifest["n_embd"])):
+        if ours != theirs:
+            raise TargetMismatch(f"{path}: {name} is {ours}, the data was made from a model with {theirs}")
+    if _fnv1a(info["template"].encode()) != manifest["template_hash"]:
+        raise TargetMismatch(f"{path}: its chat template differs from the one the data was made with")
     if embed.shape[0] != manifest["n_vocab"]:
         raise TargetMismatch(f"{path}: vocabulary {embed.shape[0]}, the data has {manifest['n_vocab']}")
-    info = {"arch": arch, "n_layer": n_layer, "n_embd": n_embd,
-            "rope_theta": float(_field(r, f"{arch}.rope.freq_base") or 1e6),
-            "n_ctx": _field(r, f"{arch}.context_length")}
     return embed, head, info
 
 
