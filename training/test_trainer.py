@@ -406,7 +406,7 @@ class WarmStart(unittest.TestCase):
                          (1, 8, 16, 9, 3))
         # Its reduced vocabulary comes along (distinct target ids, ascending).
         d2t = args.init_d2t
-        self.assertEqual(len(d2t), 16384)
+        self.assertEqual(len(d2t), 13824)
         self.assertTrue(bool((d2t[1:] > d2t[:-1]).all()) and int(d2t[-1]) < 49152)
         cfg = DrafterConfig(hidden_size=576, intermediate_size=args.intermediate,
                             num_hidden_layers=args.layers, num_attention_heads=args.heads,
