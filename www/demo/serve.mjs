@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // The demo's one-command server (no dependencies): serves www/ (the package,
-// demo/, pkg/) and a folder of GGUF models under /models/.
+// demo/, pkg/), a folder of GGUF models under /models/ and the repository's
+// shipped drafters under /drafters/ (the demo's default drafter).
 //   node www/demo/serve.mjs [--port 8080] [--host 127.0.0.1] [--models DIR]
 // then open http://127.0.0.1:8080/demo/. Builds pkg/ first if it is missing.
 // The tests import startServer.
@@ -22,7 +23,9 @@ const TYPES = {
 // `routes` URL paths to handlers `(req, res) => void` (the tests' broken
 // downloads). Resolves to { origin, close() }; close() also ends open
 // connections.
-export async function startServer({ root = WWW, models = null, files = {}, routes = {}, port = 0, host = '127.0.0.1' } = {}) {
+export async function startServer({
+  root = WWW, models = null, drafters = null, files = {}, routes = {}, port = 0, host = '127.0.0.1',
+} = {}) {
   const server = createServer((req, res) => {
     let pathname;
     try {
@@ -35,9 +38,11 @@ export async function startServer({ root = WWW, models = null, files = {}, route
     if (pathname === '/' || pathname === '/demo') { res.writeHead(302, { location: '/demo/' }).end(); return; }
     if (Object.hasOwn(routes, pathname)) { routes[pathname](req, res); return; }
     let file = files[pathname];
-    if (!file && models && pathname.startsWith('/models/')) {
-      file = path.join(models, path.basename(pathname));
-      if (!file.endsWith('.gguf')) { res.writeHead(404).end(); return; }
+    for (const [prefix, dir] of [['/models/', models], ['/drafters/', drafters]]) {
+      if (!file && dir && pathname.startsWith(prefix)) {
+        file = path.join(dir, path.basename(pathname));
+        if (!file.endsWith('.gguf')) { res.writeHead(404).end(); return; }
+      }
     }
     if (!file) {
       file = path.join(root, path.normalize(pathname));
@@ -88,7 +93,9 @@ if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.me
   }
   const fallbackModels = path.join(homedir(), '.cache', 'blockdraft', 'models');
   const models = arg('models', existsSync(fallbackModels) ? fallbackModels : null);
-  const { origin } = await startServer({ port: Number(arg('port', 8080)), host: arg('host', '127.0.0.1'), models });
+  const drafters = path.resolve(WWW, '..', 'drafters');
+  const { origin } = await startServer({ port: Number(arg('port', 8080)), host: arg('host', '127.0.0.1'), models, drafters });
   console.log(`blockdraft demo: ${origin}/demo/`);
   console.log(models ? `models: ${models} at ${origin}/models/<file>.gguf` : 'models: none served (--models DIR); use a URL or a local file');
+  console.log(`drafters: ${drafters} at ${origin}/drafters/<file>.gguf`);
 }

@@ -34,11 +34,13 @@ function watch(page, tag) {
 }
 
 // Loads a model through the demo's form; resolves to the load's wall time.
-async function loadInUi(page, { url, file }) {
+// `drafter`: 'ngram', or 'default' for the page's own choice (SmolLM2's
+// shipped DFlash drafter).
+async function loadInUi(page, { url, file, drafter = 'ngram' }) {
   await page.check(`input[name=model-kind][value=${file ? 'file' : 'url'}]`);
   if (file) await page.setInputFiles('#model-file', file);
   else await page.fill('#model-url', url);
-  await page.selectOption('#drafter-kind', 'ngram');
+  if (drafter !== 'default') await page.selectOption('#drafter-kind', drafter);
   await page.selectOption('#backend', 'cpu');
   const loads = Number(await page.getAttribute('body', 'data-loads') ?? 0);
   const t = Date.now();
@@ -147,7 +149,9 @@ const routes = {
   },
   '/poisoned.gguf': (req, res) => serveModel(res),
 };
-const server = await startServer({ files: { '/model.gguf': model }, routes });
+const server = await startServer({ files: { '/model.gguf': model }, drafters: path.resolve(HERE, '../../drafters'), routes });
+// The page's default drafter is SmolLM2's; another model loads with n-gram.
+const shippedDrafter = path.basename(model).startsWith('smollm2') ? 'default' : 'ngram';
 const { origin } = server;
 const modelUrl = `${origin}/model.gguf`;
 // No WebGPU: these tests run on the CPU backend.
@@ -162,8 +166,11 @@ try {
   await page.goto(`${origin}/demo/`);
   await page.waitForSelector('#offline[data-ready=true]');
   check(await page.evaluate(() => !!navigator.serviceWorker.controller), 'demo: the service worker controls the page');
-  const first = await loadInUi(page, { url: '/model.gguf' });
+  const first = await loadInUi(page, { url: '/model.gguf', drafter: shippedDrafter });
   console.log(`  load (network): ${secs(first.ms)}: ${first.status}`);
+  if (shippedDrafter === 'default') {
+    check(/drafter dflash/.test(first.status), `demo: loads SmolLM2's DFlash drafter by default (${first.status})`);
+  }
   check(first.source === 'network', `demo: first load downloads the model (${first.source})`);
   const reply = await chatInUi(page);
   console.log(`  reply in ${secs(reply.ms)}: tok/s ${reply.tps}, acceptance ${reply.acceptance}, τ ${reply.tau}`);
@@ -174,7 +181,7 @@ try {
   const drafted = /%/.test(reply.acceptance) && Number(reply.tau) >= 1;
   const none = reply.acceptance === 'no drafts' && reply.tau === '–';
   check(Number(reply.tps) > 0 && (drafted || none),
-    `demo: shows tokens/s, n-gram acceptance and τ, or that nothing was drafted (${reply.tps}, ${reply.acceptance}, ${reply.tau})`);
+    `demo: shows tokens/s, the drafter's acceptance and τ, or that nothing was drafted (${reply.tps}, ${reply.acceptance}, ${reply.tau})`);
 
   await page.click('#compare');
   await page.waitForSelector('#compare-result:not([data-state=running])');
@@ -278,6 +285,7 @@ try {
     `cache: a load failing on a cached copy says so and lists it in cachedUrls (${JSON.stringify(poisoned)})`);
   await page.check('input[name=model-kind][value=url]');
   await page.fill('#model-url', '/poisoned.gguf');
+  await page.selectOption('#drafter-kind', 'ngram'); // where the model alone comes from is checked
   let loads = Number(await page.getAttribute('body', 'data-loads') ?? 0);
   await page.click('#load');
   await page.waitForFunction((k) => Number(document.body.dataset.loads ?? 0) > k, loads);

@@ -32,7 +32,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Generate text from a prompt, streaming it to stdout.
-    #[command(allow_negative_numbers = true)]
+    // A later flag overrides an earlier one, so a script's defaults
+    // (examples/generate.sh) can be overridden by its caller's flags.
+    #[command(allow_negative_numbers = true, args_override_self = true)]
     Run(commands::run::Args),
     /// Print the token ids of a text as a JSON array.
     #[command(allow_negative_numbers = true)]
@@ -85,5 +87,43 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `run`: a later flag overrides an earlier one (examples/generate.sh
+    /// sets defaults its caller may override); repeatable flags add up.
+    #[test]
+    fn a_later_run_flag_overrides_an_earlier_one() {
+        let cli = Cli::try_parse_from([
+            "blockdraft",
+            "run",
+            "-m",
+            "m.gguf",
+            "-p",
+            "hi",
+            "--temp",
+            "0.8",
+            "--draft",
+            "drafter.gguf",
+            "--stop",
+            "a",
+            "--temp",
+            "0",
+            "--draft",
+            "ngram",
+            "--stop",
+            "b",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let Command::Run(args) = cli.command else {
+            panic!("not a run");
+        };
+        assert_eq!(args.temperature, 0.0);
+        assert_eq!(args.draft.draft.as_deref(), Some("ngram"));
+        assert_eq!(args.stop, ["a", "b"]);
     }
 }
