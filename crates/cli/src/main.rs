@@ -48,7 +48,8 @@ enum Command {
     /// Metadata, tensors, types and sizes of a GGUF file.
     #[command(allow_negative_numbers = true)]
     Inspect(commands::inspect::Args),
-    /// Convert an HF DFlash/DFlash2/DFly drafter checkpoint to GGUF.
+    /// Convert an HF DFlash/DFlash2/DFly drafter checkpoint to GGUF (with the
+    /// target's tokenizer), or write a drafter GGUF again with or without it.
     #[command(allow_negative_numbers = true)]
     Convert(commands::convert::Args),
     /// Write a GGUF file as a split set (gguf-split layout).

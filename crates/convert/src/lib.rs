@@ -66,6 +66,8 @@ pub enum ConvertError {
     BadTensor { tensor: String, reason: String },
     #[error("{path}: {message}")]
     Target { path: PathBuf, message: String },
+    #[error("{path}: a `{arch}` model, not a `dflash` drafter")]
+    NotADrafter { path: PathBuf, arch: String },
     #[error(transparent)]
     Gguf(#[from] GgufError),
 }
@@ -177,13 +179,11 @@ pub fn target_tokenizer(target: &Path) -> Result<Option<Metadata>> {
 /// keys it had (none to drop them), its tensors and other metadata copied
 /// byte for byte: a shipped drafter made loadable by llama.cpp, or slimmed.
 pub fn with_tokenizer(drafter: &GgufFile, tokenizer: Option<&Metadata>) -> Result<GgufWriter> {
-    if drafter.architecture()? != "dflash" {
-        return Err(ConvertError::Target {
+    let arch = drafter.architecture()?;
+    if arch != "dflash" {
+        return Err(ConvertError::NotADrafter {
             path: drafter.path().map(Into::into).unwrap_or_default(),
-            message: format!(
-                "is a `{}` model, not a `dflash` drafter",
-                drafter.architecture()?
-            ),
+            arch: arch.into(),
         });
     }
     let mut writer = GgufWriter::new();

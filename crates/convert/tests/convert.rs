@@ -808,7 +808,7 @@ fn a_drafter_carries_the_targets_tokenizer_or_none() {
     let not_a_drafter = GgufFile::from_bytes(m.bytes).unwrap();
     assert!(matches!(
         with_tokenizer(&not_a_drafter, None),
-        Err(ConvertError::Target { .. })
+        Err(ConvertError::NotADrafter { arch, .. }) if arch == "qwen3"
     ));
 }
 

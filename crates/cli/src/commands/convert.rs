@@ -36,7 +36,8 @@ pub struct Args {
     /// Drafter checkpoint directory (config.json and *.safetensors), or a
     /// drafter GGUF to write again with the target's tokenizer (or, with
     /// --no-tokenizer, without one), its tensors unchanged.
-    pub hf_dir: PathBuf,
+    #[arg(value_name = "HF_DIR|DRAFTER.gguf")]
+    pub input: PathBuf,
     /// The target model (a GGUF file or an HF directory), checked against
     /// the drafter's declared geometry; a GGUF lends its tokenizer.
     #[arg(long)]
@@ -72,14 +73,14 @@ pub fn run(args: Args) -> Result<()> {
         }
         tokenizer
     };
-    if args.hf_dir.is_file() {
+    if args.input.is_file() {
         if args.ty.is_some() || args.head_ty.is_some() {
             bail!("--type and --head-type convert checkpoints; a drafter GGUF is copied as it is");
         }
-        let drafter = GgufFile::open(&args.hf_dir)
-            .with_context(|| format!("cannot read {}", args.hf_dir.display()))?;
+        let drafter = GgufFile::open(&args.input)
+            .with_context(|| format!("cannot read {}", args.input.display()))?;
         with_tokenizer(&drafter, tokenizer.as_ref())
-            .with_context(|| format!("cannot copy {}", args.hf_dir.display()))?
+            .with_context(|| format!("cannot copy {}", args.input.display()))?
             .write_file(&args.output)
             .context("cannot write the drafter")?;
         eprintln!(
@@ -107,11 +108,11 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         ProgressBar::hidden()
     };
-    let mut converted = convert_with_head(&args.hf_dir, target, out, head, &mut |done, total| {
+    let mut converted = convert_with_head(&args.input, target, out, head, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })
-    .with_context(|| format!("cannot convert {}", args.hf_dir.display()))?;
+    .with_context(|| format!("cannot convert {}", args.input.display()))?;
     bar.finish_and_clear();
     if let Some(tokenizer) = &tokenizer {
         converted.writer.add_all(tokenizer);
@@ -183,7 +184,7 @@ mod tests {
         safetensors::serialize_to_file(views, None, &hf.join("model.safetensors")).unwrap();
         let output = dir.join("draft.gguf");
         run(Args {
-            hf_dir: hf,
+            input: hf,
             target,
             output: output.clone(),
             ty: Some(Type::Q8_0),
