@@ -857,3 +857,99 @@ pub fn real_model(file: &str) -> Option<std::path::PathBuf> {
     }
     panic!("{} is missing: run tests/fetch_models.sh (or set BLOCKDRAFT_SKIP_MODEL_TESTS=1 to skip real-model tests)", path.display());
 }
+
+/// The hybrid-target check each device backend's tests run: a synthetic
+/// `qwen35` target (7 layers, width 48) on `device` gives every prefill
+/// row's logits as on `reference` (the CPU backend) to 1e-4 of their
+/// largest, the same greedy tokens, and greedy speculative decoding whose
+/// rejected rows roll its recurrent state back identical to plain: n-gram,
+/// the target as its own draft model and an oracle (every draft accepted),
+/// an oracle none of whose drafts is accepted, and each DFlash variant.
+pub fn check_hybrid_target<B: crate::Backend, R: crate::Backend>(
+    device: std::sync::Arc<B>,
+    reference: std::sync::Arc<R>,
+) {
+    use crate::speculative::{
+        DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter, OracleDrafter, PolicyConfig,
+    };
+    let mut h = SyntheticHybrid::default();
+    h.dims.n_layer = 7;
+    h.dims.n_embd = 48;
+    let file = blockdraft_gguf::GgufFile::from_bytes(synthetic_qwen35(&h, 35).bytes).unwrap();
+    fn load<B: crate::Backend>(
+        file: &blockdraft_gguf::GgufFile,
+        be: std::sync::Arc<B>,
+    ) -> std::sync::Arc<crate::model::Decoder<B>> {
+        std::sync::Arc::new(crate::model::Decoder::load(file, be, &mut |_| {}).expect("load"))
+    }
+    fn all_rows<B: crate::Backend>(d: &crate::model::Decoder<B>, prompt: &[u32]) -> Vec<f32> {
+        let mut state = d.new_state(prompt.len(), prompt.len());
+        d.forward(&mut state, prompt, crate::model::LogitRows::All, true, None)
+            .expect("prefill");
+        block_on(d.backend.read(state.logits()))
+    }
+    let (dec, cpu) = (load(&file, device), load(&file, reference));
+    let prompt = [3u32, 14, 15, 9, 26, 5, 3, 14, 15, 9];
+    let (got, want) = (all_rows(&dec, &prompt), all_rows(&cpu, &prompt));
+    let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    let err = got
+        .iter()
+        .zip(&want)
+        .map(|(x, y)| {
+            if x.is_nan() {
+                f32::INFINITY
+            } else {
+                (x - y).abs()
+            }
+        })
+        .fold(0.0, f32::max)
+        / scale;
+    assert!(
+        err < 1e-4,
+        "prefill logits differ by {err} of their largest"
+    );
+    let n = 24;
+    let want = greedy_plain(&dec, &prompt, n);
+    assert_eq!(
+        want,
+        greedy_plain(&cpu, &prompt, n),
+        "the device and the reference agree"
+    );
+    let n_vocab = dec.config.n_vocab;
+    let ctx = prompt.len() + n + 32;
+    let sequence: Vec<u32> = prompt.iter().chain(&want).copied().collect();
+    let mut drafters: Vec<(String, Box<dyn Drafter<B>>)> = vec![
+        ("ngram".into(), Box::new(NgramDrafter::default())),
+        (
+            "the target as its draft model".into(),
+            Box::new(DraftModelDrafter::new(dec.clone(), n_vocab, ctx).unwrap()),
+        ),
+        (
+            "oracle, all accepted".into(),
+            Box::new(OracleDrafter::new(sequence.clone(), 0.0, n_vocab, 1)),
+        ),
+        (
+            "oracle, none accepted".into(),
+            Box::new(OracleDrafter::new(sequence, 1.0, n_vocab, 1)),
+        ),
+    ];
+    for (kind, bytes) in synthetic_block_drafters(n_vocab) {
+        let f = blockdraft_gguf::GgufFile::from_bytes(bytes).unwrap();
+        drafters.push((
+            kind.into(),
+            Box::new(DFlashDrafter::load(&f, &dec, ctx, 32).unwrap()),
+        ));
+    }
+    for (kind, d) in drafters.iter_mut() {
+        let (got, stats) = greedy_speculative(&dec, d.as_mut(), &prompt, n, PolicyConfig::fixed(5));
+        assert_eq!(got, want, "{kind}");
+        assert!(stats.rounds > 0, "{kind}: {stats:?}");
+        match kind.as_str() {
+            "oracle, all accepted" | "the target as its draft model" => {
+                assert_eq!(stats.accepted, stats.drafted, "{kind}: {stats:?}")
+            }
+            "oracle, none accepted" => assert_eq!(stats.accepted, 0, "{kind}"),
+            _ => {}
+        }
+    }
+}

@@ -14,8 +14,8 @@ use blockdraft_core::speculative::{
     DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter, OracleDrafter, PolicyConfig,
 };
 use blockdraft_core::testing::{
-    block_on, greedy_plain, greedy_speculative, sampled_plain, sampled_speculative,
-    synthetic_block_drafters, synthetic_decoder, synthetic_qwen35, SyntheticDims, SyntheticHybrid,
+    block_on, check_hybrid_target, greedy_plain, greedy_speculative, sampled_plain,
+    sampled_speculative, synthetic_block_drafters, synthetic_decoder, SyntheticDims,
 };
 use blockdraft_cpu::CpuBackend;
 use blockdraft_cuda::CudaBackend;
@@ -165,59 +165,12 @@ fn sampled_speculative_equals_sampled_plain() {
     );
 }
 
-/// A hybrid target: every row's logits as the CPU backend's, and greedy
-/// speculative decoding whose rejected rows roll its recurrent state back
-/// (drafts all and none accepted, each DFlash variant) identical to plain.
+/// A hybrid (`qwen35`) target on CUDA as on the CPU backend, speculative
+/// rollbacks of its recurrent state included (`testing::check_hybrid_target`).
 #[test]
 fn a_hybrid_target_decodes_like_the_cpu_backend_and_rolls_back() {
     let Some(cuda) = common::cuda() else { return };
-    let mut h = SyntheticHybrid::default();
-    h.dims.n_layer = 7;
-    h.dims.n_embd = 48;
-    let file = GgufFile::from_bytes(synthetic_qwen35(&h, 35).bytes).unwrap();
-    let (dec, cpu) = (
-        load(&file, Arc::new(cuda)),
-        load(&file, Arc::new(CpuBackend::new(2))),
-    );
-    let prompt = [3u32, 14, 15, 9, 26, 5, 3, 14, 15, 9];
-    let mut sg = dec.new_state(64, 16);
-    let mut sc = cpu.new_state(64, 16);
-    dec.forward(&mut sg, &prompt, LogitRows::All, true, None)
-        .unwrap();
-    cpu.forward(&mut sc, &prompt, LogitRows::All, true, None)
-        .unwrap();
-    let err = rel_err(
-        &block_on(dec.backend.read(sg.logits())),
-        &block_on(cpu.backend.read(sc.logits())),
-    );
-    assert!(err < 1e-4, "prefill logits differ by {err}");
-    let n = 24;
-    let want = greedy_plain(&dec, &prompt, n);
-    assert_eq!(want, greedy_plain(&cpu, &prompt, n), "cuda and cpu agree");
-    let n_vocab = dec.config.n_vocab;
-    let ctx = prompt.len() + n + 32;
-    let sequence: Vec<u32> = prompt.iter().chain(&want).copied().collect();
-    let mut drafters: Vec<(String, Box<dyn Drafter<CudaBackend>>)> = vec![
-        (
-            "oracle, all accepted".into(),
-            Box::new(OracleDrafter::new(sequence.clone(), 0.0, n_vocab, 1)),
-        ),
-        (
-            "oracle, none accepted".into(),
-            Box::new(OracleDrafter::new(sequence, 1.0, n_vocab, 1)),
-        ),
-    ];
-    for (kind, bytes) in synthetic_block_drafters(n_vocab) {
-        let f = GgufFile::from_bytes(bytes).unwrap();
-        drafters.push((
-            kind.into(),
-            Box::new(DFlashDrafter::load(&f, &dec, ctx, 32).unwrap()),
-        ));
-    }
-    for (kind, d) in drafters.iter_mut() {
-        let (got, stats) = greedy_speculative(&dec, d.as_mut(), &prompt, n, PolicyConfig::fixed(5));
-        assert_eq!(got, want, "{kind}");
-        assert!(stats.rounds > 0, "{kind}: {stats:?}");
-    }
-    assert_eq!(dec.backend.device_error().map(|e| e.to_string()), None);
+    let cuda = Arc::new(cuda);
+    check_hybrid_target(cuda.clone(), Arc::new(CpuBackend::new(2)));
+    assert_eq!(cuda.device_error().map(|e| e.to_string()), None);
 }

@@ -11,9 +11,9 @@ use blockdraft_core::speculative::{
 };
 use blockdraft_core::testing::block_on;
 use blockdraft_core::testing::{
-    device_draft, dispatches_per_layer, greedy_plain, greedy_speculative, observed_block_drafters,
-    real_model, sampled_plain, sampled_speculative, synthetic_block_drafters, synthetic_decoder,
-    synthetic_dflash, synthetic_qwen35, SyntheticDFlash, SyntheticDims, SyntheticHybrid,
+    check_hybrid_target, device_draft, dispatches_per_layer, greedy_plain, greedy_speculative,
+    observed_block_drafters, real_model, sampled_plain, sampled_speculative,
+    synthetic_block_drafters, synthetic_decoder, synthetic_dflash, SyntheticDFlash, SyntheticDims,
 };
 use blockdraft_cpu::CpuBackend;
 use blockdraft_gguf::{GgmlType, GgufFile};
@@ -429,68 +429,11 @@ fn every_drafter_kind_is_identical_to_plain_on_a_synthetic_target() {
     }
 }
 
-/// A hybrid (`qwen35`) target on wgpu: every row's logits as the CPU
-/// backend's, and greedy speculative decoding with rollbacks of its
-/// recurrent state (drafts all accepted, none accepted, n-gram, each DFlash
-/// variant drafting on the device, the target as its own draft model)
-/// identical to plain decoding.
+/// A hybrid (`qwen35`) target on wgpu as on the CPU backend, speculative
+/// rollbacks of its recurrent state included (`testing::check_hybrid_target`).
 #[test]
 fn a_hybrid_target_decodes_like_the_cpu_backend_and_rolls_back() {
-    let mut h = SyntheticHybrid::default();
-    h.dims.n_layer = 7;
-    h.dims.n_embd = 48;
-    let file = GgufFile::from_bytes(synthetic_qwen35(&h, 35).bytes).unwrap();
-    let (dec, cpu_dec) = (
-        load(&file, gpu()),
-        load(&file, Arc::new(CpuBackend::new(2))),
-    );
-    let prompt = [3u32, 14, 15, 9, 26, 5, 3, 14, 15, 9];
-    let err = rel_err(&all_logits(&dec, &prompt), &all_logits(&cpu_dec, &prompt));
-    assert!(err < 1e-4, "prefill logits differ by {err}");
-    let n = 24;
-    let want = greedy_plain(&dec, &prompt, n);
-    assert_eq!(
-        want,
-        greedy_plain(&cpu_dec, &prompt, n),
-        "wgpu and cpu agree"
-    );
-    let n_vocab = dec.config.n_vocab;
-    let ctx = prompt.len() + n + 32;
-    let sequence: Vec<u32> = prompt.iter().chain(&want).copied().collect();
-    let mut drafters: Vec<(String, Box<dyn Drafter<WgpuBackend>>)> = vec![
-        ("ngram".into(), Box::new(NgramDrafter::default())),
-        (
-            "the target as its draft model".into(),
-            Box::new(DraftModelDrafter::new(dec.clone(), n_vocab, ctx).unwrap()),
-        ),
-        (
-            "oracle, all accepted".into(),
-            Box::new(OracleDrafter::new(sequence.clone(), 0.0, n_vocab, 1)),
-        ),
-        (
-            "oracle, none accepted".into(),
-            Box::new(OracleDrafter::new(sequence, 1.0, n_vocab, 1)),
-        ),
-    ];
-    for (kind, bytes) in synthetic_block_drafters(n_vocab) {
-        let f = GgufFile::from_bytes(bytes).unwrap();
-        drafters.push((
-            kind.into(),
-            Box::new(DFlashDrafter::load(&f, &dec, ctx, 32).unwrap()),
-        ));
-    }
-    for (kind, d) in drafters.iter_mut() {
-        let (got, stats) = greedy_speculative(&dec, d.as_mut(), &prompt, n, PolicyConfig::fixed(5));
-        assert_eq!(got, want, "{kind}");
-        assert!(stats.rounds > 0, "{kind}: {stats:?}");
-        match kind.as_str() {
-            "oracle, all accepted" | "the target as its draft model" => {
-                assert_eq!(stats.accepted, stats.drafted, "{kind}: {stats:?}")
-            }
-            "oracle, none accepted" => assert_eq!(stats.accepted, 0, "{kind}"),
-            _ => {}
-        }
-    }
+    check_hybrid_target(gpu(), Arc::new(CpuBackend::new(2)));
 }
 
 const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
