@@ -96,3 +96,11 @@ fn qwen05_drafter_matches_the_pytorch_reference() {
         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     );
 }
+
+#[test]
+fn qwen05_dfly_drafter_matches_the_pytorch_reference() {
+    check(
+        "qwen05-dfly.gguf",
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    );
+}
