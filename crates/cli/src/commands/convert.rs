@@ -67,8 +67,8 @@ pub fn run(args: Args) -> Result<()> {
         let tokenizer = target_tokenizer(&args.target).context("cannot read the target")?;
         if tokenizer.is_none() {
             eprintln!(
-                "note: an HF target directory has no GGUF tokenizer to copy; the drafter loads in \
-                 blockdraft, not in llama.cpp (pass the target's GGUF for that)"
+                "note: the target has no GGUF tokenizer to copy; the drafter loads in blockdraft, \
+                 not in llama.cpp (pass a target GGUF that has one for that)"
             );
         }
         tokenizer
