@@ -42,22 +42,7 @@ fn tensor<B: Backend>(be: &B, rows: usize, cols: usize, data: &[f32]) -> B::Tens
     t
 }
 
-/// Largest difference relative to the reference's largest magnitude.
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len(), "lengths differ");
-    let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| {
-            if g.is_nan() {
-                f32::INFINITY
-            } else {
-                (g - w).abs()
-            }
-        })
-        .fold(0.0, f32::max)
-        / scale
-}
+use crate::testing::rel_err;
 
 fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     let err = rel_err(got, want);

@@ -891,19 +891,7 @@ pub fn check_hybrid_target<B: crate::Backend, R: crate::Backend>(
     let (dec, cpu) = (load(&file, device), load(&file, reference));
     let prompt = [3u32, 14, 15, 9, 26, 5, 3, 14, 15, 9];
     let (got, want) = (all_rows(&dec, &prompt), all_rows(&cpu, &prompt));
-    let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
-    let err = got
-        .iter()
-        .zip(&want)
-        .map(|(x, y)| {
-            if x.is_nan() {
-                f32::INFINITY
-            } else {
-                (x - y).abs()
-            }
-        })
-        .fold(0.0, f32::max)
-        / scale;
+    let err = rel_err(&got, &want);
     assert!(
         err < 1e-4,
         "prefill logits differ by {err} of their largest"
@@ -952,4 +940,22 @@ pub fn check_hybrid_target<B: crate::Backend, R: crate::Backend>(
             _ => {}
         }
     }
+}
+
+/// Largest difference relative to the reference's largest magnitude (a NaN
+/// counts as infinitely far): the cross-backend comparisons' measure.
+pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len(), "lengths differ");
+    let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| {
+            if g.is_nan() {
+                f32::INFINITY
+            } else {
+                (g - w).abs()
+            }
+        })
+        .fold(0.0, f32::max)
+        / scale
 }

@@ -14,7 +14,7 @@ use blockdraft_core::speculative::{
     DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter, OracleDrafter, PolicyConfig,
 };
 use blockdraft_core::testing::{
-    block_on, check_hybrid_target, greedy_plain, greedy_speculative, sampled_plain,
+    block_on, check_hybrid_target, greedy_plain, greedy_speculative, rel_err, sampled_plain,
     sampled_speculative, synthetic_block_drafters, synthetic_decoder, SyntheticDims,
 };
 use blockdraft_cpu::CpuBackend;
@@ -24,21 +24,6 @@ use std::sync::Arc;
 
 fn load<B: Backend>(file: &GgufFile, be: Arc<B>) -> Arc<Decoder<B>> {
     Arc::new(Decoder::load(file, be, &mut |_| {}).expect("load"))
-}
-
-fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    let scale = b.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| {
-            if x.is_nan() {
-                f32::INFINITY
-            } else {
-                (x - y).abs()
-            }
-        })
-        .fold(0.0, f32::max)
-        / scale
 }
 
 #[test]

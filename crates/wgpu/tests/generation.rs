@@ -9,7 +9,7 @@ use blockdraft_core::sampling::SamplingParams;
 use blockdraft_core::speculative::{
     DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter, OracleDrafter, PolicyConfig,
 };
-use blockdraft_core::testing::block_on;
+use blockdraft_core::testing::{block_on, rel_err};
 use blockdraft_core::testing::{
     check_hybrid_target, device_draft, dispatches_per_layer, greedy_plain, greedy_speculative,
     observed_block_drafters, real_model, sampled_plain, sampled_speculative,
@@ -26,15 +26,6 @@ fn gpu() -> Arc<WgpuBackend> {
 
 fn load<B: Backend>(file: &GgufFile, be: Arc<B>) -> Arc<Decoder<B>> {
     Arc::new(Decoder::load(file, be, &mut |_| {}).expect("load"))
-}
-
-fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    let scale = b.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-        / scale
 }
 
 #[test]
