@@ -9,7 +9,12 @@
 //! Here a task carries every query head of one KV head for up to
 //! [`MAX_TASK_ROWS`] rows of the pass, and takes the keys [`TILE`] at a
 //! time: each tile's keys and values are widened to f32 once for all of its
-//! queries; each query then scores the tile (f32 dot products), takes one
+//! queries (and, for a task of many queries, the keys transposed, so that a
+//! query scores all of a tile's keys as one vector of FMA chains without a
+//! reduction tree per key). The queries of one row go in blocks of up to
+//! four, which share each load of a key or value and keep several
+//! independent FMA chains in flight. Each query scores the tile (f32 dot
+//! products in [`dot16`]'s sequence, whichever way computed), takes one
 //! online-softmax step for the whole tile (`m' = max(m, max_j s_j)`,
 //! `p_j = exp(s_j - m')`, `l = fma(l, exp(m - m'), sum_j p_j)`, `acc =
 //! acc * exp(m - m') + sum_j p_j v_j` by FMA in key order, f32 throughout)
@@ -238,13 +243,68 @@ unsafe fn run_task_avx2<'q>(
 trait TileOps {
     /// `src` widened into `dst` (f16 to f32 is exact).
     fn widen(src: &[f16], dst: &mut [f32]);
-    /// [`TILE`] dot products `q . k_j` (`kw` holds the keys, `q.len()`
-    /// apart), each as [`dot16`] computes it, times `scale`. `D` is
-    /// `q.len()` where known when compiled (0 where not).
-    fn scores<const D: usize>(q: &[f32], kw: &[f32], scale: f32) -> [f32; TILE];
+    /// For each of `N` queries, [`TILE`] dot products `q . k_j` (`kw`
+    /// holds the keys, `q.len()` apart), each as [`dot16`] computes it,
+    /// times `scale`. `D` is `q.len()` where known when compiled (0 where
+    /// not).
+    fn scores<const D: usize, const N: usize>(
+        qs: [&[f32]; N],
+        kw: &[f32],
+        scale: f32,
+    ) -> [[f32; TILE]; N];
     /// [`sum16`].
     fn sum16(x: &[f32; 16]) -> f32 {
         sum16(x)
+    }
+    /// The tile's keys `kw` (`D` > 0 elements each) transposed into `kt`:
+    /// row `e` holds element `e` of the [`TILE`] keys.
+    fn transpose<const D: usize>(kw: &[f32], kt: &mut [f32]) {
+        assert!(D > 0 && kw.len() >= TILE * D && kt.len() >= TILE * D);
+        for e in 0..D {
+            for j in 0..TILE {
+                kt[e * TILE + j] = kw[j * D + e];
+            }
+        }
+    }
+    /// [`scores`](TileOps::scores) from the [transposed](TileOps::transpose)
+    /// keys, the same values: lane `l` of [`dot16`] (the FMA chain over
+    /// elements `l`, `l + 16`, ...) runs for all the tile's keys at once,
+    /// and the lanes are summed in [`sum16`]'s tree, key by key.
+    fn scores_transposed<const D: usize, const N: usize>(
+        qs: [&[f32]; N],
+        kt: &[f32],
+        scale: f32,
+    ) -> [[f32; TILE]; N] {
+        assert!(D > 0 && kt.len() >= TILE * D && qs.iter().all(|q| q.len() == D));
+        let mut out = [[0f32; TILE]; N];
+        for (out, q) in out.iter_mut().zip(qs) {
+            let mut lanes = [[0f32; TILE]; 16];
+            for (e, &qe) in q.iter().enumerate() {
+                let row = &kt[e * TILE..][..TILE];
+                for (x, &k) in lanes[e % 16].iter_mut().zip(row) {
+                    *x = qe.mul_add(k, *x);
+                }
+            }
+            for (j, o) in out.iter_mut().enumerate() {
+                let key: [f32; 16] = std::array::from_fn(|l| lanes[l][j]);
+                *o = sum16(&key) * scale;
+            }
+        }
+        out
+    }
+    /// [`add_values`] for each of `N` queries, whose value sums lie one
+    /// after another in `acc`.
+    fn add_values<const D: usize, const N: usize>(
+        acc: &mut [f32],
+        p: &[[f32; TILE]; N],
+        vw: &[f32],
+        seen: Range<usize>,
+        corr: [f32; N],
+    ) {
+        let d = acc.len() / N;
+        for (i, acc) in acc.chunks_exact_mut(d).enumerate() {
+            add_values::<D>(acc, &p[i], vw, seen.clone(), corr[i]);
+        }
     }
 }
 
@@ -258,9 +318,15 @@ impl TileOps for Portable {
     }
 
     #[inline(always)]
-    fn scores<const D: usize>(q: &[f32], kw: &[f32], scale: f32) -> [f32; TILE] {
-        let d = head_dim::<D>(q);
-        std::array::from_fn(|j| dot16(&q[..d], &kw[j * d..][..d]) * scale)
+    fn scores<const D: usize, const N: usize>(
+        qs: [&[f32]; N],
+        kw: &[f32],
+        scale: f32,
+    ) -> [[f32; TILE]; N] {
+        qs.map(|q| {
+            let d = head_dim::<D>(q);
+            std::array::from_fn(|j| dot16(&q[..d], &kw[j * d..][..d]) * scale)
+        })
     }
 }
 
@@ -312,6 +378,8 @@ fn tiles_of<'q, S: TileOps, const D: usize>(
     let hi = keys.iter().map(|r| r.end).max().unwrap_or(0);
     let mut kw = vec![0f32; TILE * d];
     let mut vw = vec![0f32; TILE * d];
+    let transpose = D > 0 && block_queries(d) > 1 && keys.len() >= TRANSPOSE_FROM;
+    let mut kt = vec![0f32; if transpose { TILE * d } else { 0 }];
     let mut start = src.first_key + (lo - src.first_key) / TILE * TILE;
     while start < hi {
         let n = TILE.min(hi - start);
@@ -321,19 +389,106 @@ fn tiles_of<'q, S: TileOps, const D: usize>(
             S::widen(&src.v[at..][..d], &mut vw[j * d..][..d]);
         }
         kw[n * d..].fill(0.0);
-        for (i, range) in keys.iter().enumerate() {
+        if !kt.is_empty() {
+            S::transpose::<D>(&kw, &mut kt);
+        }
+        let tile = Tile {
+            kw: &kw,
+            kt: (!kt.is_empty()).then_some(&kt[..]),
+            vw: &vw,
+            scale,
+        };
+        // Blocks of queries that see the same keys (the heads of one row):
+        // each block shares the tile's loads, and its value sums are
+        // independent FMA chains.
+        let mut i = 0;
+        while i < keys.len() {
+            let range = &keys[i];
+            let mut n = 1;
+            while n < block_queries(d) && i + n < keys.len() && keys[i + n] == *range {
+                n += 1;
+            }
             let seen = range.start.max(start).saturating_sub(start)
                 ..range.end.min(start + TILE).saturating_sub(start);
-            if seen.is_empty() {
-                continue;
+            if !seen.is_empty() {
+                let (st, ac) = (&mut state[i..i + n], &mut acc[i * d..(i + n) * d]);
+                match n {
+                    1 => block_step::<S, D, 1>(&tile, query, i, seen, st, ac),
+                    2 => block_step::<S, D, 2>(&tile, query, i, seen, st, ac),
+                    3 => block_step::<S, D, 3>(&tile, query, i, seen, st, ac),
+                    _ => block_step::<S, D, 4>(&tile, query, i, seen, st, ac),
+                }
             }
-            let mut w = S::scores::<D>(query(i), &kw, scale);
-            let corr = softmax_step::<S>(&mut w, seen.clone(), &mut state[i]);
-            if state[i].m != f32::NEG_INFINITY {
-                add_values::<D>(&mut acc[i * d..][..d], &w, &vw, seen, corr);
-            }
+            i += n;
         }
         start += TILE;
+    }
+}
+
+/// Most queries one block carries: their value sums (`head_dim / 16`
+/// vectors each) stay within half of AVX-512's 32 registers.
+fn block_queries(head_dim: usize) -> usize {
+    (256 / head_dim).clamp(1, 4)
+}
+
+/// One tile, widened: [`TILE`] keys and values, `d` apart, and for tasks
+/// of many queries the keys transposed too ([`TileOps::transpose`]).
+struct Tile<'a> {
+    kw: &'a [f32],
+    kt: Option<&'a [f32]>,
+    vw: &'a [f32],
+    scale: f32,
+}
+
+/// Queries from which a task transposes its tiles: scoring from the
+/// transposed keys saves the reduction tree of each query's dot products
+/// (about a third of a verify row's attention), but transposing costs
+/// about what that saves for the seven heads of one Qwen2.5-0.5B row.
+const TRANSPOSE_FROM: usize = 12;
+
+/// The tile's step for queries `first..first + N`, which all see keys
+/// `seen` of it: each query's arithmetic is exactly its own step alone
+/// (scores, [`softmax_step`], [`add_values`]), the block only shares loads.
+#[inline(always)]
+fn block_step<'q, S: TileOps, const D: usize, const N: usize>(
+    tile: &Tile,
+    query: &impl Fn(usize) -> &'q [f32],
+    first: usize,
+    seen: Range<usize>,
+    state: &mut [Online],
+    acc: &mut [f32],
+) {
+    // Loops rather than closures: a closure is compiled without the
+    // caller's target features (its `mul_add` becomes a libm call).
+    let mut qs: [&[f32]; N] = [&[]; N];
+    for (i, q) in qs.iter_mut().enumerate() {
+        *q = query(first + i);
+    }
+    let mut w = match tile.kt {
+        // One query's transposed chains are too few to hide FMA latency.
+        Some(kt) if N > 1 => S::scores_transposed::<D, N>(qs, kt, tile.scale),
+        _ => S::scores::<D, N>(qs, tile.kw, tile.scale),
+    };
+    let mut corr = [1f32; N];
+    for i in 0..N {
+        corr[i] = softmax_step::<S>(&mut w[i], seen.clone(), &mut state[i]);
+    }
+    if state.iter().any(|st| st.m == f32::NEG_INFINITY) {
+        // Not all saw a finite score: each alone, as `add_values` skips those.
+        let d = acc.len() / N;
+        for i in 0..N {
+            if state[i].m != f32::NEG_INFINITY {
+                add_values::<D>(
+                    &mut acc[i * d..][..d],
+                    &w[i],
+                    tile.vw,
+                    seen.clone(),
+                    corr[i],
+                );
+            }
+        }
+    } else {
+        S::add_values::<D, N>(acc, &w, tile.vw, seen, corr);
     }
 }
 
@@ -487,12 +642,17 @@ mod x86 {
     use super::{TileOps, TILE};
     use half::f16;
     use std::arch::x86_64::*;
+    use std::ops::Range;
 
     /// [`TileOps`] with AVX-512 F: each key's 16 lanes of FMAs, then the
     /// 16 keys' lanes reduced together by one transpose-and-add tree that
     /// adds the same pairs in the same order as `sum16`.
     pub(super) struct Avx512;
 
+    // Index loops over ranges known when compiled unroll, and their vectors
+    // stay in registers; iterator adaptors and closures here were compiled
+    // out of line, without AVX-512 (7x slower).
+    #[allow(clippy::needless_range_loop)]
     impl TileOps for Avx512 {
         #[inline(always)]
         fn widen(src: &[f16], dst: &mut [f32]) {
@@ -507,50 +667,165 @@ mod x86 {
         }
 
         #[inline(always)]
-        fn scores<const D: usize>(q: &[f32], kw: &[f32], scale: f32) -> [f32; TILE] {
-            let d = super::head_dim::<D>(q);
+        fn scores<const D: usize, const N: usize>(
+            qs: [&[f32]; N],
+            kw: &[f32],
+            scale: f32,
+        ) -> [[f32; TILE]; N] {
+            let d = super::head_dim::<D>(qs[0]);
             debug_assert!(d.is_multiple_of(16) && kw.len() >= TILE * d);
+            debug_assert!(qs.iter().all(|q| q.len() == d));
             // SAFETY: only inlined into `run_task_avx512` (AVX-512 F checked
-            // at run time); every load lies within q or kw (asserted above).
+            // at run time); every load lies within a query or kw (asserted
+            // above).
             unsafe {
-                let lanes: [__m512; TILE] = std::array::from_fn(|j| {
-                    let k = kw.as_ptr().add(j * d);
-                    let mut acc = _mm512_setzero_ps();
-                    for c in (0..d).step_by(16) {
-                        let qc = _mm512_loadu_ps(q.as_ptr().add(c));
-                        acc = _mm512_fmadd_ps(qc, _mm512_loadu_ps(k.add(c)), acc);
+                // Four keys at a time: each key's 16 lanes of FMAs for every
+                // query (one load of the key for all), folded at once into
+                // the first two levels of the tree.
+                let mut u = [[_mm512_setzero_ps(); 4]; N];
+                for g in 0..TILE / 4 {
+                    let mut lanes = [[_mm512_setzero_ps(); 4]; N];
+                    for c in 0..d / 16 {
+                        for j in 0..4 {
+                            let kc = _mm512_loadu_ps(kw.as_ptr().add((4 * g + j) * d + 16 * c));
+                            for i in 0..N {
+                                let qc = _mm512_loadu_ps(qs[i].as_ptr().add(16 * c));
+                                lanes[i][j] = _mm512_fmadd_ps(qc, kc, lanes[i][j]);
+                            }
+                        }
                     }
-                    acc
-                });
-                // Keys 2i, 2i + 1: per 128-bit group [x0+x2, y0+y2, x1+x3, y1+y3].
-                let pair = |x: __m512, y: __m512| {
-                    _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y))
-                };
-                let t: [__m512; 8] = std::array::from_fn(|i| pair(lanes[2 * i], lanes[2 * i + 1]));
-                // Keys 4i..4i+4: per group, each key's (x0+x2) + (x1+x3).
-                let quad = |a: __m512, b: __m512| {
-                    let (a, b) = (_mm512_castps_pd(a), _mm512_castps_pd(b));
-                    _mm512_add_ps(
-                        _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                        _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
-                    )
-                };
-                let u: [__m512; 4] = std::array::from_fn(|i| quad(t[2 * i], t[2 * i + 1]));
-                // Groups (g0 + g2) + (g1 + g3), keys 4m..4m+4 in group m.
-                let halves = |a: __m512, b: __m512| {
-                    _mm512_add_ps(
-                        _mm512_shuffle_f32x4::<0x44>(a, b),
-                        _mm512_shuffle_f32x4::<0xEE>(a, b),
-                    )
-                };
-                let (ab, cd) = (halves(u[0], u[1]), halves(u[2], u[3]));
-                let sums = _mm512_add_ps(
-                    _mm512_shuffle_f32x4::<0x88>(ab, cd),
-                    _mm512_shuffle_f32x4::<0xDD>(ab, cd),
-                );
-                let mut out = [0f32; TILE];
-                _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(sums, _mm512_set1_ps(scale)));
+                    for i in 0..N {
+                        let l = &lanes[i];
+                        u[i][g] = quad(pair(l[0], l[1]), pair(l[2], l[3]));
+                    }
+                }
+                let mut out = [[0f32; TILE]; N];
+                for (out, u) in out.iter_mut().zip(&u) {
+                    // Groups (g0 + g2) + (g1 + g3), keys 4m..4m+4 in group m.
+                    let (ab, cd) = (halves(u[0], u[1]), halves(u[2], u[3]));
+                    let sums = _mm512_add_ps(
+                        _mm512_shuffle_f32x4::<0x88>(ab, cd),
+                        _mm512_shuffle_f32x4::<0xDD>(ab, cd),
+                    );
+                    _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(sums, _mm512_set1_ps(scale)));
+                }
                 out
+            }
+        }
+
+        #[inline(always)]
+        fn transpose<const D: usize>(kw: &[f32], kt: &mut [f32]) {
+            assert!(D > 0 && D.is_multiple_of(16) && kw.len() >= TILE * D && kt.len() >= TILE * D);
+            for c in 0..D / 16 {
+                // SAFETY: AVX-512 F (see `scores`); the 16 x 16 block at
+                // column 16c of kw's 16 rows, and rows 16c.. of kt (asserted).
+                unsafe {
+                    transpose16(
+                        kw.as_ptr().add(16 * c),
+                        D,
+                        kt.as_mut_ptr().add(16 * c * TILE),
+                    )
+                }
+            }
+        }
+
+        #[inline(always)]
+        fn scores_transposed<const D: usize, const N: usize>(
+            qs: [&[f32]; N],
+            kt: &[f32],
+            scale: f32,
+        ) -> [[f32; TILE]; N] {
+            assert!(D > 0 && D.is_multiple_of(16) && kt.len() >= TILE * D);
+            assert!(qs.iter().all(|q| q.len() == D));
+            // SAFETY: AVX-512 F (see `scores`); loads within kt and the
+            // queries (asserted above).
+            unsafe {
+                // Lanes l of a group of four (4g..4g + 4) for every query:
+                // the chains over elements 16c + l, all keys at once; then
+                // the group's sum (x0 + x2) + (x1 + x3), and the groups'
+                // (g0 + g2) + (g1 + g3), as `sum16`.
+                // Groups 0 and 2 first (their sum waits in `even`), then 1, 3.
+                let mut even = [_mm512_setzero_ps(); N];
+                let mut odd = [_mm512_setzero_ps(); N];
+                for g in [0, 2, 1, 3] {
+                    let mut lanes = [[_mm512_setzero_ps(); 4]; N];
+                    for c in 0..D / 16 {
+                        for l in 0..4 {
+                            let e = 16 * c + 4 * g + l;
+                            let k = _mm512_loadu_ps(kt.as_ptr().add(e * TILE));
+                            for i in 0..N {
+                                let q = _mm512_set1_ps(*qs[i].get_unchecked(e));
+                                lanes[i][l] = _mm512_fmadd_ps(q, k, lanes[i][l]);
+                            }
+                        }
+                    }
+                    for i in 0..N {
+                        let l = &lanes[i];
+                        let sum =
+                            _mm512_add_ps(_mm512_add_ps(l[0], l[2]), _mm512_add_ps(l[1], l[3]));
+                        match g {
+                            0 => even[i] = sum,
+                            2 => even[i] = _mm512_add_ps(even[i], sum),
+                            1 => odd[i] = sum,
+                            _ => odd[i] = _mm512_add_ps(odd[i], sum),
+                        }
+                    }
+                }
+                let mut out = [[0f32; TILE]; N];
+                for i in 0..N {
+                    let sum = _mm512_add_ps(even[i], odd[i]);
+                    _mm512_storeu_ps(
+                        out[i].as_mut_ptr(),
+                        _mm512_mul_ps(sum, _mm512_set1_ps(scale)),
+                    );
+                }
+                out
+            }
+        }
+
+        #[inline(always)]
+        fn add_values<const D: usize, const N: usize>(
+            acc: &mut [f32],
+            p: &[[f32; TILE]; N],
+            vw: &[f32],
+            seen: Range<usize>,
+            corr: [f32; N],
+        ) {
+            if D == 0 || D / 16 * N > 16 {
+                // Sums that do not fit in registers: one query at a time.
+                let d = acc.len() / N;
+                for (i, acc) in acc.chunks_exact_mut(d).enumerate() {
+                    super::add_values::<D>(acc, &p[i], vw, seen.clone(), corr[i]);
+                }
+                return;
+            }
+            assert!(acc.len() == N * D && vw.len() >= seen.end * D && seen.end <= TILE);
+            // SAFETY: AVX-512 F (see `scores`); loads and stores within acc
+            // and vw (asserted above).
+            unsafe {
+                let mut sums = [[_mm512_setzero_ps(); 16]; N];
+                for (i, s) in sums.iter_mut().enumerate() {
+                    for (c, s) in s.iter_mut().take(D / 16).enumerate() {
+                        *s = _mm512_loadu_ps(acc.as_ptr().add(i * D + 16 * c));
+                        if corr[i] != 1.0 {
+                            *s = _mm512_mul_ps(*s, _mm512_set1_ps(corr[i]));
+                        }
+                    }
+                }
+                for j in seen {
+                    let v = vw.as_ptr().add(j * D);
+                    for c in 0..D / 16 {
+                        let vc = _mm512_loadu_ps(v.add(16 * c));
+                        for (s, p) in sums.iter_mut().zip(p) {
+                            s[c] = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), vc, s[c]);
+                        }
+                    }
+                }
+                for (i, s) in sums.iter().enumerate() {
+                    for (c, s) in s.iter().take(D / 16).enumerate() {
+                        _mm512_storeu_ps(acc.as_mut_ptr().add(i * D + 16 * c), *s);
+                    }
+                }
             }
         }
 
@@ -567,6 +842,84 @@ mod x86 {
                 let v = _mm512_add_ps(v, _mm512_shuffle_f32x4::<0b10_11_00_01>(v, v));
                 _mm512_cvtss_f32(v)
             }
+        }
+    }
+
+    /// Keys 2i, 2i + 1 of a tile's lanes: per 128-bit group [x0+x2, y0+y2,
+    /// x1+x3, y1+y3] (the first level of `sum16`'s tree for both keys).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pair(x: __m512, y: __m512) -> __m512 {
+        _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y))
+    }
+
+    /// Keys 4i..4i+4 from two [`pair`]s: per group, each key's (x0+x2) +
+    /// (x1+x3).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn quad(a: __m512, b: __m512) -> __m512 {
+        let (a, b) = (_mm512_castps_pd(a), _mm512_castps_pd(b));
+        _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+        )
+    }
+
+    /// Two [`quad`]s' groups 0 + 2 and 1 + 3, side by side.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn halves(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(a, b),
+            _mm512_shuffle_f32x4::<0xEE>(a, b),
+        )
+    }
+
+    /// The 16 x 16 block of f32 at `src` (rows `stride` apart) transposed
+    /// into 16 rows of 16 at `dst`: row l of it holds column l of the block.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn transpose16(src: *const f32, stride: usize, dst: *mut f32) {
+        let mut r = [_mm512_setzero_ps(); 16];
+        for (j, r) in r.iter_mut().enumerate() {
+            *r = _mm512_loadu_ps(src.add(j * stride));
+        }
+        // Per 128-bit lane k: rows (2i, 2i + 1) interleaved, columns 4k, 4k + 1
+        // (lo) and 4k + 2, 4k + 3 (hi).
+        let mut t = [_mm512_setzero_ps(); 16];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        // u[4a + b], lane k: column 4k + b of rows 4a..4a + 4.
+        let mut u = [_mm512_setzero_ps(); 16];
+        for a in 0..4 {
+            let (lo0, hi0, lo1, hi1) = (t[4 * a], t[4 * a + 1], t[4 * a + 2], t[4 * a + 3]);
+            let pd = _mm512_castps_pd;
+            u[4 * a] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(lo0), pd(lo1)));
+            u[4 * a + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(lo0), pd(lo1)));
+            u[4 * a + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(hi0), pd(hi1)));
+            u[4 * a + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(hi0), pd(hi1)));
+        }
+        for b in 0..4 {
+            // Lanes (k0, k2) and (k1, k3) of row groups (0, 1) and (2, 3).
+            let x02 = _mm512_shuffle_f32x4::<0x88>(u[b], u[4 + b]);
+            let x13 = _mm512_shuffle_f32x4::<0xDD>(u[b], u[4 + b]);
+            let y02 = _mm512_shuffle_f32x4::<0x88>(u[8 + b], u[12 + b]);
+            let y13 = _mm512_shuffle_f32x4::<0xDD>(u[8 + b], u[12 + b]);
+            _mm512_storeu_ps(dst.add((b) * 16), _mm512_shuffle_f32x4::<0x88>(x02, y02));
+            _mm512_storeu_ps(
+                dst.add((8 + b) * 16),
+                _mm512_shuffle_f32x4::<0xDD>(x02, y02),
+            );
+            _mm512_storeu_ps(
+                dst.add((4 + b) * 16),
+                _mm512_shuffle_f32x4::<0x88>(x13, y13),
+            );
+            _mm512_storeu_ps(
+                dst.add((12 + b) * 16),
+                _mm512_shuffle_f32x4::<0xDD>(x13, y13),
+            );
         }
     }
 }
@@ -734,34 +1087,65 @@ mod tests {
         }
     }
 
-    /// The vector builds give the portable code's bits.
+    /// Scores from a transposed tile are the dot products' bits.
+    #[test]
+    fn transposed_scores_equal_dot_products() {
+        fn check<const D: usize>() {
+            let mut r = uniform(D as u64);
+            let q: Vec<f32> = (0..3 * D).map(|_| 3.0 * r()).collect();
+            let kw: Vec<f32> = (0..TILE * D).map(|_| 3.0 * r()).collect();
+            let mut kt = vec![0f32; TILE * D];
+            Portable::transpose::<D>(&kw, &mut kt);
+            let qs = [&q[..D], &q[D..2 * D], &q[2 * D..]];
+            let want = Portable::scores::<D, 3>(qs, &kw, 0.125);
+            let got = Portable::scores_transposed::<D, 3>(qs, &kt, 0.125);
+            assert_eq!(
+                want.map(|s| s.map(f32::to_bits)),
+                got.map(|s| s.map(f32::to_bits))
+            );
+        }
+        check::<64>();
+        check::<128>();
+    }
+
+    /// The vector builds give the portable code's bits, for tasks of a few
+    /// queries (dot products) and of many (transposed tiles), with rows
+    /// that see different keys.
     #[test]
     fn simd_builds_agree_with_portable() {
+        for (d, group, rows) in [(64, 7, 1), (64, 7, 4), (128, 6, 2), (32, 4, 5), (256, 4, 3)] {
+            let p = params(group, 1, d);
+            let kv_len = 333;
+            let (q, k, v) = case(p, rows, kv_len, 99 + d as u64);
+            let tile = TileSource {
+                k: &k,
+                v: &v,
+                stride: d,
+                offset: 0,
+                d,
+                first_key: 0,
+            };
+            let n = group * rows;
+            let query = |i: usize| &q[i * d..][..d];
+            let keys: Vec<Range<usize>> = (0..n)
+                .map(|i| 3 + i / group..kv_len - 5 * (i / group))
+                .collect();
+            let mut want = (vec![Online::EMPTY; n], vec![0f32; n * d]);
+            tiles::<Portable>(&tile, &query, &keys, p.scale, &mut want.0, &mut want.1);
+            let mut got = (vec![Online::EMPTY; n], vec![0f32; n * d]);
+            run_task(&tile, &query, &keys, p.scale, &mut got.0, &mut got.1);
+            let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&want.1), bits(&got.1), "d {d}, {n} queries");
+            for (a, b) in want.0.iter().zip(&got.0) {
+                assert_eq!(
+                    (a.m.to_bits(), a.l.to_bits()),
+                    (b.m.to_bits(), b.l.to_bits())
+                );
+            }
+        }
         let p = params(7, 1, 64);
         let kv_len = 333;
         let (q, k, v) = case(p, 1, kv_len, 99);
-        let tile = TileSource {
-            k: &k,
-            v: &v,
-            stride: 64,
-            offset: 0,
-            d: 64,
-            first_key: 0,
-        };
-        let query = |i: usize| &q[i * 64..][..64];
-        let keys = vec![3..kv_len; 7];
-        let mut want = (vec![Online::EMPTY; 7], vec![0f32; 7 * 64]);
-        tiles::<Portable>(&tile, &query, &keys, p.scale, &mut want.0, &mut want.1);
-        let mut got = (vec![Online::EMPTY; 7], vec![0f32; 7 * 64]);
-        run_task(&tile, &query, &keys, p.scale, &mut got.0, &mut got.1);
-        let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&want.1), bits(&got.1));
-        for (a, b) in want.0.iter().zip(&got.0) {
-            assert_eq!(
-                (a.m.to_bits(), a.l.to_bits()),
-                (b.m.to_bits(), b.l.to_bits())
-            );
-        }
         // And close to llama.cpp's sequence (`flash`), which rounds to f16.
         let mask = AttentionMask {
             q_pos0: kv_len - 1,
