@@ -240,7 +240,7 @@ unsafe fn run_task_avx2<'q>(
 }
 
 /// What a build does its own way (the same values on any).
-trait TileOps {
+trait TileOps: Sized {
     /// `src` widened into `dst` (f16 to f32 is exact).
     fn widen(src: &[f16], dst: &mut [f32]);
     /// For each of `N` queries, [`TILE`] dot products `q . k_j` (`kw`
@@ -255,6 +255,10 @@ trait TileOps {
     /// [`sum16`].
     fn sum16(x: &[f32; 16]) -> f32 {
         sum16(x)
+    }
+    /// [`softmax_step`].
+    fn softmax_step(w: &mut [f32; TILE], seen: Range<usize>, st: &mut Online) -> f32 {
+        softmax_step::<Self>(w, seen, st)
     }
     /// The tile's keys `kw` (`D` > 0 elements each) transposed into `kt`:
     /// row `e` holds element `e` of the [`TILE`] keys.
@@ -471,7 +475,7 @@ fn block_step<'q, S: TileOps, const D: usize, const N: usize>(
     };
     let mut corr = [1f32; N];
     for i in 0..N {
-        corr[i] = softmax_step::<S>(&mut w[i], seen.clone(), &mut state[i]);
+        corr[i] = S::softmax_step(&mut w[i], seen.clone(), &mut state[i]);
     }
     if state.iter().any(|st| st.m == f32::NEG_INFINITY) {
         // Not all saw a finite score: each alone, as `add_values` skips those.
@@ -829,6 +833,40 @@ mod x86 {
             }
         }
 
+        /// `softmax_step` in vectors: `max16`'s tree of `max_of` is
+        /// `vmaxps`'s (a > b ? a : b) in the same pairs, the exponentials
+        /// [`exp16`], the weights outside `seen` zeroed by a mask.
+        #[inline(always)]
+        fn softmax_step(w: &mut [f32; TILE], seen: Range<usize>, st: &mut super::Online) -> f32 {
+            debug_assert!(seen.start < seen.end && seen.end <= TILE);
+            // SAFETY: AVX-512 F (see `scores`); 16 lanes of w.
+            unsafe {
+                let inside: __mmask16 = ((1u32 << seen.end) - (1u32 << seen.start)) as u16;
+                let x = _mm512_loadu_ps(w.as_ptr());
+                let v = _mm512_mask_blend_ps(inside, _mm512_set1_ps(f32::NEG_INFINITY), x);
+                let v = _mm512_max_ps(v, _mm512_shuffle_f32x4::<0b11_10_11_10>(v, v));
+                let v = _mm512_max_ps(v, _mm512_shuffle_f32x4::<0b01_01_01_01>(v, v));
+                let v = _mm512_max_ps(v, _mm512_permute_ps::<0b00_00_11_10>(v));
+                let v = _mm512_max_ps(v, _mm512_permute_ps::<0b00_00_00_01>(v));
+                let m = super::max_of(st.m, _mm512_cvtss_f32(v));
+                if m == f32::NEG_INFINITY {
+                    return 1.0;
+                }
+                let p = exp16(_mm512_sub_ps(x, _mm512_set1_ps(m)));
+                _mm512_storeu_ps(w.as_mut_ptr(), _mm512_maskz_mov_ps(inside, p));
+                let corr = if st.m == m {
+                    1.0
+                } else if st.m == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    super::exp_clamped(st.m - m)
+                };
+                st.l = st.l.mul_add(corr, Self::sum16(w));
+                st.m = m;
+                corr
+            }
+        }
+
         /// `sum16` by swaps: lanes (0, 2), (1, 3) of each group, then
         /// (0, 1); then groups (0, 2), (1, 3), then (0, 1).
         #[inline(always)]
@@ -921,6 +959,43 @@ mod x86 {
                 _mm512_shuffle_f32x4::<0xDD>(x13, y13),
             );
         }
+    }
+
+    /// `exp_clamped` of 16 lanes, the same operations in vectors.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn exp16(x: __m512) -> __m512 {
+        macro_rules! c {
+            ($bits:expr) => {
+                _mm512_set1_ps(f32::from_bits($bits))
+            };
+        }
+        let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+        let r = c!(0x4b40_0000);
+        let z = _mm512_fmadd_ps(x, c!(0x3fb8_aa3b), r);
+        let n = _mm512_sub_ps(z, r);
+        let minus_n = _mm512_castsi512_ps(_mm512_xor_si512(
+            _mm512_castps_si512(n),
+            _mm512_set1_epi32(i32::MIN),
+        ));
+        let b = _mm512_fmadd_ps(
+            minus_n,
+            c!(0x35bf_be8e),
+            _mm512_fmadd_ps(minus_n, c!(0x3f31_7200), x),
+        );
+        let k = _mm512_castsi512_ps(_mm512_add_epi32(
+            _mm512_slli_epi32::<23>(_mm512_castps_si512(z)),
+            _mm512_set1_epi32(1f32.to_bits() as i32),
+        ));
+        // expm1_reduced(b)
+        let u = _mm512_mul_ps(b, b);
+        let j = _mm512_fmadd_ps(
+            _mm512_fmadd_ps(c!(0x3c07_2010), b, c!(0x3d2b_9f17)),
+            u,
+            _mm512_fmadd_ps(c!(0x3e2a_af33), b, c!(0x3eff_fedb)),
+        );
+        let j = _mm512_fmadd_ps(j, u, _mm512_mul_ps(c!(0x3f7f_fff6), b));
+        _mm512_fmadd_ps(k, j, k)
     }
 }
 
@@ -1083,6 +1158,34 @@ mod tests {
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "kv {kv_len} threads {threads} row {r}");
                 }
+            }
+        }
+    }
+
+    /// The vector exponential gives `exp_clamped`'s bits, clamp included.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_exponential_matches_scalar() {
+        if !crate::kernels::x86::has_avx512f() {
+            eprintln!("skipped: this CPU has no AVX-512 F");
+            return;
+        }
+        let mut xs: Vec<f32> = (0..20_000).map(|i| -(i as f32) * 0.00731).collect();
+        xs.extend([0.0, -0.0, -87.0, -87.5, -1e30, f32::NEG_INFINITY, -1e-40]);
+        for chunk in xs.chunks(16) {
+            let mut lanes = [0f32; 16];
+            lanes[..chunk.len()].copy_from_slice(chunk);
+            #[target_feature(enable = "avx512f")]
+            unsafe fn vector(x: &[f32; 16]) -> [f32; 16] {
+                use std::arch::x86_64::*;
+                let mut out = [0f32; 16];
+                _mm512_storeu_ps(out.as_mut_ptr(), x86::exp16(_mm512_loadu_ps(x.as_ptr())));
+                out
+            }
+            // SAFETY: AVX-512 F checked above.
+            let got = unsafe { vector(&lanes) };
+            for (x, g) in lanes.iter().zip(got) {
+                assert_eq!(g.to_bits(), exp_clamped(*x).to_bits(), "exp({x})");
             }
         }
     }
