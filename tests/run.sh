@@ -21,6 +21,9 @@ else
 fi
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --no-fail-fast
+# The AVX2 builds of the CPU kernels and attention, which machines without
+# AVX-512 (Zen 3) take, on this machine too.
+BLOCKDRAFT_NO_AVX512=1 cargo test -p blockdraft-cpu --lib -- kernels:: attention::
 # `blockdraft serve` under the official OpenAI client, with load and
 # disconnecting clients (tests/serve_openai.py).
 if [ -n "${BLOCKDRAFT_SERVE_PYTHON:-}" ]; then

@@ -236,11 +236,16 @@ unsafe fn run_task_avx2<'q>(
     state: &mut [Online],
     acc: &mut [f32],
 ) {
-    tiles::<Portable>(tile, query, keys, scale, state, acc)
+    tiles::<x86::Avx2>(tile, query, keys, scale, state, acc)
 }
 
-/// What a build does its own way (the same values on any).
+/// What a build does its own way (the same values on any). Every method
+/// is inlined into a `run_task_*` and written without closures: code
+/// compiled apart from those has no FMA instructions, and each `mul_add`
+/// there becomes a call (30x slower).
 trait TileOps: Sized {
+    /// Queries from which a task transposes its tiles.
+    const TRANSPOSE_FROM: usize = TRANSPOSE_FROM;
     /// `src` widened into `dst` (f16 to f32 is exact).
     fn widen(src: &[f16], dst: &mut [f32]);
     /// For each of `N` queries, [`TILE`] dot products `q . k_j` (`kw`
@@ -253,15 +258,18 @@ trait TileOps: Sized {
         scale: f32,
     ) -> [[f32; TILE]; N];
     /// [`sum16`].
+    #[inline(always)]
     fn sum16(x: &[f32; 16]) -> f32 {
         sum16(x)
     }
     /// [`softmax_step`].
+    #[inline(always)]
     fn softmax_step(w: &mut [f32; TILE], seen: Range<usize>, st: &mut Online) -> f32 {
         softmax_step::<Self>(w, seen, st)
     }
     /// The tile's keys `kw` (`D` > 0 elements each) transposed into `kt`:
     /// row `e` holds element `e` of the [`TILE`] keys.
+    #[inline(always)]
     fn transpose<const D: usize>(kw: &[f32], kt: &mut [f32]) {
         assert!(D > 0 && kw.len() >= TILE * D && kt.len() >= TILE * D);
         for e in 0..D {
@@ -274,6 +282,7 @@ trait TileOps: Sized {
     /// keys, the same values: lane `l` of [`dot16`] (the FMA chain over
     /// elements `l`, `l + 16`, ...) runs for all the tile's keys at once,
     /// and the lanes are summed in [`sum16`]'s tree, key by key.
+    #[inline(always)]
     fn scores_transposed<const D: usize, const N: usize>(
         qs: [&[f32]; N],
         kt: &[f32],
@@ -298,6 +307,7 @@ trait TileOps: Sized {
     }
     /// [`add_values`] for each of `N` queries, whose value sums lie one
     /// after another in `acc`.
+    #[inline(always)]
     fn add_values<const D: usize, const N: usize>(
         acc: &mut [f32],
         p: &[[f32; TILE]; N],
@@ -327,11 +337,25 @@ impl TileOps for Portable {
         kw: &[f32],
         scale: f32,
     ) -> [[f32; TILE]; N] {
-        qs.map(|q| {
-            let d = head_dim::<D>(q);
-            std::array::from_fn(|j| dot16(&q[..d], &kw[j * d..][..d]) * scale)
-        })
+        dot_scores::<D, N>(qs, kw, scale)
     }
+}
+
+/// [`TileOps::scores`] key by key with [`dot16`].
+#[inline(always)]
+fn dot_scores<const D: usize, const N: usize>(
+    qs: [&[f32]; N],
+    kw: &[f32],
+    scale: f32,
+) -> [[f32; TILE]; N] {
+    let mut out = [[0f32; TILE]; N];
+    for (out, q) in out.iter_mut().zip(qs) {
+        let d = head_dim::<D>(q);
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = dot16(&q[..d], &kw[j * d..][..d]) * scale;
+        }
+    }
+    out
 }
 
 /// The task's tiles in order, each widened once, then every query's step
@@ -382,7 +406,7 @@ fn tiles_of<'q, S: TileOps, const D: usize>(
     let hi = keys.iter().map(|r| r.end).max().unwrap_or(0);
     let mut kw = vec![0f32; TILE * d];
     let mut vw = vec![0f32; TILE * d];
-    let transpose = D > 0 && block_queries(d) > 1 && keys.len() >= TRANSPOSE_FROM;
+    let transpose = D > 0 && block_queries(d) > 1 && keys.len() >= S::TRANSPOSE_FROM;
     let mut kt = vec![0f32; if transpose { TILE * d } else { 0 }];
     let mut start = src.first_key + (lo - src.first_key) / TILE * TILE;
     while start < hi {
@@ -647,6 +671,36 @@ mod x86 {
     use half::f16;
     use std::arch::x86_64::*;
     use std::ops::Range;
+
+    /// [`TileOps`] with AVX2, FMA and F16C: the portable code, but keys
+    /// and values widened by F16C in place (`half`'s slice conversion is a
+    /// call per row, a fifth of a decode row's attention).
+    pub(super) struct Avx2;
+
+    impl TileOps for Avx2 {
+        const TRANSPOSE_FROM: usize = 1;
+        #[inline(always)]
+        fn widen(src: &[f16], dst: &mut [f32]) {
+            assert!(src.len() == dst.len() && src.len().is_multiple_of(8));
+            for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
+                // SAFETY: only inlined into `run_task_avx2` (F16C checked at
+                // run time); 8 elements each.
+                unsafe {
+                    let h = _mm_loadu_si128(s.as_ptr() as *const __m128i);
+                    _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
+                }
+            }
+        }
+
+        #[inline(always)]
+        fn scores<const D: usize, const N: usize>(
+            qs: [&[f32]; N],
+            kw: &[f32],
+            scale: f32,
+        ) -> [[f32; TILE]; N] {
+            super::dot_scores::<D, N>(qs, kw, scale)
+        }
+    }
 
     /// [`TileOps`] with AVX-512 F: each key's 16 lanes of FMAs, then the
     /// 16 keys' lanes reduced together by one transpose-and-add tree that
