@@ -677,6 +677,8 @@ mod x86 {
     /// call per row, a fifth of a decode row's attention).
     pub(super) struct Avx2;
 
+    // Index loops: see `Avx512`.
+    #[allow(clippy::needless_range_loop)]
     impl TileOps for Avx2 {
         const TRANSPOSE_FROM: usize = 1;
         #[inline(always)]
@@ -700,6 +702,165 @@ mod x86 {
         ) -> [[f32; TILE]; N] {
             super::dot_scores::<D, N>(qs, kw, scale)
         }
+
+        /// [`Avx512`]'s transposed scores one query at a time in 8-lane
+        /// halves (AVX2 has 16 registers: a group's four lanes of chains
+        /// for 16 keys take eight).
+        #[inline(always)]
+        fn scores_transposed<const D: usize, const N: usize>(
+            qs: [&[f32]; N],
+            kt: &[f32],
+            scale: f32,
+        ) -> [[f32; TILE]; N] {
+            assert!(D > 0 && D.is_multiple_of(16) && kt.len() >= TILE * D);
+            assert!(qs.iter().all(|q| q.len() == D));
+            let mut out = [[0f32; TILE]; N];
+            for i in 0..N {
+                // SAFETY: only inlined into `run_task_avx2` (AVX2 and FMA
+                // checked at run time); loads within kt and the query.
+                unsafe {
+                    let q = qs[i].as_ptr();
+                    let zero = _mm256_setzero_ps();
+                    let (mut even, mut odd) = ([zero; 2], [zero; 2]);
+                    for g in [0, 2, 1, 3] {
+                        let mut lanes = [[zero; 2]; 4];
+                        for c in 0..D / 16 {
+                            for l in 0..4 {
+                                let e = 16 * c + 4 * g + l;
+                                let qe = _mm256_set1_ps(*q.add(e));
+                                let k = kt.as_ptr().add(e * TILE);
+                                for h in 0..2 {
+                                    let kh = _mm256_loadu_ps(k.add(8 * h));
+                                    lanes[l][h] = _mm256_fmadd_ps(qe, kh, lanes[l][h]);
+                                }
+                            }
+                        }
+                        for h in 0..2 {
+                            let sum = _mm256_add_ps(
+                                _mm256_add_ps(lanes[0][h], lanes[2][h]),
+                                _mm256_add_ps(lanes[1][h], lanes[3][h]),
+                            );
+                            match g {
+                                0 => even[h] = sum,
+                                2 => even[h] = _mm256_add_ps(even[h], sum),
+                                1 => odd[h] = sum,
+                                _ => odd[h] = _mm256_add_ps(odd[h], sum),
+                            }
+                        }
+                    }
+                    for h in 0..2 {
+                        let sum =
+                            _mm256_mul_ps(_mm256_add_ps(even[h], odd[h]), _mm256_set1_ps(scale));
+                        _mm256_storeu_ps(out[i].as_mut_ptr().add(8 * h), sum);
+                    }
+                }
+            }
+            out
+        }
+
+        /// `softmax_step` in two 8-lane vectors, as [`Avx512`]'s.
+        #[inline(always)]
+        fn softmax_step(w: &mut [f32; TILE], seen: Range<usize>, st: &mut super::Online) -> f32 {
+            debug_assert!(seen.start < seen.end && seen.end <= TILE);
+            // SAFETY: only inlined into `run_task_avx2` (AVX2 and FMA checked
+            // at run time); 16 lanes of w.
+            unsafe {
+                let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                let (lo_end, hi_end) = (seen.end as i32, seen.end as i32 - 8);
+                let (lo_start, hi_start) = (seen.start as i32, seen.start as i32 - 8);
+                let (in_lo, in_hi) = (
+                    inside8(lane, lo_start, lo_end),
+                    inside8(lane, hi_start, hi_end),
+                );
+                let (x_lo, x_hi) = (
+                    _mm256_loadu_ps(w.as_ptr()),
+                    _mm256_loadu_ps(w.as_ptr().add(8)),
+                );
+                let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+                let m_lo = _mm256_blendv_ps(ninf, x_lo, in_lo);
+                let m_hi = _mm256_blendv_ps(ninf, x_hi, in_hi);
+                // max16's pairs: (i, i + 8), then (i, i + 4), then (0, 2) and
+                // (1, 3), then those two; `vmaxps` is max_of (a > b ? a : b).
+                let t = _mm256_max_ps(m_lo, m_hi);
+                let t = _mm_max_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t));
+                let t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+                let t = _mm_max_ss(t, _mm_shuffle_ps::<0b01>(t, t));
+                let m = super::max_of(st.m, _mm_cvtss_f32(t));
+                if m == f32::NEG_INFINITY {
+                    return 1.0;
+                }
+                let mv = _mm256_set1_ps(m);
+                let p_lo = _mm256_and_ps(exp8(_mm256_sub_ps(x_lo, mv)), in_lo);
+                let p_hi = _mm256_and_ps(exp8(_mm256_sub_ps(x_hi, mv)), in_hi);
+                _mm256_storeu_ps(w.as_mut_ptr(), p_lo);
+                _mm256_storeu_ps(w.as_mut_ptr().add(8), p_hi);
+                let corr = if st.m == m {
+                    1.0
+                } else if st.m == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    super::exp_clamped(st.m - m)
+                };
+                // sum16: per four lanes (x0 + x2) + (x1 + x3), then the
+                // fours (g0 + g2) + (g1 + g3).
+                let g = _mm256_add_ps(four(p_lo), four(p_hi));
+                let sum = _mm_add_ss(_mm256_castps256_ps128(g), _mm256_extractf128_ps::<1>(g));
+                st.l = st.l.mul_add(corr, _mm_cvtss_f32(sum));
+                st.m = m;
+                corr
+            }
+        }
+    }
+
+    /// All ones in the lanes `lane` of `start..end`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn inside8(lane: __m256i, start: i32, end: i32) -> __m256 {
+        _mm256_castsi256_ps(_mm256_and_si256(
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(end), lane),
+            _mm256_cmpgt_epi32(lane, _mm256_set1_epi32(start - 1)),
+        ))
+    }
+
+    /// Per four lanes (128 bits), `(x0 + x2) + (x1 + x3)` in its lane 0.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn four(x: __m256) -> __m256 {
+        let a = _mm256_add_ps(x, _mm256_permute_ps::<0b01_00_11_10>(x));
+        _mm256_add_ps(a, _mm256_permute_ps::<0b10_11_00_01>(a))
+    }
+
+    /// `exp_clamped` of 8 lanes, the same operations in vectors.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn exp8(x: __m256) -> __m256 {
+        macro_rules! c {
+            ($bits:expr) => {
+                _mm256_set1_ps(f32::from_bits($bits))
+            };
+        }
+        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
+        let r = c!(0x4b40_0000);
+        let z = _mm256_fmadd_ps(x, c!(0x3fb8_aa3b), r);
+        let n = _mm256_sub_ps(z, r);
+        let minus_n = _mm256_xor_ps(n, _mm256_set1_ps(-0.0));
+        let b = _mm256_fmadd_ps(
+            minus_n,
+            c!(0x35bf_be8e),
+            _mm256_fmadd_ps(minus_n, c!(0x3f31_7200), x),
+        );
+        let k = _mm256_castsi256_ps(_mm256_add_epi32(
+            _mm256_slli_epi32::<23>(_mm256_castps_si256(z)),
+            _mm256_set1_epi32(1f32.to_bits() as i32),
+        ));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(c!(0x3c07_2010), b, c!(0x3d2b_9f17)),
+            u,
+            _mm256_fmadd_ps(c!(0x3e2a_af33), b, c!(0x3eff_fedb)),
+        );
+        let j = _mm256_fmadd_ps(j, u, _mm256_mul_ps(c!(0x3f7f_fff6), b));
+        _mm256_fmadd_ps(k, j, k)
     }
 
     /// [`TileOps`] with AVX-512 F: each key's 16 lanes of FMAs, then the
