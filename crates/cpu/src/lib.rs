@@ -579,7 +579,10 @@ impl AttentionOps for CpuBackend {
                 attention::attention_f32(pool, q, &k.data, &v.data, mask, p, batches, out)
             }
             (true, true)
-                if self.tiled_attention && attention::tiled_supports_head_dim(p.head_dim) =>
+                // Compiled out on wasm32, which never runs it (80 KB of module).
+                if cfg!(not(target_arch = "wasm32"))
+                    && self.tiled_attention
+                    && attention::tiled_supports_head_dim(p.head_dim) =>
             {
                 attention::tiled_attention_f16(pool, q, &k.half, &v.half, mask, p, out)
             }
