@@ -703,6 +703,25 @@ mod x86 {
             super::dot_scores::<D, N>(qs, kw, scale)
         }
 
+        #[inline(always)]
+        fn transpose<const D: usize>(kw: &[f32], kt: &mut [f32]) {
+            assert!(D > 0 && D.is_multiple_of(8) && kw.len() >= TILE * D && kt.len() >= TILE * D);
+            for keys in 0..TILE / 8 {
+                for e in 0..D / 8 {
+                    // SAFETY: only inlined into `run_task_avx2` (AVX checked
+                    // at run time); the 8 x 8 block of keys 8 keys.. and
+                    // elements 8e.. of kw, into rows 8e.. of kt (asserted).
+                    unsafe {
+                        transpose8(
+                            kw.as_ptr().add(8 * keys * D + 8 * e),
+                            D,
+                            kt.as_mut_ptr().add(8 * e * TILE + 8 * keys),
+                        )
+                    }
+                }
+            }
+        }
+
         /// [`Avx512`]'s transposed scores one query at a time in 8-lane
         /// halves (AVX2 has 16 registers: a group's four lanes of chains
         /// for 16 keys take eight).
@@ -809,6 +828,40 @@ mod x86 {
                 st.m = m;
                 corr
             }
+        }
+    }
+
+    /// The 8 x 8 block of f32 at `src` (rows `stride` apart) transposed
+    /// into rows [`TILE`] apart at `dst`: row l of it holds column l of the
+    /// block.
+    #[inline]
+    #[target_feature(enable = "avx")]
+    unsafe fn transpose8(src: *const f32, stride: usize, dst: *mut f32) {
+        let mut r = [_mm256_setzero_ps(); 8];
+        for (j, r) in r.iter_mut().enumerate() {
+            *r = _mm256_loadu_ps(src.add(j * stride));
+        }
+        // Per 128-bit lane k: rows (2i, 2i + 1) interleaved, columns 4k, 4k + 1
+        // (lo) and 4k + 2, 4k + 3 (hi).
+        let mut t = [_mm256_setzero_ps(); 8];
+        for i in 0..4 {
+            t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        // u[4a + b], lane k: column 4k + b of rows 4a..4a + 4.
+        let mut u = [_mm256_setzero_ps(); 8];
+        for a in 0..2 {
+            let (lo0, hi0, lo1, hi1) = (t[4 * a], t[4 * a + 1], t[4 * a + 2], t[4 * a + 3]);
+            u[4 * a] = _mm256_shuffle_ps::<0x44>(lo0, lo1);
+            u[4 * a + 1] = _mm256_shuffle_ps::<0xEE>(lo0, lo1);
+            u[4 * a + 2] = _mm256_shuffle_ps::<0x44>(hi0, hi1);
+            u[4 * a + 3] = _mm256_shuffle_ps::<0xEE>(hi0, hi1);
+        }
+        for b in 0..4 {
+            let col_b = _mm256_permute2f128_ps::<0x20>(u[b], u[4 + b]);
+            let col_4b = _mm256_permute2f128_ps::<0x31>(u[b], u[4 + b]);
+            _mm256_storeu_ps(dst.add(b * TILE), col_b);
+            _mm256_storeu_ps(dst.add((4 + b) * TILE), col_4b);
         }
     }
 
