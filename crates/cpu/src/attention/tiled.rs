@@ -176,6 +176,23 @@ impl Online {
         m: f32::NEG_INFINITY,
         l: 0.0,
     };
+
+    /// Moves to the maximum `m` (not -inf) with a tile whose weights sum to
+    /// `tile_sum`; returns the factor `exp(old m - m)` for the value sums.
+    #[inline(always)]
+    fn advance(&mut self, m: f32, tile_sum: f32) -> f32 {
+        // exp(0) = 1 exactly, so a maximum that stays costs no exponential.
+        let corr = if self.m == m {
+            1.0
+        } else if self.m == f32::NEG_INFINITY {
+            0.0
+        } else {
+            exp_clamped(self.m - m)
+        };
+        self.l = self.l.mul_add(corr, tile_sum);
+        self.m = m;
+        corr
+    }
 }
 
 /// Where a task's tiles come from: KV head rows at `offset` of cache rows
@@ -315,10 +332,7 @@ trait TileOps: Sized {
         seen: Range<usize>,
         corr: [f32; N],
     ) {
-        let d = acc.len() / N;
-        for (i, acc) in acc.chunks_exact_mut(d).enumerate() {
-            add_values::<D>(acc, &p[i], vw, seen.clone(), corr[i]);
-        }
+        add_values_each::<D, N>(acc, p, vw, seen, corr)
     }
 }
 
@@ -417,12 +431,12 @@ fn tiles_of<'q, S: TileOps, const D: usize>(
             S::widen(&src.v[at..][..d], &mut vw[j * d..][..d]);
         }
         kw[n * d..].fill(0.0);
-        if !kt.is_empty() {
+        if transpose {
             S::transpose::<D>(&kw, &mut kt);
         }
         let tile = Tile {
             kw: &kw,
-            kt: (!kt.is_empty()).then_some(&kt[..]),
+            kt: transpose.then_some(&kt[..]),
             vw: &vw,
             scale,
         };
@@ -542,18 +556,24 @@ fn softmax_step<S: TileOps>(w: &mut [f32; TILE], seen: Range<usize>, st: &mut On
             *p = 0.0;
         }
     }
-    // exp(0) = 1 exactly, so a maximum that stays costs no exponential.
-    let corr = if st.m == m {
-        1.0
-    } else if st.m == f32::NEG_INFINITY {
-        0.0
-    } else {
-        exp_clamped(st.m - m)
-    };
-    st.l = st.l.mul_add(corr, S::sum16(&p));
-    st.m = m;
     *w = p;
-    corr
+    st.advance(m, S::sum16(w))
+}
+
+/// [`add_values`] for each of `N` queries, one after another, whose value
+/// sums lie one after another in `acc`.
+#[inline(always)]
+fn add_values_each<const D: usize, const N: usize>(
+    acc: &mut [f32],
+    p: &[[f32; TILE]; N],
+    vw: &[f32],
+    seen: Range<usize>,
+    corr: [f32; N],
+) {
+    let d = acc.len() / N;
+    for (i, acc) in acc.chunks_exact_mut(d).enumerate() {
+        add_values::<D>(acc, &p[i], vw, seen.clone(), corr[i]);
+    }
 }
 
 /// `acc = acc * corr` (skipped at 1), then `acc = fma(p_j, v_j, acc)` for
@@ -813,20 +833,11 @@ mod x86 {
                 let p_hi = _mm256_and_ps(exp8(_mm256_sub_ps(x_hi, mv)), in_hi);
                 _mm256_storeu_ps(w.as_mut_ptr(), p_lo);
                 _mm256_storeu_ps(w.as_mut_ptr().add(8), p_hi);
-                let corr = if st.m == m {
-                    1.0
-                } else if st.m == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    super::exp_clamped(st.m - m)
-                };
                 // sum16: per four lanes (x0 + x2) + (x1 + x3), then the
                 // fours (g0 + g2) + (g1 + g3).
                 let g = _mm256_add_ps(four(p_lo), four(p_hi));
                 let sum = _mm_add_ss(_mm256_castps256_ps128(g), _mm256_extractf128_ps::<1>(g));
-                st.l = st.l.mul_add(corr, _mm_cvtss_f32(sum));
-                st.m = m;
-                corr
+                st.advance(m, _mm_cvtss_f32(sum))
             }
         }
     }
@@ -1065,11 +1076,7 @@ mod x86 {
         ) {
             if D == 0 || D / 16 * N > 16 {
                 // Sums that do not fit in registers: one query at a time.
-                let d = acc.len() / N;
-                for (i, acc) in acc.chunks_exact_mut(d).enumerate() {
-                    super::add_values::<D>(acc, &p[i], vw, seen.clone(), corr[i]);
-                }
-                return;
+                return super::add_values_each::<D, N>(acc, p, vw, seen, corr);
             }
             assert!(acc.len() == N * D && vw.len() >= seen.end * D && seen.end <= TILE);
             // SAFETY: AVX-512 F (see `scores`); loads and stores within acc
@@ -1122,16 +1129,7 @@ mod x86 {
                 }
                 let p = exp16(_mm512_sub_ps(x, _mm512_set1_ps(m)));
                 _mm512_storeu_ps(w.as_mut_ptr(), _mm512_maskz_mov_ps(inside, p));
-                let corr = if st.m == m {
-                    1.0
-                } else if st.m == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    super::exp_clamped(st.m - m)
-                };
-                st.l = st.l.mul_add(corr, Self::sum16(w));
-                st.m = m;
-                corr
+                st.advance(m, Self::sum16(w))
             }
         }
 
