@@ -18,11 +18,12 @@
 //! over L2-sized chunks of weight rows.
 //!
 //! SIMD: AVX2+FMA+F16C kernels for every type, chosen at runtime, and the
-//! same kernels built for AVX-512 VNNI where the CPU has it (`vpdpbusd`
-//! dots and 32 vector registers, bit-identical results; for Q6_K and the
-//! 32-block types, and packed Q4_K, 512-bit kernels that hold two weight
-//! rows per vector (`x86_avx512`) or sixteen (`x86_packed`), bit-identical
-//! too;
+//! same kernels built for AVX-VNNI (256-bit `vpdpbusd`, Intel client CPUs
+//! without AVX-512) and for AVX-512 VNNI where the CPU has them
+//! (`vpdpbusd` dots and 32 vector registers, bit-identical results; for
+//! Q2_K, Q3_K, Q5_K, Q6_K and the 32-block types, and packed Q4_K, 512-bit
+//! kernels that hold two weight rows per vector (`x86_avx512`) or sixteen
+//! (`x86_packed`), bit-identical too;
 //! `BLOCKDRAFT_NO_AVX512=1` keeps the AVX2 build; `BLOCKDRAFT_NO_SIMD=1`
 //! forces the portable scalar kernels); aarch64
 //! NEON kernels for every type too, using `sdot` where the CPU has it
@@ -788,6 +789,10 @@ pub fn simd_level() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     if x86::has_avx512_vnni() {
         return "avx512+vnni";
+    }
+    #[cfg(target_arch = "x86_64")]
+    if x86::has_avx_vnni() {
+        return "avx2+avxvnni";
     }
     #[cfg(target_arch = "x86_64")]
     if x86::has_avx2() {

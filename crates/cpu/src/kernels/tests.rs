@@ -415,6 +415,32 @@ fn avx512_kernels_equal_the_avx2_ones_bit_for_bit() {
     });
 }
 
+/// The AVX-VNNI build gives the AVX2 build's results bit for bit (its
+/// `vpdpbusd` lanes equal maddubs + madd's).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx_vnni_kernels_equal_the_avx2_ones_bit_for_bit() {
+    if !super::x86::has_avx_vnni() {
+        eprintln!("SKIPPED: this CPU has no AVX-VNNI (Intel Alder Lake or later, AMD Zen 5)");
+        return;
+    }
+    let pairs = |ty| {
+        let builds = (
+            super::x86::avx_vnni::kernel(ty),
+            super::x86::avx2::kernel(ty),
+        );
+        builds
+            .0
+            .zip(builds.1)
+            .map(|(vnni, base)| (ty, vnni, base))
+            .into_iter()
+    };
+    matmul_pairs(6, pairs, |case, a, b| {
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(a), bits(b), "{case}");
+    });
+}
+
 #[test]
 fn results_identical_across_thread_counts() {
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(4)];

@@ -41,10 +41,20 @@ pub(crate) fn has_avx512_vnni() -> bool {
     })
 }
 
+/// AVX-VNNI: `vpdpbusd` on 256-bit vectors without AVX-512 (Intel Alder
+/// Lake and later client CPUs; Zen 5 has it beside AVX-512).
+pub(crate) fn has_avx_vnni() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| has_avx2() && is_x86_feature_detected!("avxvnni"))
+}
+
 /// The matmul kernel for `ty` of the widest build this CPU runs.
 pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
     if has_avx512_vnni() {
         return avx512_kernel(ty);
+    }
+    if has_avx_vnni() {
+        return avx_vnni::kernel(ty);
     }
     if has_avx2() {
         return avx2::kernel(ty);
@@ -249,11 +259,15 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
 // sequence is the same, so both builds give bit-identical results.
 
 /// Eight i32 lanes, each the sum of four u8 x i8 products of its bytes:
-/// `vpdpbusd` (`yes`) or maddubs + madd (`no`; exact too, since no pair
-/// of products here reaches the i16 limit).
+/// `vpdpbusd` (`yes`: the EVEX form, `vex`: AVX-VNNI's) or maddubs + madd
+/// (`no`; exact too, since no pair of products here reaches the i16
+/// limit).
 macro_rules! dot_lanes {
     (yes, $u:expr, $s:expr) => {
         _mm256_dpbusd_epi32(_mm256_setzero_si256(), $u, $s)
+    };
+    (vex, $u:expr, $s:expr) => {
+        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), $u, $s)
     };
     (no, $u:expr, $s:expr) => {
         _mm256_madd_epi16(_mm256_maddubs_epi16($u, $s), _mm256_set1_epi16(1))
@@ -382,7 +396,12 @@ macro_rules! kernel_32 {
 macro_rules! k4_kernel {
     ($feat:literal, $name:ident, $bytes:expr, $qs_off:expr, $five:expr) => {
         #[target_feature(enable = $feat)]
-        unsafe fn $name<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+        pub(crate) unsafe fn $name<const NR: usize>(
+            w: *const u8,
+            nb: usize,
+            x: &[Act],
+            out: &mut [f32],
+        ) {
             let mut acc = [_mm256_setzero_ps(); NR];
             let (mut acc1, mut acc_min) = ([0f32; NR], [0f32; NR]);
             let x: &[Act; NR] = x.try_into().unwrap_unchecked();
@@ -912,7 +931,12 @@ macro_rules! matmul_kernels {
         }
 
         #[target_feature(enable = $feat)]
-        unsafe fn q3_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+        pub(crate) unsafe fn q3_k<const NR: usize>(
+            w: *const u8,
+            nb: usize,
+            x: &[Act],
+            out: &mut [f32],
+        ) {
             let mut acc = [_mm256_setzero_ps(); NR];
             let x: &[Act; NR] = x.try_into().unwrap_unchecked();
             let low2 = _mm256_set1_epi8(0x03);
@@ -955,7 +979,12 @@ macro_rules! matmul_kernels {
         }
 
         #[target_feature(enable = $feat)]
-        unsafe fn q2_k<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+        pub(crate) unsafe fn q2_k<const NR: usize>(
+            w: *const u8,
+            nb: usize,
+            x: &[Act],
+            out: &mut [f32],
+        ) {
             let mut acc = [_mm256_setzero_ps(); NR];
             let x: &[Act; NR] = x.try_into().unwrap_unchecked();
             let low2 = _mm256_set1_epi8(0x03);
@@ -1013,6 +1042,12 @@ macro_rules! matmul_kernels {
 pub(crate) mod avx2 {
     use super::*;
     matmul_kernels!("avx2,fma,f16c", no);
+}
+
+/// The AVX2 build with AVX-VNNI dots (same results bit for bit).
+pub(crate) mod avx_vnni {
+    use super::*;
+    matmul_kernels!("avx2,fma,f16c,avxvnni", vex);
 }
 
 /// The AVX-512 F/BW/VL + VNNI build.

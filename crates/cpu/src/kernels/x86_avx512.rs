@@ -5,10 +5,12 @@
 //! per-half indices), so each output keeps that kernel's float sequence
 //! bit for bit, while one instruction does the work of two: what makes a
 //! verify batch cheap where the 256-bit kernels run out of issue slots.
-//! Q6_K and the 32-block types (Q4_0 .. Q8_1) have one.
+//! Q2_K, Q3_K, Q5_K, Q6_K and the 32-block types (Q4_0 .. Q8_1) have one
+//! (Q4_K's packed kernel in `x86_packed` is faster still; Q8_K is an
+//! activation type, rare as a weight).
 
 use super::x86::avx512::{self, load};
-use super::x86::{hsum, prefetch_ahead};
+use super::x86::{hsum, k4_scales, prefetch_ahead};
 use super::{tile_kernel, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -24,14 +26,26 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
         Q8_0 => pairs_kernel!(q8_0_pair, avx512::q8_0),
         Q8_1 => pairs_kernel!(q8_1_pair, avx512::q8_1),
         Q6_K => pairs_kernel!(q6_k_pair, avx512::q6_k),
+        Q5_K => pairs_kernel!(q5_k_pair, avx512::q5_k, one_row_by_rows),
+        Q3_K => pairs_kernel!(q3_k_pair, avx512::q3_k),
+        Q2_K => pairs_kernel!(q2_k_pair, avx512::q2_k),
         _ => return None,
     })
 }
 
 /// The [`Kernel`] running `$pair` (two weight rows for NR activation rows)
-/// over `nw` weight rows, a last odd row through the 256-bit `$row`.
+/// over `nw` weight rows, a last odd row through the 256-bit `$row`; with
+/// `one_row_by_rows`, a single activation row goes through `$row` alone
+/// (Q5_K: its pair decodes one row 13-30 % slower on Zen 4, where a 512-bit
+/// shuffle costs two 256-bit ones and one row leaves nothing to share).
 macro_rules! pairs_kernel {
-    ($pair:ident, $($row:ident)::+) => {{
+    ($pair:ident, $($row:ident)::+) => {
+        pairs_kernel!($pair, $($row)::+, false)
+    };
+    ($pair:ident, $($row:ident)::+, one_row_by_rows) => {
+        pairs_kernel!($pair, $($row)::+, true)
+    };
+    ($pair:ident, $($row:ident)::+, $one_by_rows:expr) => {{
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         unsafe fn each<const NR: usize>(
             w: *const u8,
@@ -44,7 +58,7 @@ macro_rules! pairs_kernel {
         ) {
             let x: &[Act; NR] = x.try_into().unwrap_unchecked();
             let mut j = 0;
-            while j + 2 <= nw {
+            while j + 2 <= nw && !($one_by_rows && NR == 1) {
                 let r = $pair::<NR>(w.add(j * row_bytes), w.add((j + 1) * row_bytes), nb, x);
                 for (i, &(a, b)) in r.iter().enumerate() {
                     *out.add(i * ldo + j) = a;
@@ -52,12 +66,13 @@ macro_rules! pairs_kernel {
                 }
                 j += 2;
             }
-            if j < nw {
+            while j < nw {
                 let mut r = [0f32; NR];
                 $($row)::+::<NR>(w.add(j * row_bytes), nb, x, &mut r);
                 for (i, &v) in r.iter().enumerate() {
                     *out.add(i * ldo + j) = v;
                 }
+                j += 1;
             }
         }
         tile_kernel!(each)
@@ -171,6 +186,236 @@ unsafe fn q6_k_pair<const NR: usize>(
             // d * dx lane-wise: the same product as the scalar one.
             let d = _mm512_mul_ps(dd, _mm512_set1_ps(*x[i].d.add(b)));
             acc[i] = _mm512_fmadd_ps(s, d, acc[i]);
+        }
+    }
+    std::array::from_fn(|i| hsum_halves(acc[i]))
+}
+
+/// Sixteen i16 lanes per half: `lo` of `a` (low half) and `b` (high half)
+/// in lanes 0..8, `hi` in lanes 8..16: the AVX2 kernels' `pair16(sc[lo],
+/// sc[hi])`, taken from each half's 16 scales (`sc`, one row per half).
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+unsafe fn pick_pair16(sc: __m512i, lo: i16, hi: i16) -> __m512i {
+    let (a, b) = (lo, hi);
+    let (c, d) = (lo + 16, hi + 16);
+    let idx = _mm512_set_epi16(
+        d, d, d, d, d, d, d, d, c, c, c, c, c, c, c, c, b, b, b, b, b, b, b, b, a, a, a, a, a, a,
+        a, a,
+    );
+    _mm512_permutexvar_epi16(idx, sc)
+}
+
+/// Eight f32 lanes of `v` in both halves.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn both_ps(v: __m256) -> __m512 {
+    halves_ps(v, v)
+}
+
+// Helpers are functions with the kernels' target features rather than
+// closures: a closure is compiled without them, and where it is not
+// inlined its intrinsics become calls (13 % slower Q5_K decode).
+
+/// Q4_K/Q5_K's eight scales as i16, in both 128-bit lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn k4_scales16(sc: &[u8; 8]) -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(
+        sc.as_ptr() as *const __m128i
+    )))
+}
+
+/// Q4_K/Q5_K's eight mins times `-dmin`, as the AVX2 kernel takes them.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn k4_mins(mn: &[u8; 8], dmin: f32) -> __m256 {
+    let m32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
+    _mm256_mul_ps(_mm256_cvtepi32_ps(m32), _mm256_set1_ps(-dmin))
+}
+
+/// Scale `j` of each 128-bit lane's eight (`k4_scales16`) in all its i16
+/// lanes: a byte shuffle, as the AVX2 kernel picks it.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+unsafe fn pick16(scv: __m512i, j: usize) -> __m512i {
+    let m = (2 * j as i16) | ((2 * j as i16 + 1) << 8);
+    _mm512_shuffle_epi8(scv, _mm512_set1_epi16(m))
+}
+
+/// Q3_K's sixteen signed scales (the 12 bytes at `p`) as i16.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn q3_scales16(p: *const u8) -> __m256i {
+    let s = crate::kernels::scalar::q3k_scales(std::slice::from_raw_parts(p, 12));
+    _mm256_cvtepi8_epi16(_mm_loadu_si128(s.as_ptr() as *const __m128i))
+}
+
+/// Q2_K's sixteen 4-bit scales (`shift` 0) or mins (`shift` 4) as i16.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn q2_nibbles16(blk: *const u8, shift: i32) -> __m256i {
+    let scb = _mm_loadu_si128(blk as *const __m128i);
+    let v = _mm_srl_epi16(scb, _mm_cvtsi32_si128(shift));
+    _mm256_cvtepu8_epi16(_mm_and_si128(v, _mm_set1_epi8(0x0F)))
+}
+
+/// `x86`'s `q5_k` (the `k4_kernel` with high bits) for weight rows `w0`
+/// (low half) and `w1` (high half): per super-block the same i32 lanes per
+/// half, `(lanes as f32) * (d * dx) + mins`, added to the accumulator.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn q5_k_pair<const NR: usize>(
+    w0: *const u8,
+    w1: *const u8,
+    nb: usize,
+    x: &[Act; NR],
+) -> [(f32, f32); NR] {
+    let mut acc = [_mm512_setzero_ps(); NR];
+    let low4 = _mm512_set1_epi8(0x0F);
+    let one = _mm512_set1_epi8(1);
+    for b in 0..nb {
+        let (b0, b1) = (w0.add(b * 176), w1.add(b * 176));
+        let (d0, d1) = (avx512::h2f(b0), avx512::h2f(b1));
+        let (dmin0, dmin1) = (avx512::h2f(b0.add(2)), avx512::h2f(b1.add(2)));
+        let ((sc0, mn0), (sc1, mn1)) = (k4_scales(b0.add(4)), k4_scales(b1.add(4)));
+        let scv = halves(k4_scales16(&sc0), k4_scales16(&sc1));
+        let mv = halves_ps(k4_mins(&mn0, dmin0), k4_mins(&mn1, dmin1));
+        let qh = halves(load(b0.add(16)), load(b1.add(16)));
+        let mut sum = [_mm512_setzero_si512(); NR];
+        for jj in 0..4 {
+            prefetch_ahead(b0, 176, jj, 4);
+            prefetch_ahead(b1, 176, jj, 4);
+            let q = halves(load(b0.add(48 + 32 * jj)), load(b1.add(48 + 32 * jj)));
+            let h = _mm512_srl_epi16(qh, _mm_cvtsi32_si128(2 * jj as i32));
+            let lo = _mm512_or_si512(
+                _mm512_and_si512(q, low4),
+                _mm512_slli_epi16(_mm512_and_si512(h, one), 4),
+            );
+            let hi = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16(q, 4), low4),
+                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 1), one), 4),
+            );
+            let (s_lo, s_hi) = (pick16(scv, 2 * jj), pick16(scv, 2 * jj + 1));
+            for i in 0..NR {
+                let xp = x[i].qs.add(256 * b + 64 * jj) as *const u8;
+                let p_lo = _mm512_maddubs_epi16(lo, _mm512_broadcast_i64x4(load(xp)));
+                let p_hi = _mm512_maddubs_epi16(hi, _mm512_broadcast_i64x4(load(xp.add(32))));
+                let s =
+                    _mm512_add_epi32(_mm512_madd_epi16(p_lo, s_lo), _mm512_madd_epi16(p_hi, s_hi));
+                sum[i] = _mm512_add_epi32(sum[i], s);
+            }
+        }
+        let dd = halves_ps(_mm256_set1_ps(d0), _mm256_set1_ps(d1));
+        for i in 0..NR {
+            let s = _mm512_cvtepi32_ps(sum[i]);
+            let t = _mm512_mul_ps(mv, both_ps(_mm256_loadu_ps(x[i].s.add(8 * b))));
+            let d = _mm512_mul_ps(dd, _mm512_set1_ps(*x[i].d.add(b)));
+            acc[i] = _mm512_add_ps(acc[i], _mm512_fmadd_ps(s, d, t));
+        }
+    }
+    std::array::from_fn(|i| hsum_halves(acc[i]))
+}
+
+/// `x86`'s `q3_k` for weight rows `w0` (low half) and `w1` (high half):
+/// the same i32 lanes per half (quants as `q2 + 4 hbit`, the 4 taken off
+/// through the activation's sums), `fma(lanes, d * dx, acc)`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn q3_k_pair<const NR: usize>(
+    w0: *const u8,
+    w1: *const u8,
+    nb: usize,
+    x: &[Act; NR],
+) -> [(f32, f32); NR] {
+    let mut acc = [_mm512_setzero_ps(); NR];
+    let low2 = _mm512_set1_epi8(0x03);
+    let one = _mm512_set1_epi8(1);
+    for b in 0..nb {
+        let (b0, b1) = (w0.add(b * 110), w1.add(b * 110));
+        let (d0, d1) = (avx512::h2f(b0.add(108)), avx512::h2f(b1.add(108)));
+        let sc16 = halves(q3_scales16(b0.add(96)), q3_scales16(b1.add(96)));
+        let hm = halves(load(b0), load(b1));
+        let mut sum = [_mm512_setzero_si512(); NR];
+        for h in 0..2 {
+            prefetch_ahead(b0, 110, h, 2);
+            prefetch_ahead(b1, 110, h, 2);
+            let qs = halves(load(b0.add(32 + 32 * h)), load(b1.add(32 + 32 * h)));
+            for j in 0..4 {
+                let sh = _mm_cvtsi32_si128(2 * j as i32);
+                let q2 = _mm512_and_si512(_mm512_srl_epi16(qs, sh), low2);
+                let hb = _mm512_and_si512(
+                    _mm512_srl_epi16(hm, _mm_cvtsi32_si128((4 * h + j) as i32)),
+                    one,
+                );
+                let q = _mm512_or_si512(q2, _mm512_slli_epi16(hb, 2));
+                let is = (8 * h + 2 * j) as i16;
+                let s = pick_pair16(sc16, is, is + 1);
+                for i in 0..NR {
+                    let xp = x[i].qs.add(256 * b + 128 * h + 32 * j) as *const u8;
+                    let p = _mm512_maddubs_epi16(q, _mm512_broadcast_i64x4(load(xp)));
+                    sum[i] = _mm512_add_epi32(sum[i], _mm512_madd_epi16(p, s));
+                }
+            }
+        }
+        let dd = halves_ps(_mm256_set1_ps(d0), _mm256_set1_ps(d1));
+        for i in 0..NR {
+            let bs = _mm512_broadcast_i64x4(load(x[i].bs.add(16 * b) as *const u8));
+            let off = _mm512_slli_epi32(_mm512_madd_epi16(bs, sc16), 2);
+            let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum[i], off));
+            let d = _mm512_mul_ps(dd, _mm512_set1_ps(*x[i].d.add(b)));
+            acc[i] = _mm512_fmadd_ps(s, d, acc[i]);
+        }
+    }
+    std::array::from_fn(|i| hsum_halves(acc[i]))
+}
+
+/// `x86`'s `q2_k` for weight rows `w0` (low half) and `w1` (high half):
+/// the same i32 lanes per half, `fma(lanes, d * dx, acc)` then
+/// `fma(mins, -dmin * dx, acc)`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn q2_k_pair<const NR: usize>(
+    w0: *const u8,
+    w1: *const u8,
+    nb: usize,
+    x: &[Act; NR],
+) -> [(f32, f32); NR] {
+    let mut acc = [_mm512_setzero_ps(); NR];
+    let low2 = _mm512_set1_epi8(0x03);
+    for b in 0..nb {
+        let (b0, b1) = (w0.add(b * 84), w1.add(b * 84));
+        let (d0, d1) = (avx512::h2f(b0.add(80)), avx512::h2f(b1.add(80)));
+        let (dmin0, dmin1) = (avx512::h2f(b0.add(82)), avx512::h2f(b1.add(82)));
+        // Per half, 16 scales (low nibbles) and 16 mins (high nibbles) as i16.
+        let sc16 = halves(q2_nibbles16(b0, 0), q2_nibbles16(b1, 0));
+        let mins16 = halves(q2_nibbles16(b0, 4), q2_nibbles16(b1, 4));
+        let mut sum = [_mm512_setzero_si512(); NR];
+        for h in 0..2 {
+            prefetch_ahead(b0, 84, h, 2);
+            prefetch_ahead(b1, 84, h, 2);
+            let qs = halves(load(b0.add(16 + 32 * h)), load(b1.add(16 + 32 * h)));
+            for j in 0..4 {
+                let q =
+                    _mm512_and_si512(_mm512_srl_epi16(qs, _mm_cvtsi32_si128(2 * j as i32)), low2);
+                let is = (8 * h + 2 * j) as i16;
+                let s = pick_pair16(sc16, is, is + 1);
+                for i in 0..NR {
+                    let xp = x[i].qs.add(256 * b + 128 * h + 32 * j) as *const u8;
+                    let p = _mm512_maddubs_epi16(q, _mm512_broadcast_i64x4(load(xp)));
+                    sum[i] = _mm512_add_epi32(sum[i], _mm512_madd_epi16(p, s));
+                }
+            }
+        }
+        let dd = halves_ps(_mm256_set1_ps(d0), _mm256_set1_ps(d1));
+        let neg_dmin = halves_ps(_mm256_set1_ps(-dmin0), _mm256_set1_ps(-dmin1));
+        for i in 0..NR {
+            let xd = _mm512_set1_ps(*x[i].d.add(b));
+            let bs = _mm512_broadcast_i64x4(load(x[i].bs.add(16 * b) as *const u8));
+            let msum = _mm512_cvtepi32_ps(_mm512_madd_epi16(bs, mins16));
+            let s = _mm512_cvtepi32_ps(sum[i]);
+            acc[i] = _mm512_fmadd_ps(s, _mm512_mul_ps(dd, xd), acc[i]);
+            acc[i] = _mm512_fmadd_ps(msum, _mm512_mul_ps(neg_dmin, xd), acc[i]);
         }
     }
     std::array::from_fn(|i| hsum_halves(acc[i]))
