@@ -441,6 +441,27 @@ fn avx_vnni_kernels_equal_the_avx2_ones_bit_for_bit() {
     });
 }
 
+/// The vector Q3_K scale decoder gives the scalar one's scales.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q3_k_scales_decode_like_the_scalar_reference() {
+    if !super::x86::has_avx2() {
+        eprintln!("SKIPPED: this CPU has no AVX2");
+        return;
+    }
+    let mut rng = Rng::new(7);
+    for _ in 0..2000 {
+        let bytes: [u8; 12] = std::array::from_fn(|_| rng.next() as u8);
+        let mut got = [0i8; 16];
+        // SAFETY: AVX2 checked above; 12 readable bytes.
+        unsafe {
+            let v = super::x86::q3_scales_i8(bytes.as_ptr());
+            std::arch::x86_64::_mm_storeu_si128(got.as_mut_ptr() as *mut _, v);
+        }
+        assert_eq!(got, scalar::q3k_scales(&bytes), "{bytes:?}");
+    }
+}
+
 #[test]
 fn results_identical_across_thread_counts() {
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(4)];

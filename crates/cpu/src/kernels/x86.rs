@@ -533,6 +533,34 @@ macro_rules! float_kernel {
     };
 }
 
+/// The sixteen signed Q3_K scales (already minus 32, as `scalar::q3k_scales`
+/// gives them) from the 12 scale bytes at `p`: low 4 bits from bytes 0..8
+/// (their low nibbles, then their high ones), high 2 bits from bits
+/// 2 (j / 4) of byte 8 + j % 4. Reads exactly 12 bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) unsafe fn q3_scales_i8(p: *const u8) -> __m128i {
+    let first8 = _mm_loadl_epi64(p as *const __m128i);
+    let s = _mm_insert_epi32(first8, (p.add(8) as *const i32).read_unaligned(), 2);
+    let m4 = _mm_set1_epi8(0x0F);
+    let lo = _mm_unpacklo_epi64(
+        _mm_and_si128(s, m4),
+        _mm_and_si128(_mm_srli_epi16(s, 4), m4),
+    );
+    // Bytes 8..12 in every dword, dword g shifted right by 2g: the low two
+    // bits of each byte are then its bits 2g, 2g + 1 (the shift is under 8,
+    // so nothing from the byte above reaches them).
+    let t = _mm_shuffle_epi8(
+        s,
+        _mm_setr_epi8(8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11),
+    );
+    let hi = _mm_and_si128(
+        _mm_srlv_epi32(t, _mm_setr_epi32(0, 2, 4, 6)),
+        _mm_set1_epi8(3),
+    );
+    _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32))
+}
+
 /// Eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K super-block.
 #[inline(always)]
 pub(crate) fn k4_scales(p: *const u8) -> ([u8; 8], [u8; 8]) {
@@ -839,12 +867,21 @@ macro_rules! matmul_kernels {
             out[..NR].copy_from_slice(&r[..NR]);
         }
 
-        /// i16 vector with `a` in the low 8 lanes and `b` in the high 8 (the scales
-        /// of two 16-value sub-blocks covered by one 32-byte maddubs).
+        /// From sixteen i16 scales, scale `is` (even) in the low 8 lanes and
+        /// `is + 1` in the high 8 (the scales of two 16-value sub-blocks
+        /// covered by one 32-byte maddubs): the dword holding both, in every
+        /// lane, then each 128-bit half's i16 of it.
         #[target_feature(enable = $feat)]
         #[inline]
-        unsafe fn pair16(a: i16, b: i16) -> __m256i {
-            _mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a))
+        unsafe fn scale_pair(sc16: __m256i, is: usize) -> __m256i {
+            let both = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(is as i32 / 2));
+            _mm256_shuffle_epi8(
+                both,
+                _mm256_setr_epi8(
+                    0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+                    2, 3, 2, 3, 2, 3,
+                ),
+            )
         }
 
         #[target_feature(enable = $feat)]
@@ -922,14 +959,6 @@ macro_rules! matmul_kernels {
             finish(&acc, &[0.0; NR], out);
         }
 
-        /// The 16 signed Q3_K scales (already minus 32) as i16.
-        #[inline(always)]
-        fn q3_scales16(p: *const u8) -> [i16; 16] {
-            // SAFETY: callers pass a pointer to the 12 scale bytes of a block.
-            let s = unsafe { std::slice::from_raw_parts(p, 12) };
-            crate::kernels::scalar::q3k_scales(s).map(|v| v as i16)
-        }
-
         #[target_feature(enable = $feat)]
         pub(crate) unsafe fn q3_k<const NR: usize>(
             w: *const u8,
@@ -944,8 +973,7 @@ macro_rules! matmul_kernels {
             for b in 0..nb {
                 let blk = w.add(b * 110);
                 let d = h2f(blk.add(108));
-                let sc = q3_scales16(blk.add(96));
-                let sc16 = _mm256_loadu_si256(sc.as_ptr() as *const __m256i);
+                let sc16 = _mm256_cvtepi8_epi16(q3_scales_i8(blk.add(96)));
                 let hm = load(blk);
                 let mut sum = [_mm256_setzero_si256(); NR];
                 for h in 0..2 {
@@ -959,8 +987,7 @@ macro_rules! matmul_kernels {
                         );
                         // Stored as q2 - 4 * (1 - hbit); use q2 + 4 hbit (>= 0), subtract 4 later.
                         let q = _mm256_or_si256(q2, _mm256_slli_epi16(hb, 2));
-                        let is = 8 * h + 2 * j;
-                        let s = pair16(sc[is], sc[is + 1]);
+                        let s = scale_pair(sc16, 8 * h + 2 * j);
                         for i in 0..NR {
                             let xp = x[i].qs.add(256 * b + 128 * h + 32 * j) as *const u8;
                             let p = _mm256_maddubs_epi16(q, load(xp));
@@ -993,6 +1020,7 @@ macro_rules! matmul_kernels {
                 let d = h2f(blk.add(80));
                 let dmin = h2f(blk.add(82));
                 let scb = _mm_loadu_si128(blk as *const __m128i);
+                let sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(scb, _mm_set1_epi8(0x0F)));
                 let mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(
                     _mm_srli_epi16(scb, 4),
                     _mm_set1_epi8(0x0F),
@@ -1005,9 +1033,7 @@ macro_rules! matmul_kernels {
                             _mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * j as i32)),
                             low2,
                         );
-                        let is = 8 * h + 2 * j;
-                        let s =
-                            pair16((*blk.add(is) & 0xF) as i16, (*blk.add(is + 1) & 0xF) as i16);
+                        let s = scale_pair(sc16, 8 * h + 2 * j);
                         for i in 0..NR {
                             let xp = x[i].qs.add(256 * b + 128 * h + 32 * j) as *const u8;
                             let p = _mm256_maddubs_epi16(q, load(xp));

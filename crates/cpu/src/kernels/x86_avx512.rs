@@ -10,7 +10,7 @@
 //! activation type, rare as a weight).
 
 use super::x86::avx512::{self, load};
-use super::x86::{hsum, k4_scales, prefetch_ahead};
+use super::x86::{hsum, k4_scales, prefetch_ahead, q3_scales_i8};
 use super::{tile_kernel, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -27,7 +27,7 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
         Q8_1 => pairs_kernel!(q8_1_pair, avx512::q8_1),
         Q6_K => pairs_kernel!(q6_k_pair, avx512::q6_k),
         Q5_K => pairs_kernel!(q5_k_pair, avx512::q5_k, one_row_by_rows),
-        Q3_K => pairs_kernel!(q3_k_pair, avx512::q3_k),
+        Q3_K => pairs_kernel!(q3_k_pair, avx512::q3_k, one_row_by_rows),
         Q2_K => pairs_kernel!(q2_k_pair, avx512::q2_k),
         _ => return None,
     })
@@ -36,8 +36,9 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<Kernel> {
 /// The [`Kernel`] running `$pair` (two weight rows for NR activation rows)
 /// over `nw` weight rows, a last odd row through the 256-bit `$row`; with
 /// `one_row_by_rows`, a single activation row goes through `$row` alone
-/// (Q5_K: its pair decodes one row 13-30 % slower on Zen 4, where a 512-bit
-/// shuffle costs two 256-bit ones and one row leaves nothing to share).
+/// (Q5_K's and Q3_K's pairs decode one row 13-30 % slower on Zen 4, where a
+/// 512-bit shuffle or insert costs two 256-bit ones and one row leaves
+/// nothing to share).
 macro_rules! pairs_kernel {
     ($pair:ident, $($row:ident)::+) => {
         pairs_kernel!($pair, $($row)::+, false)
@@ -247,8 +248,7 @@ unsafe fn pick16(scv: __m512i, j: usize) -> __m512i {
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn q3_scales16(p: *const u8) -> __m256i {
-    let s = crate::kernels::scalar::q3k_scales(std::slice::from_raw_parts(p, 12));
-    _mm256_cvtepi8_epi16(_mm_loadu_si128(s.as_ptr() as *const __m128i))
+    _mm256_cvtepi8_epi16(q3_scales_i8(p))
 }
 
 /// Q2_K's sixteen 4-bit scales (`shift` 0) or mins (`shift` 4) as i16.
