@@ -401,15 +401,20 @@ fn avx512_kernels_equal_the_avx2_ones_bit_for_bit() {
         eprintln!("SKIPPED: this CPU has no AVX-512 VNNI (or BLOCKDRAFT_NO_AVX512 is set)");
         return;
     }
+    assert_equal_to_avx2_bit_for_bit(5, super::x86::avx512_kernel);
+}
+
+/// For every type where `build` has a kernel: its results equal the AVX2
+/// build's bit for bit.
+#[cfg(target_arch = "x86_64")]
+fn assert_equal_to_avx2_bit_for_bit(seed: u64, build: fn(GgmlType) -> Option<Kernel>) {
     let pairs = |ty| {
-        let builds = (super::x86::avx512_kernel(ty), super::x86::avx2::kernel(ty));
-        builds
-            .0
-            .zip(builds.1)
-            .map(|(wide, base)| (ty, wide, base))
+        build(ty)
+            .zip(super::x86::avx2::kernel(ty))
+            .map(|(other, base)| (ty, other, base))
             .into_iter()
     };
-    matmul_pairs(5, pairs, |case, a, b| {
+    matmul_pairs(seed, pairs, |case, a, b| {
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(a), bits(b), "{case}");
     });
@@ -424,21 +429,7 @@ fn avx_vnni_kernels_equal_the_avx2_ones_bit_for_bit() {
         eprintln!("SKIPPED: this CPU has no AVX-VNNI (Intel Alder Lake or later, AMD Zen 5)");
         return;
     }
-    let pairs = |ty| {
-        let builds = (
-            super::x86::avx_vnni::kernel(ty),
-            super::x86::avx2::kernel(ty),
-        );
-        builds
-            .0
-            .zip(builds.1)
-            .map(|(vnni, base)| (ty, vnni, base))
-            .into_iter()
-    };
-    matmul_pairs(6, pairs, |case, a, b| {
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(a), bits(b), "{case}");
-    });
+    assert_equal_to_avx2_bit_for_bit(6, super::x86::avx_vnni::kernel);
 }
 
 /// The vector Q3_K scale decoder gives the scalar one's scales.

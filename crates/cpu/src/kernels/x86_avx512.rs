@@ -180,16 +180,33 @@ unsafe fn q6_k_pair<const NR: usize>(
             }
         }
         let dd = halves_ps(_mm256_set1_ps(d0), _mm256_set1_ps(d1));
-        for i in 0..NR {
-            let bs = _mm512_broadcast_i64x4(load(x[i].bs.add(16 * b) as *const u8));
-            let off = _mm512_slli_epi32(_mm512_madd_epi16(bs, sc16), 5);
-            let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum[i], off));
-            // d * dx lane-wise: the same product as the scalar one.
-            let d = _mm512_mul_ps(dd, _mm512_set1_ps(*x[i].d.add(b)));
-            acc[i] = _mm512_fmadd_ps(s, d, acc[i]);
-        }
+        add_offset_block::<NR, 5>(&mut acc, &sum, x, b, sc16, dd);
     }
     std::array::from_fn(|i| hsum_halves(acc[i]))
+}
+
+/// The end of a Q6_K or Q3_K super-block `b` (quants stored with an offset
+/// of `2^SHIFT`): per activation row, `fma(sum - (sum_g sc_g bsum_g) <<
+/// SHIFT, d * dx, acc)`, each half with its row's scales `sc16` and `d` in
+/// `dd`, as the AVX2 kernels take it.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn add_offset_block<const NR: usize, const SHIFT: u32>(
+    acc: &mut [__m512; NR],
+    sum: &[__m512i; NR],
+    x: &[Act; NR],
+    b: usize,
+    sc16: __m512i,
+    dd: __m512,
+) {
+    for i in 0..NR {
+        let bs = _mm512_broadcast_i64x4(load(x[i].bs.add(16 * b) as *const u8));
+        let off = _mm512_slli_epi32::<SHIFT>(_mm512_madd_epi16(bs, sc16));
+        let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum[i], off));
+        // d * dx lane-wise: the same product as the scalar one.
+        let d = _mm512_mul_ps(dd, _mm512_set1_ps(*x[i].d.add(b)));
+        acc[i] = _mm512_fmadd_ps(s, d, acc[i]);
+    }
 }
 
 /// Sixteen i16 lanes per half: `lo` of `a` (low half) and `b` (high half)
@@ -359,13 +376,7 @@ unsafe fn q3_k_pair<const NR: usize>(
             }
         }
         let dd = halves_ps(_mm256_set1_ps(d0), _mm256_set1_ps(d1));
-        for i in 0..NR {
-            let bs = _mm512_broadcast_i64x4(load(x[i].bs.add(16 * b) as *const u8));
-            let off = _mm512_slli_epi32(_mm512_madd_epi16(bs, sc16), 2);
-            let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum[i], off));
-            let d = _mm512_mul_ps(dd, _mm512_set1_ps(*x[i].d.add(b)));
-            acc[i] = _mm512_fmadd_ps(s, d, acc[i]);
-        }
+        add_offset_block::<NR, 2>(&mut acc, &sum, x, b, sc16, dd);
     }
     std::array::from_fn(|i| hsum_halves(acc[i]))
 }
