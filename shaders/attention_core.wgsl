@@ -10,7 +10,9 @@
 // attends with and the new keys of its KV head (as rope.wgsl does, from the
 // same cos/sin table), reads those keys and values from there, and the
 // first query head of each KV head stores its row's key and value into
-// the cache, where no other workgroup of the pass reads them.
+// the cache, where no other workgroup of the pass reads them. With
+// `p.head_norm`, each head of the queries and the new keys is RMS-normed
+// (Qwen3, Gemma 3) before its rotation, as rms_norm.wgsl would.
 
 struct Params {
     n_rows: u32,
@@ -27,8 +29,10 @@ struct Params {
     neox: u32,        // fused: 1: pairs (i, i + half_rot); 0: (2i, 2i + 1)
     table_row0: u32,  // fused: the cos/sin table row of row 0's position
     q_scale: f32,     // fused: the queries' factor after rotation
+    head_norm: u32,   // fused: 1: q and k heads RMS-normed first
+    norm_eps: f32,
+    k_norm_off: u32,  // the keys' norm weights in `head_norms`
     _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -39,6 +43,9 @@ struct Params {
 @group(0) @binding(5) var<storage, read> k_new: array<f32>;
 @group(0) @binding(6) var<storage, read> v_new: array<f32>;
 @group(0) @binding(7) var<storage, read> cos_sin: array<f32>;
+// Fused with head norms only (any small buffer otherwise): the queries'
+// norm weights, and the keys' at `p.k_norm_off`.
+@group(0) @binding(8) var<storage, read> head_norms: array<f32>;
 
 const WG: u32 = 64u;
 const MAX_HEAD_DIM: u32 = 256u;
@@ -46,11 +53,14 @@ const DIMS_PER_THREAD: u32 = MAX_HEAD_DIM / WG;
 const NEG_MAX: f32 = -3.40282346638528859812e38;
 // Fused: new keys of one KV head held rotated (rows × head_dim at most).
 const MAX_NEW_KEYS: u32 = 3072u;
+// Fused with head norms: the rows whose keys' norms are held.
+const MAX_NORMED_ROWS: u32 = 64u;
 
 var<workgroup> qh: array<f32, MAX_HEAD_DIM>;
 var<workgroup> probs: array<f32, WG>;
 var<workgroup> red: array<f32, WG>;
 var<workgroup> new_keys: array<f32, MAX_NEW_KEYS>;
+var<workgroup> key_scales: array<f32, MAX_NORMED_ROWS>;
 
 // The element rotated with element `i` of a head (itself beyond the
 // rotated dimensions).
@@ -137,10 +147,40 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     }
 
     let fused = p.fused == 1u;
+    let normed = fused && p.head_norm == 1u;
     let q_base = r * q_cols + h * d;
+    // Head norms: 1 / rms of this query head and of each new key's head,
+    // and the values times them and their weights (identities otherwise).
+    var q_inv = 1.0;
+    if normed {
+        var s = 0.0;
+        for (var i = lid; i < d; i += WG) {
+            s += q[q_base + i] * q[q_base + i];
+        }
+        q_inv = 1.0 / sqrt(reduce_sum(lid, s) / f32(d) + p.norm_eps);
+        for (var j = 0u; j < p.n_rows; j++) {
+            let base = j * kv_cols + kv_off;
+            s = 0.0;
+            for (var i = lid; i < d; i += WG) {
+                s += k_new[base + i] * k_new[base + i];
+            }
+            let k_inv = 1.0 / sqrt(reduce_sum(lid, s) / f32(d) + p.norm_eps);
+            if lid == 0u {
+                key_scales[j] = k_inv;
+            }
+        }
+        workgroupBarrier();
+    }
     for (var i = lid; i < d; i += WG) {
         if fused {
-            qh[i] = rope_value(q[q_base + i], q[q_base + rope_partner(i)], i, r) * p.q_scale;
+            let o = rope_partner(i);
+            var xi = q[q_base + i];
+            var xo = q[q_base + o];
+            if normed {
+                xi = (xi * q_inv) * head_norms[i];
+                xo = (xo * q_inv) * head_norms[o];
+            }
+            qh[i] = rope_value(xi, xo, i, r) * p.q_scale;
         } else {
             qh[i] = q[q_base + i];
         }
@@ -149,8 +189,15 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         for (var e = lid; e < p.n_rows * d; e += WG) {
             let j = e / d;
             let i = e % d;
+            let o = rope_partner(i);
             let base = j * kv_cols + kv_off;
-            new_keys[e] = cached(rope_value(k_new[base + i], k_new[base + rope_partner(i)], i, j));
+            var xi = k_new[base + i];
+            var xo = k_new[base + o];
+            if normed {
+                xi = (xi * key_scales[j]) * head_norms[p.k_norm_off + i];
+                xo = (xo * key_scales[j]) * head_norms[p.k_norm_off + o];
+            }
+            new_keys[e] = cached(rope_value(xi, xo, i, j));
         }
     }
     workgroupBarrier();

@@ -6,7 +6,8 @@
 
 use crate::backend::{
     AttentionMask, AttentionParams, AttentionStep, Backend, ConvParams, DeltaNetParams,
-    GatedActivation, KvType, Projection, RopeParams, RopeStyle, RowNorm, WeightSource,
+    GatedActivation, HeadNorms, KvType, PendingBranch, Projection, RopeParams, RopeStyle, RowNorm,
+    WeightSource,
 };
 use crate::sampling::{Rng, SamplingParams};
 use blockdraft_gguf::{quants, GgmlType, GgufFile, GgufWriter};
@@ -304,7 +305,9 @@ pub async fn matmul_fused<B: Backend, R: Backend>(be: &B, reference: &R) {
 /// and gate|up are): the norm's output and each product against the
 /// reference's norm then product, for weights that read 32-blocks (rows of
 /// 352 values, not a whole number of 256-chunks), mixed types among them,
-/// and K-quant blocks, with and without biases.
+/// and K-quant blocks, with and without biases, and with and without a
+/// pending branch (a post-normed output added to the input first, which
+/// is then checked too).
 pub async fn normed_projections<B: Backend, R: Backend>(be: &B, reference: &R) {
     for (cols, types) in [
         (352, [GgmlType::Q4_1, GgmlType::Q4_1, GgmlType::Q4_1]),
@@ -331,9 +334,27 @@ pub async fn normed_projections<B: Backend, R: Backend>(be: &B, reference: &R) {
         be.colocate(&mut b.iter_mut().collect::<Vec<_>>());
         let norm_file = weight_file(GgmlType::F32, 1, cols, seed + 20);
         let (nw, nwr) = (load(be, &norm_file), load(reference, &norm_file));
-        for (n, with_bias) in [(1, true), (3, false), (8, true)] {
-            let x = uniform(&mut Rng::new(seed + n as u64), n * cols, 3.0);
-            let (xt, xr) = (tensor(be, n, cols, &x), tensor(reference, n, cols, &x));
+        let post_file = weight_file(GgmlType::F32, 1, cols, seed + 21);
+        let (pw, pwr) = (load(be, &post_file), load(reference, &post_file));
+        for (n, with_bias, with_pending) in [(1, true, false), (3, false, true), (8, true, true)] {
+            let mut rng = Rng::new(seed + n as u64);
+            let x = uniform(&mut rng, n * cols, 3.0);
+            // A branch output of another scale than the stream's.
+            let y = uniform(&mut rng, n * cols, 40.0);
+            let (yt, yr) = (tensor(be, n, cols, &y), tensor(reference, n, cols, &y));
+            let pending = || {
+                with_pending.then_some(PendingBranch {
+                    output: &yt,
+                    post_norm: &pw,
+                    eps: 1e-5,
+                })
+            };
+            let mut xr = tensor(reference, n, cols, &x);
+            if with_pending {
+                let mut scratch = reference.tensor(n, cols);
+                reference.add_normed(&mut xr, &yr, &pwr, 1e-5, &mut scratch);
+            }
+            let x_want = reference.read(&xr).await;
             let mut xn_r = reference.tensor(n, cols);
             reference.rms_norm(&xr, &nwr, cols, 1e-6, &mut xn_r);
             let xn_want = reference.read(&xn_r).await;
@@ -353,9 +374,12 @@ pub async fn normed_projections<B: Backend, R: Backend>(be: &B, reference: &R) {
                 weight: &nw,
                 eps: 1e-6,
                 out: &mut xn,
+                pending: pending(),
             };
-            be.normed_matmul_many(&xt, norm, &mut projections);
-            let what = format!("normed_matmul_many {cols} cols n={n}");
+            let mut xt = tensor(be, n, cols, &x);
+            be.normed_matmul_many(&mut xt, norm, &mut projections);
+            let what = format!("normed_matmul_many {cols} cols n={n} pending {with_pending}");
+            assert_close(&format!("{what}: x"), &be.read(&xt).await, &x_want, 1e-5);
             assert_close(&what, &be.read(&xn).await, &xn_want, 1e-5);
             for (i, out) in outs.iter().enumerate() {
                 let mut want = reference.tensor(n, rows[i]);
@@ -385,10 +409,13 @@ pub async fn normed_projections<B: Backend, R: Backend>(be: &B, reference: &R) {
                 weight: &nw,
                 eps: 1e-6,
                 out: &mut xn,
+                pending: pending(),
             };
             let act = GatedActivation::SwiGlu;
-            be.normed_gated_projection(act, &xt, norm, &wg, &wu, &mut gate, &mut up, &mut out);
-            let what = format!("normed_gated_projection {cols} cols n={n}");
+            let mut xt = tensor(be, n, cols, &x);
+            be.normed_gated_projection(act, &mut xt, norm, &wg, &wu, &mut gate, &mut up, &mut out);
+            let what = format!("normed_gated_projection {cols} cols n={n} pending {with_pending}");
+            assert_close(&format!("{what}: x"), &be.read(&xt).await, &x_want, 1e-5);
             assert_close(&what, &be.read(&xn).await, &xn_want, 1e-5);
             let t = || reference.tensor(n, ff);
             let (mut gate, mut up, mut want) = (t(), t(), t());
@@ -564,11 +591,16 @@ pub async fn attention_inputs<B: Backend, R: Backend>(be: &B, reference: &R) {
 /// against the reference's rope, scale, append and attention, for both
 /// rotation styles, partial rotation, f32 and f16 caches, causal and
 /// bidirectional masks, a sliding window, scaled queries, and more rows
-/// than a GPU's one-pass step holds (64 rows of 64).
+/// than a GPU's one-pass step holds (64 rows of 64); each with and without
+/// head norms (their weights side by side, as a model's are).
 pub async fn attention_step<B: Backend, R: Backend>(be: &B, reference: &R) {
     let mut rng = Rng::new(23);
     let (n_head, n_head_kv, head_dim) = (6, 2, 64);
     let (qc, kc) = (n_head * head_dim, n_head_kv * head_dim);
+    let norm_files = [24, 25].map(|seed| weight_file(GgmlType::F32, 1, head_dim, seed));
+    let [mut q_norm, mut k_norm] = norm_files.each_ref().map(|f| load(be, f));
+    be.colocate(&mut [&mut q_norm, &mut k_norm]);
+    let [q_norm_r, k_norm_r] = norm_files.each_ref().map(|f| load(reference, f));
     #[allow(clippy::type_complexity)]
     let cases: [(
         RopeStyle,
@@ -606,7 +638,8 @@ pub async fn attention_step<B: Backend, R: Backend>(be: &B, reference: &R) {
         (RopeStyle::Neox, 64, 3, 16, true, None, None, KvType::F16),
         (RopeStyle::Neox, 64, 5, 64, true, None, None, KvType::F32),
     ];
-    for (style, n_rot, pos0, rows, causal, window, q_scale, ty) in cases {
+    let cases = cases.into_iter().flat_map(|c| [(c, false), (c, true)]);
+    for ((style, n_rot, pos0, rows, causal, window, q_scale, ty), normed) in cases {
         let rope = |n_head| RopeParams {
             style,
             n_head,
@@ -651,10 +684,19 @@ pub async fn attention_step<B: Backend, R: Backend>(be: &B, reference: &R) {
         be.write(&mut kc_t, &old_k);
         be.write(&mut vc_t, &old_v);
         let mut out = be.tensor(rows, qc);
+        let (mut q_out, mut k_out) = (be.tensor(rows, qc), be.tensor(rows, kc));
+        let head_norms = normed.then_some(HeadNorms {
+            q_weight: &q_norm,
+            k_weight: &k_norm,
+            eps: 1e-6,
+            q_out: &mut q_out,
+            k_out: &mut k_out,
+        });
         be.attention_step(
             (&mut qt, &mut kt, &vt),
             (&mut kc_t, &mut vc_t),
             step,
+            head_norms,
             &mut out,
         );
 
@@ -663,6 +705,13 @@ pub async fn attention_step<B: Backend, R: Backend>(be: &B, reference: &R) {
             tensor(reference, rows, kc, &k),
             tensor(reference, rows, kc, &v),
         );
+        if normed {
+            let mut normed_q = reference.tensor(rows, qc);
+            reference.rms_norm(&qr, &q_norm_r, head_dim, 1e-6, &mut normed_q);
+            let mut normed_k = reference.tensor(rows, kc);
+            reference.rms_norm(&kr, &k_norm_r, head_dim, 1e-6, &mut normed_k);
+            (qr, kr) = (normed_q, normed_k);
+        }
         reference.rope(&mut qr, pos0, rope(n_head));
         reference.rope(&mut kr, pos0, rope(n_head_kv));
         if let Some(s) = q_scale {
@@ -676,7 +725,9 @@ pub async fn attention_step<B: Backend, R: Backend>(be: &B, reference: &R) {
         reference.copy_rows(&vr, 0, &mut vc_r, pos0, 0, rows);
         let mut want = reference.tensor(rows, qc);
         reference.attention(&qr, &kc_r, &vc_r, step.mask, step.params, &mut want);
-        let what = format!("attention_step {style:?} rot {n_rot} at {pos0}, {rows} rows, {ty:?}");
+        let what = format!(
+            "attention_step {style:?} rot {n_rot} at {pos0}, {rows} rows, {ty:?}, head norms {normed}"
+        );
         // The rotated keys may differ in their last bit, which f16
         // rounding can carry one f16 step.
         let cache_tol = if ty == KvType::F16 { 1e-3 } else { 1e-5 };
@@ -1510,6 +1561,7 @@ pub async fn default_compositions<B: Backend>(be: &B) -> Vec<&'static str> {
         (&mut q, &mut k, &v),
         (&mut k_cache, &mut v_cache),
         step,
+        None,
         &mut attended,
     );
     let (mut residual, branch, mut scratch) = (t(2, 8), t(2, 8), t(2, 8));
@@ -1541,12 +1593,14 @@ pub async fn default_compositions<B: Backend>(be: &B) -> Vec<&'static str> {
     let norm_file = weight_file(GgmlType::F32, 1, 8, 79);
     let nw = load(be, &norm_file);
     let mut xn = t(2, 8);
+    let mut x = x;
     be.normed_matmul_many(
-        &x,
+        &mut x,
         RowNorm {
             weight: &nw,
             eps: 1e-6,
             out: &mut xn,
+            pending: None,
         },
         &mut [Projection {
             weight: &w,
@@ -1556,11 +1610,12 @@ pub async fn default_compositions<B: Backend>(be: &B) -> Vec<&'static str> {
     );
     be.normed_gated_projection(
         GatedActivation::SwiGlu,
-        &x,
+        &mut x,
         RowNorm {
             weight: &nw,
             eps: 1e-6,
             out: &mut xn,
+            pending: None,
         },
         &w,
         &w,

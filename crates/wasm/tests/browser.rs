@@ -102,11 +102,16 @@ async fn synthetic_models_generate_what_the_cpu_backend_generates() {
 }
 
 /// The command stream in the browser as natively: a decoder layer is at
-/// most 9 dispatches for a decode step and for a verify of 8 rows.
+/// most 9 dispatches for a decode step and for a verify of 8 rows (Gemma 3
+/// with its head norms and post-norms too).
 #[wasm_bindgen_test]
 async fn a_decoder_layer_is_at_most_nine_dispatches() {
     let gpu = Arc::new(webgpu().await);
-    for (arch, ty) in [("qwen2", GgmlType::Q5_0), ("llama", GgmlType::Q4_K)] {
+    for (arch, ty) in [
+        ("qwen2", GgmlType::Q5_0),
+        ("llama", GgmlType::Q4_K),
+        ("gemma3", GgmlType::Q4_K),
+    ] {
         for rows in [1, 8] {
             let per_layer = dispatches_per_layer(|| gpu.clone(), arch, ty, rows).await;
             wasm_bindgen_test::console_log!("{arch} {ty}, {rows} rows: {per_layer} per layer");

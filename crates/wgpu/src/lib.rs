@@ -42,7 +42,7 @@ pub use weights::WgpuWeight;
 
 use blockdraft_core::backend::{
     self, AttentionMask, AttentionOps, AttentionParams, AttentionStep, BackendError, CommandCounts,
-    ConvParams, DeltaNetParams, DrafterOps, ElementwiseOps, GatedActivation, HybridOps,
+    ConvParams, DeltaNetParams, DrafterOps, ElementwiseOps, GatedActivation, HeadNorms, HybridOps,
     KernelTiming, KvType, LinearOps, Projection, RopeParams, RopeStyle, RowNorm, SamplingOps,
     WeightSource,
 };
@@ -170,8 +170,8 @@ fn norm_uniform(group: usize, n_slices: usize, eps: f32) -> params::Norm {
         q8_1_sums: 0,
         d_off: 0,
         s_off: 0,
+        post_eps: 0.0,
         _pad0: 0,
-        _pad1: 0,
     }
 }
 
@@ -451,16 +451,15 @@ impl WgpuBackend {
     /// in the same pass for `first`, the weight the products start with,
     /// where it reads quantized activations: what [`Self::project`] then
     /// finds in the scratch (`None` when nothing is there).
-    fn norm_for(
+    fn norm_for<'a>(
         &self,
-        x: &WgpuTensor,
-        norm: &mut RowNorm<'_, Self>,
+        x: &mut WgpuTensor,
+        norm: RowNorm<'a, Self>,
         first: Option<&WgpuWeight>,
-    ) -> Option<(ActQuant, ActLayout)> {
+    ) -> (&'a mut WgpuTensor, Option<(ActQuant, ActLayout)>) {
         let kind = first.and_then(WgpuWeight::act_quant);
         let (Some(kind), true) = (kind, x.rows > 0) else {
-            self.rms_norm(x, norm.weight, x.cols, norm.eps, norm.out);
-            return None;
+            return (backend::norm_rows(self, x, norm), None);
         };
         assert!(
             norm.out.rows == x.rows && norm.out.cols == x.cols,
@@ -468,28 +467,41 @@ impl WgpuBackend {
         );
         let layout = ActLayout::new(x.rows, x.cols);
         let act = self.act_buffer(layout.words);
-        let (entry, q8_1_sums) = match kind {
+        let (mut entry, q8_1_sums) = match kind {
             ActQuant::Q8_0 { q8_1_sums } => ("rms_norm_quantize_q8_0", q8_1_sums),
             ActQuant::Q8K => ("rms_norm_quantize_q8_k", false),
         };
-        let params = params::Norm {
+        let mut params = params::Norm {
             q8_1_sums: u32::from(q8_1_sums),
             d_off: u(layout.d_off),
             s_off: u(layout.s_off),
             ..norm_uniform(x.cols, x.rows, norm.eps)
         };
+        let mut bindings = vec![
+            x.binding(),
+            norm.weight.dense_binding(),
+            norm.out.binding(),
+            Binding::head(&act, layout.words as u64 * 4),
+        ];
+        if let Some(b) = &norm.pending {
+            assert!(
+                (b.output.rows, b.output.cols) == (x.rows, x.cols) && b.post_norm.cols() == x.cols,
+                "normed projections: pending branch shapes"
+            );
+            entry = match kind {
+                ActQuant::Q8_0 { .. } => "add_rms_norm_quantize_q8_0",
+                ActQuant::Q8K => "add_rms_norm_quantize_q8_k",
+            };
+            params.post_eps = b.eps;
+            bindings.extend([b.output.binding(), b.post_norm.dense_binding()]);
+        }
         self.dev.dispatch(
             kernel("norm.wgsl", entry),
             &params,
-            &[
-                x.binding(),
-                norm.weight.dense_binding(),
-                norm.out.binding(),
-                Binding::head(&act, layout.words as u64 * 4),
-            ],
+            &bindings,
             grid(x.rows, 1),
         );
-        Some((kind, layout))
+        (norm.out, Some((kind, layout)))
     }
 
     /// [`LinearOps::matmul_many`] of `x`, whose quantization for some kind
@@ -928,12 +940,12 @@ impl LinearOps for WgpuBackend {
 
     fn normed_matmul_many(
         &self,
-        x: &WgpuTensor,
-        mut norm: RowNorm<'_, Self>,
+        x: &mut WgpuTensor,
+        norm: RowNorm<'_, Self>,
         projections: &mut [Projection<'_, Self>],
     ) {
-        let quantized = self.norm_for(x, &mut norm, projections.first().map(|p| p.weight));
-        self.project_all(norm.out, projections, quantized);
+        let (normed, quantized) = self.norm_for(x, norm, projections.first().map(|p| p.weight));
+        self.project_all(normed, projections, quantized);
     }
 
     fn gated_projection(
@@ -952,16 +964,16 @@ impl LinearOps for WgpuBackend {
     fn normed_gated_projection(
         &self,
         act: GatedActivation,
-        x: &WgpuTensor,
-        mut norm: RowNorm<'_, Self>,
+        x: &mut WgpuTensor,
+        norm: RowNorm<'_, Self>,
         w_gate: &WgpuWeight,
         w_up: &WgpuWeight,
         gate: &mut WgpuTensor,
         _up: &mut WgpuTensor,
         out: &mut WgpuTensor,
     ) {
-        let quantized = self.norm_for(x, &mut norm, Some(w_gate));
-        self.gated_from(act, norm.out, [w_gate, w_up], gate, out, quantized);
+        let (normed, quantized) = self.norm_for(x, norm, Some(w_gate));
+        self.gated_from(act, normed, [w_gate, w_up], gate, out, quantized);
     }
 
     fn matmul_accumulate(
@@ -1070,7 +1082,7 @@ impl AttentionOps for WgpuBackend {
             q,
             (k, v),
             attention_uniform(q, mask, p),
-            [unused, unused, unused],
+            [unused, unused, unused, unused],
             out,
         );
     }
@@ -1080,6 +1092,7 @@ impl AttentionOps for WgpuBackend {
         (q, k, v): (&mut WgpuTensor, &mut WgpuTensor, &WgpuTensor),
         (k_cache, v_cache): (&mut WgpuTensor, &mut WgpuTensor),
         step: AttentionStep,
+        head_norms: Option<HeadNorms<'_, Self>>,
         out: &mut WgpuTensor,
     ) {
         let (qp, kp, p) = (step.q_rope, step.k_rope, step.params);
@@ -1107,10 +1120,20 @@ impl AttentionOps for WgpuBackend {
             && pos0 + q.rows <= k_cache.rows.min(v_cache.rows)
             && step.mask.kv_len == pos0 + q.rows
             && q.rows > 0;
-        if !fits {
-            backend::attention_step_by_parts(self, (q, k, v), (k_cache, v_cache), step, out);
+        // Head norms in the same pass need both weights in one binding
+        // (the pass has no room for a ninth storage buffer on adapters
+        // with WebGPU's default limit of eight).
+        let norms = match &head_norms {
+            None => Some(None),
+            Some(h) => head_norm_binding(h, p.head_dim)
+                .filter(|_| q.rows <= MAX_NORMED_ROWS)
+                .map(|b| Some((b, h.eps))),
+        };
+        let Some(norms) = norms.filter(|_| fits) else {
+            let parts = ((q, k, v), (k_cache, v_cache));
+            backend::attention_step_by_parts(self, parts.0, parts.1, step, head_norms, out);
             return;
-        }
+        };
         let (table, table_pos0) = self.rope_table(pos0, q.rows, &qp);
         let mut params = attention_uniform(q, step.mask, p);
         params.fused = 1;
@@ -1118,14 +1141,55 @@ impl AttentionOps for WgpuBackend {
         params.neox = u32::from(qp.style == RopeStyle::Neox);
         params.table_row0 = u(pos0 - table_pos0);
         params.q_scale = step.q_scale.unwrap_or(1.0);
+        let norm_weights = match norms {
+            Some(((binding, k_off), eps)) => {
+                params.head_norm = 1;
+                params.norm_eps = eps;
+                params.k_norm_off = u(k_off);
+                binding
+            }
+            None => Binding::head(q.binding().buffer, 4),
+        };
         self.dispatch_attention(
             q,
             (k_cache, v_cache),
             params,
-            [k.binding(), v.binding(), Binding::whole(&table)],
+            [
+                k.binding(),
+                v.binding(),
+                Binding::whole(&table),
+                norm_weights,
+            ],
             out,
         );
     }
+}
+
+/// Rows whose keys one attention pass normalizes (MAX_NORMED_ROWS in
+/// attention_core.wgsl).
+const MAX_NORMED_ROWS: usize = 64;
+
+/// One binding over both head-norm weights, and where the keys' start in
+/// it (in values), if [`Device::colocate`] put them side by side in that
+/// order and each has `head_dim` values.
+fn head_norm_binding<'a>(
+    h: &'a HeadNorms<'_, WgpuBackend>,
+    head_dim: usize,
+) -> Option<(Binding<'a>, usize)> {
+    let (q, k) = (h.q_weight, h.k_weight);
+    if q.cols() != head_dim || k.cols() != head_dim || q.rows() != 1 || k.rows() != 1 {
+        return None;
+    }
+    let (qb, kb) = (q.dense_binding(), k.dense_binding());
+    let k_end = kb.offset + kb.size?;
+    (qb.buffer == kb.buffer && kb.offset >= qb.offset + head_dim as u64 * 4).then(|| {
+        let binding = Binding {
+            buffer: qb.buffer,
+            offset: qb.offset,
+            size: Some(k_end - qb.offset),
+        };
+        (binding, ((kb.offset - qb.offset) / 4) as usize)
+    })
 }
 
 /// The uniform of a plain (not fused) attention pass.
@@ -1145,23 +1209,26 @@ fn attention_uniform(q: &WgpuTensor, mask: AttentionMask, p: AttentionParams) ->
         neox: 0,
         table_row0: 0,
         q_scale: 1.0,
+        head_norm: 0,
+        norm_eps: 0.0,
+        k_norm_off: 0,
         _pad0: 0,
-        _pad1: 0,
     }
 }
 
 impl WgpuBackend {
     /// One attention pass over the caches `k` and `v` (`fused`: the new
-    /// keys, new values and rotation table, or unused bindings).
+    /// keys, new values, rotation table and head-norm weights, or unused
+    /// bindings).
     fn dispatch_attention(
         &self,
         q: &WgpuTensor,
         (k, v): (&WgpuTensor, &WgpuTensor),
         params: params::Attention,
-        fused: [Binding; 3],
+        fused: [Binding; 4],
         out: &WgpuTensor,
     ) {
-        let [k_new, v_new, table] = fused;
+        let [k_new, v_new, table, head_norms] = fused;
         self.dev.dispatch(
             if k.is_f16() {
                 kernel("attention_f16.wgsl", "attention")
@@ -1177,6 +1244,7 @@ impl WgpuBackend {
                 k_new,
                 v_new,
                 table,
+                head_norms,
             ],
             grid(q.rows * params.n_head as usize, 1),
         );

@@ -142,8 +142,10 @@ params! {
         neox: u32,
         table_row0: u32,
         q_scale: f32,
+        head_norm: u32,
+        norm_eps: f32,
+        k_norm_off: u32,
         _pad0: u32,
-        _pad1: u32,
     }
 
     /// `grouped_conv`.
@@ -276,8 +278,8 @@ params! {
         q8_1_sums: u32,
         d_off: u32,
         s_off: u32,
+        post_eps: f32,
         _pad0: u32,
-        _pad1: u32,
     }
 
     /// `penalize`.

@@ -1,6 +1,6 @@
 //! The KV cache's appends and attention over it.
 
-use super::{AttentionMask, AttentionParams, AttentionStep, ElementwiseOps};
+use super::{AttentionMask, AttentionParams, AttentionStep, ElementwiseOps, HeadNorms};
 
 pub trait AttentionOps: ElementwiseOps {
     /// Appends a layer's `n` key and value rows to its caches at `row`.
@@ -19,22 +19,26 @@ pub trait AttentionOps: ElementwiseOps {
         self.copy_rows(v, 0, v_cache, row, 0, n);
     }
     /// A layer's whole attention step for the `n` rows of `q` at positions
-    /// `step.mask.q_pos0 ..`: rotates `q` and `k`, scales `q` where asked,
-    /// appends the `n` rows of `k` and `v` to the caches there and attends
-    /// over them into `out`. `q` and `k` hold unspecified values afterwards.
-    /// The default runs [`ElementwiseOps::rope_qk`], [`ElementwiseOps::scale`],
-    /// [`Self::append_kv`] and [`Self::attention`]; a backend may do it in one
-    /// pass (a GPU's workgroups rotate what they read and take the rows' own
-    /// keys and values from `k` and `v` rather than the cache).
+    /// `step.mask.q_pos0 ..`: normalizes each head of `q` and `k` where
+    /// `head_norms` says, rotates them, scales `q` where asked, appends the
+    /// `n` rows of `k` and `v` to the caches there and attends over them
+    /// into `out`. `q`, `k` and the norms' outputs hold unspecified values
+    /// afterwards. The default runs [`ElementwiseOps::rms_norm`],
+    /// [`ElementwiseOps::rope_qk`], [`ElementwiseOps::scale`],
+    /// [`Self::append_kv`] and [`Self::attention`]; a backend may do it in
+    /// one pass (a GPU's workgroups normalize and rotate what they read and
+    /// take the rows' own keys and values from `k` and `v` rather than the
+    /// cache).
     fn attention_step(
         &self,
         (q, k, v): (&mut Self::Tensor, &mut Self::Tensor, &Self::Tensor),
         (k_cache, v_cache): (&mut Self::Tensor, &mut Self::Tensor),
         step: AttentionStep,
+        head_norms: Option<HeadNorms<'_, Self>>,
         out: &mut Self::Tensor,
     ) {
         super::composed::note::<Self>("attention_step");
-        attention_step_by_parts(self, (q, k, v), (k_cache, v_cache), step, out);
+        attention_step_by_parts(self, (q, k, v), (k_cache, v_cache), step, head_norms, out);
     }
 
     /// Scaled-dot-product attention of `q` (`n x n_head*head_dim`) over the
@@ -50,16 +54,23 @@ pub trait AttentionOps: ElementwiseOps {
     );
 }
 
-/// [`AttentionOps::attention_step`] by its parts: rope, scale, append and
-/// attention. The default composition, and what an override falls back to
-/// for the steps its single pass does not take.
+/// [`AttentionOps::attention_step`] by its parts: head norms, rope, scale,
+/// append and attention. The default composition, and what an override
+/// falls back to for the steps its single pass does not take.
 pub fn attention_step_by_parts<B: AttentionOps + ?Sized>(
     be: &B,
-    (q, k, v): (&mut B::Tensor, &mut B::Tensor, &B::Tensor),
+    (mut q, mut k, v): (&mut B::Tensor, &mut B::Tensor, &B::Tensor),
     (k_cache, v_cache): (&mut B::Tensor, &mut B::Tensor),
     step: AttentionStep,
+    head_norms: Option<HeadNorms<'_, B>>,
     out: &mut B::Tensor,
 ) {
+    if let Some(h) = head_norms {
+        let head_dim = step.params.head_dim;
+        be.rms_norm(q, h.q_weight, head_dim, h.eps, h.q_out);
+        be.rms_norm(k, h.k_weight, head_dim, h.eps, h.k_out);
+        (q, k) = (h.q_out, h.k_out);
+    }
     let pos0 = step.mask.q_pos0;
     be.rope_qk(q, k, pos0, step.q_rope, step.k_rope);
     if let Some(s) = step.q_scale {

@@ -18,11 +18,12 @@ pub trait Device: Send + Sync + 'static {
     /// matrices of every supported type are accepted.
     fn load_weight(&self, src: WeightSource<'_>) -> Result<Self::Weight, BackendError>;
 
-    /// Weights that multiply one input together (a layer's q|k|v and their
-    /// biases, its gate|up): a backend may move them side by side into one
-    /// allocation, so that one pass reads them all
-    /// ([`super::LinearOps::matmul_many`], `gated_projection`). Values and
-    /// shapes do not change. The default leaves them where they are.
+    /// Weights that one pass reads together (a layer's q|k|v and their
+    /// biases, its gate|up, its q/k head norms): a backend may move them
+    /// side by side into one allocation, so that one pass reads them all
+    /// ([`super::LinearOps::matmul_many`], `gated_projection`,
+    /// [`super::AttentionOps::attention_step`]). Values and shapes do not
+    /// change. The default leaves them where they are.
     fn colocate(&self, weights: &mut [&mut Self::Weight]) {
         let _ = weights;
     }

@@ -70,19 +70,19 @@ pub trait LinearOps: ElementwiseOps {
     }
 
     /// [`Self::matmul_many`] of `norm.out = rms_norm(x) · norm.weight` (whole
-    /// rows). The default normalizes, then projects; a backend may prepare
-    /// the products' input as it normalizes (a GPU quantizes each row in
-    /// the norm's own pass).
+    /// rows), after adding `norm.pending` to `x`. The default adds,
+    /// normalizes, then projects; a backend may prepare the products' input
+    /// as it normalizes (a GPU adds, normalizes and quantizes each row in
+    /// one pass).
     fn normed_matmul_many(
         &self,
-        x: &Self::Tensor,
+        x: &mut Self::Tensor,
         norm: RowNorm<'_, Self>,
         projections: &mut [Projection<'_, Self>],
     ) {
         super::composed::note::<Self>("normed_matmul_many");
-        let cols = self.shape(x).1;
-        self.rms_norm(x, norm.weight, cols, norm.eps, norm.out);
-        self.matmul_many(norm.out, projections);
+        let out = norm_rows(self, x, norm);
+        self.matmul_many(out, projections);
     }
 
     /// [`Self::gated_projection`] of `norm.out = rms_norm(x) · norm.weight`
@@ -92,7 +92,7 @@ pub trait LinearOps: ElementwiseOps {
     fn normed_gated_projection(
         &self,
         act: GatedActivation,
-        x: &Self::Tensor,
+        x: &mut Self::Tensor,
         norm: RowNorm<'_, Self>,
         w_gate: &Self::Weight,
         w_up: &Self::Weight,
@@ -101,9 +101,8 @@ pub trait LinearOps: ElementwiseOps {
         out: &mut Self::Tensor,
     ) {
         super::composed::note::<Self>("normed_gated_projection");
-        let cols = self.shape(x).1;
-        self.rms_norm(x, norm.weight, cols, norm.eps, norm.out);
-        self.gated_projection(act, norm.out, w_gate, w_up, gate, up, out);
+        let normed = norm_rows(self, x, norm);
+        self.gated_projection(act, normed, w_gate, w_up, gate, up, out);
     }
 
     /// `acc += x · Wᵀ`, a residual branch's output projection. The default
@@ -120,4 +119,20 @@ pub trait LinearOps: ElementwiseOps {
         self.matmul(w, x, scratch);
         self.add(acc, scratch);
     }
+}
+
+/// `norm`'s pending branch added to `x`, then `norm.out = rms_norm(x) ·
+/// norm.weight` (whole rows): the default compositions' first half, and
+/// what an override falls back to. Returns `norm.out`.
+pub fn norm_rows<'a, B: ElementwiseOps + ?Sized>(
+    be: &B,
+    x: &mut B::Tensor,
+    norm: RowNorm<'a, B>,
+) -> &'a mut B::Tensor {
+    if let Some(b) = norm.pending {
+        be.add_normed(x, b.output, b.post_norm, b.eps, norm.out);
+    }
+    let cols = be.shape(x).1;
+    be.rms_norm(x, norm.weight, cols, norm.eps, norm.out);
+    norm.out
 }

@@ -36,7 +36,7 @@ pub use device::Device;
 pub use drafter::DrafterOps;
 pub use elementwise::ElementwiseOps;
 pub use hybrid::HybridOps;
-pub use linear::LinearOps;
+pub use linear::{norm_rows, LinearOps};
 pub use sampling::SamplingOps;
 pub use types::*;
 

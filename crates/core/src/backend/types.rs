@@ -255,10 +255,36 @@ pub struct Projection<'a, B: Device + ?Sized> {
 /// [`super::LinearOps::normed_gated_projection`]: `out = rms_norm(x) ·
 /// weight`, kept in `out` (the projections' input) as
 /// [`super::ElementwiseOps::rms_norm`] writes it.
+///
+/// With `pending`, the previous residual branch's output goes into `x`
+/// first, through its post-norm, so that a backend may do both in the
+/// norm's pass.
 pub struct RowNorm<'a, B: Device + ?Sized> {
     pub weight: &'a B::Weight,
     pub eps: f32,
     pub out: &'a mut B::Tensor,
+    pub pending: Option<PendingBranch<'a, B>>,
+}
+
+/// A residual branch's output not yet added to the residual stream `x`
+/// (Gemma 3's post-norms): `x += rms_norm(output) · post_norm`, as
+/// [`super::ElementwiseOps::add_normed`] adds it.
+pub struct PendingBranch<'a, B: Device + ?Sized> {
+    pub output: &'a B::Tensor,
+    pub post_norm: &'a B::Weight,
+    pub eps: f32,
+}
+
+/// Per-head RMS norms of a layer's queries and keys before their rotation
+/// (Qwen3, Gemma 3) in [`super::AttentionOps::attention_step`]: weights of
+/// `head_dim` values, and tensors of the queries' and keys' shapes a
+/// backend may normalize into.
+pub struct HeadNorms<'a, B: Device + ?Sized> {
+    pub q_weight: &'a B::Weight,
+    pub k_weight: &'a B::Weight,
+    pub eps: f32,
+    pub q_out: &'a mut B::Tensor,
+    pub k_out: &'a mut B::Tensor,
 }
 
 /// What a device backend has recorded: on a GPU each of these costs the

@@ -16,7 +16,8 @@ pub use weights::{
 
 use crate::backend::{
     tensor_bytes, AttentionMask, AttentionParams, AttentionStep, Backend, BackendError,
-    GatedActivation, KvType, MemoryLimits, Projection, RopeParams, RowNorm,
+    GatedActivation, HeadNorms, KvType, MemoryLimits, PendingBranch, Projection, RopeParams,
+    RowNorm,
 };
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
@@ -411,7 +412,7 @@ impl<B: Backend> Decoder<B> {
             hook,
             &mut |il, s| match (&mut rec, &mut s.hybrid) {
                 (Some(rec), Some(hs)) if cfg.recurrent_layers[il] => self.recur(il, hs, rec),
-                _ => self.attend(il, s.q_k_v_attn(), kv, pos0, causal),
+                _ => self.attend(il, s.attention_tensors(), kv, pos0, causal),
             },
         )?;
         state.kv.set_len(pos0 + n);
@@ -502,19 +503,19 @@ impl<B: Backend> Decoder<B> {
                 }
                 return;
             }
-            let (q, k, v, attn) = s.q_k_v_attn();
+            let all = s.attention_tensors();
             for ((state, tokens), &row) in parts.iter_mut().zip(&starts) {
                 // The part's rows, through its own scratch: rope at its
                 // positions, appended to its cache, attended over it.
                 let m = tokens.len();
                 let own = &mut state.scratch;
                 own.shape(be, m, cfg);
-                be.copy_rows(q, row, &mut own.q, 0, 0, m);
-                be.copy_rows(k, row, &mut own.k, 0, 0, m);
-                be.copy_rows(v, row, &mut own.v, 0, 0, m);
+                be.copy_rows(all.q, row, &mut own.q, 0, 0, m);
+                be.copy_rows(all.k, row, &mut own.k, 0, 0, m);
+                be.copy_rows(all.v, row, &mut own.v, 0, 0, m);
                 let pos0 = state.kv.len();
-                self.attend(il, own.q_k_v_attn(), &mut state.kv, pos0, true);
-                be.copy_rows(&own.attn, 0, attn, row, 0, m);
+                self.attend(il, own.attention_tensors(), &mut state.kv, pos0, true);
+                be.copy_rows(&own.attn, 0, all.attn, row, 0, m);
             }
         })?;
         for (state, tokens) in parts.iter_mut() {
@@ -564,20 +565,25 @@ impl<B: Backend> Decoder<B> {
         if let Some(scale) = cfg.embedding_scale {
             be.scale(&mut s.x, scale);
         }
+        // A branch output in `s.o` still to go through its post-norm into
+        // `s.x`: the next norm's pass adds it (one pass, not two).
+        let mut pending: Option<&B::Weight> = None;
         for (il, lw) in w.layers.iter().enumerate() {
-            if let Some(t) = taps.as_deref_mut() {
+            if let Some(t) = taps.as_deref_mut().filter(|t| t.layers.contains(&il)) {
+                self.add_pending(s, pending.take());
                 t.capture(be, il, &s.x, n);
             }
-            match &lw.mixer {
+            pending = match &lw.mixer {
                 Mixer::Attention(aw) => {
-                    self.attention_block(il, lw, aw, s, hook.as_deref_mut(), mix)?
+                    self.attention_block(il, lw, aw, s, pending, hook.as_deref_mut(), mix)?
                 }
                 Mixer::DeltaNet(dw) => {
-                    self.delta_net_block(il, lw, dw, s, hook.as_deref_mut(), mix)?
+                    self.delta_net_block(il, lw, dw, s, pending, hook.as_deref_mut(), mix)?
                 }
-            }
+            };
             // Feed-forward.
             if let Some(h) = hook.as_deref_mut() {
+                self.add_pending(s, pending.take());
                 be.rms_norm(&s.x, &lw.ffn_norm, cfg.n_embd, cfg.rms_eps, &mut s.xn);
                 h.apply(be, il, HookPoint::FfnInput, &mut s.xn);
                 be.gated_projection(
@@ -594,10 +600,11 @@ impl<B: Backend> Decoder<B> {
                     weight: &lw.ffn_norm,
                     eps: cfg.rms_eps,
                     out: &mut s.xn,
+                    pending: self.pending_branch(&s.o, pending.take()),
                 };
                 be.normed_gated_projection(
                     cfg.activation,
-                    &s.x,
+                    &mut s.x,
                     norm,
                     &lw.w_gate,
                     &lw.w_up,
@@ -612,7 +619,7 @@ impl<B: Backend> Decoder<B> {
                 xn: &mut s.xn,
             };
             let down = (&lw.w_down, lw.post_ffn_norm.as_ref());
-            self.add_branch(
+            pending = self.add_branch(
                 il,
                 HookPoint::FfnOutput,
                 down,
@@ -621,6 +628,7 @@ impl<B: Backend> Decoder<B> {
                 hook.as_deref_mut(),
             );
         }
+        self.add_pending(s, pending);
         if let Some(t) = taps {
             t.capture(be, cfg.n_layer, &s.x, n);
             // Drafters read taps as f16-range features: a "massive
@@ -630,43 +638,73 @@ impl<B: Backend> Decoder<B> {
         Ok(())
     }
 
-    /// Normed input of layer `il`'s mixer into `projections`, with `hook`
-    /// seeing the normed rows where there is one.
+    /// Normed input of layer `il`'s mixer into `projections` (`x` first
+    /// taking in `pending`), with `hook` seeing the normed rows where there
+    /// is one.
+    #[allow(clippy::too_many_arguments)]
     fn mixer_input(
         &self,
         il: usize,
         lw: &LayerWeights<B>,
-        x: &B::Tensor,
-        xn: &mut B::Tensor,
+        (x, xn): (&mut B::Tensor, &mut B::Tensor),
+        pending: Option<PendingBranch<'_, B>>,
         hook: Option<&mut (dyn LayerHook<B> + '_)>,
         projections: &mut [Projection<'_, B>],
     ) {
         let (cfg, be) = (&self.config, &*self.backend);
+        let norm = RowNorm {
+            weight: &lw.attn_norm,
+            eps: cfg.rms_eps,
+            out: xn,
+            pending,
+        };
         if let Some(h) = hook {
-            be.rms_norm(x, &lw.attn_norm, cfg.n_embd, cfg.rms_eps, xn);
+            let xn = crate::backend::norm_rows(be, x, norm);
             h.apply(be, il, HookPoint::AttnInput, xn);
             be.matmul_many(xn, projections);
         } else {
-            let norm = RowNorm {
-                weight: &lw.attn_norm,
-                eps: cfg.rms_eps,
-                out: xn,
-            };
             be.normed_matmul_many(x, norm, projections);
         }
     }
 
-    /// An attention block's mixer: projections, (gated attention: the
-    /// gates split off), q/k norms, `mix`, gates, output projection.
-    fn attention_block(
+    /// `pending` (a post-norm weight whose branch output is `output`) as
+    /// the next norm takes it in.
+    fn pending_branch<'a>(
         &self,
+        output: &'a B::Tensor,
+        pending: Option<&'a B::Weight>,
+    ) -> Option<PendingBranch<'a, B>> {
+        pending.map(|post_norm| PendingBranch {
+            output,
+            post_norm,
+            eps: self.config.rms_eps,
+        })
+    }
+
+    /// Adds `pending`'s branch output (in `s.o`) to `s.x` on its own, where
+    /// `s.x` is read before a norm could take it in.
+    fn add_pending(&self, s: &mut Scratch<B>, pending: Option<&B::Weight>) {
+        if let Some(pn) = pending {
+            let be = &*self.backend;
+            be.add_normed(&mut s.x, &s.o, pn, self.config.rms_eps, &mut s.xn);
+        }
+    }
+
+    /// An attention block's mixer: projections, (gated attention: the
+    /// gates split off), `mix` (q/k norms, rope, attention), gates, output
+    /// projection. Returns the post-norm its output still needs
+    /// ([`Self::add_branch`]).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_block<'w>(
+        &'w self,
         il: usize,
-        lw: &LayerWeights<B>,
+        lw: &'w LayerWeights<B>,
         aw: &AttentionWeights<B>,
         s: &mut Scratch<B>,
+        pending: Option<&B::Weight>,
         mut hook: Option<&mut (dyn LayerHook<B> + '_)>,
         mix: &mut dyn FnMut(usize, &mut Scratch<B>),
-    ) -> Result<(), ModelError> {
+    ) -> Result<Option<&'w B::Weight>, ModelError> {
         let (cfg, be) = (&self.config, &*self.backend);
         let mut gated = match (cfg.gated_attention, s.hybrid.as_mut()) {
             (false, _) => None,
@@ -682,17 +720,11 @@ impl<B: Backend> Decoder<B> {
             projection(&aw.wk, aw.bk.as_ref(), &mut s.k),
             projection(&aw.wv, aw.bv.as_ref(), &mut s.v),
         ];
-        self.mixer_input(il, lw, &s.x, &mut s.xn, hook.as_deref_mut(), &mut qkv);
+        let pending = self.pending_branch(&s.o, pending);
+        let (x, xn) = (&mut s.x, &mut s.xn);
+        self.mixer_input(il, lw, (x, xn), pending, hook.as_deref_mut(), &mut qkv);
         if let Some(hs) = s.hybrid.as_mut().filter(|_| cfg.gated_attention) {
             be.split_heads(&hs.q_full, cfg.head_dim, &mut s.q, &mut hs.q_gate);
-        }
-        if let Some(qn) = &aw.q_norm {
-            be.rms_norm(&s.q, qn, cfg.head_dim, cfg.rms_eps, &mut s.tmp_q);
-            std::mem::swap(&mut s.q, &mut s.tmp_q);
-        }
-        if let Some(kn) = &aw.k_norm {
-            be.rms_norm(&s.k, kn, cfg.head_dim, cfg.rms_eps, &mut s.tmp_k);
-            std::mem::swap(&mut s.k, &mut s.tmp_k);
         }
         mix(il, s);
         if let Some(hs) = s.hybrid.as_ref().filter(|_| cfg.gated_attention) {
@@ -704,21 +736,23 @@ impl<B: Backend> Decoder<B> {
             xn: &mut s.xn,
         };
         let wo = (&aw.wo, lw.post_attn_norm.as_ref());
-        self.add_branch(il, HookPoint::AttnOutput, wo, &s.attn, residual, hook);
-        Ok(())
+        Ok(self.add_branch(il, HookPoint::AttnOutput, wo, &s.attn, residual, hook))
     }
 
     /// A gated-DeltaNet block's mixer: projections, `mix` (convolution
-    /// and delta rule), gated norm, output projection.
-    fn delta_net_block(
-        &self,
+    /// and delta rule), gated norm, output projection. Returns the post-norm
+    /// its output still needs ([`Self::add_branch`]).
+    #[allow(clippy::too_many_arguments)]
+    fn delta_net_block<'w>(
+        &'w self,
         il: usize,
-        lw: &LayerWeights<B>,
-        dw: &DeltaNetWeights<B>,
+        lw: &'w LayerWeights<B>,
+        dw: &'w DeltaNetWeights<B>,
         s: &mut Scratch<B>,
+        pending: Option<&B::Weight>,
         mut hook: Option<&mut (dyn LayerHook<B> + '_)>,
         mix: &mut dyn FnMut(usize, &mut Scratch<B>),
-    ) -> Result<(), ModelError> {
+    ) -> Result<Option<&'w B::Weight>, ModelError> {
         let (cfg, be) = (&self.config, &*self.backend);
         let (Some(hs), Some(dn)) = (s.hybrid.as_mut(), cfg.delta_net.as_ref()) else {
             return Err(missing_scratch());
@@ -729,11 +763,12 @@ impl<B: Backend> Decoder<B> {
             projection(&dw.w_beta, None, &mut hs.beta),
             projection(&dw.w_alpha, None, &mut hs.alpha),
         ];
+        let pending = self.pending_branch(&s.o, pending);
         self.mixer_input(
             il,
             lw,
-            &s.x,
-            &mut s.xn,
+            (&mut s.x, &mut s.xn),
+            pending,
             hook.as_deref_mut(),
             &mut projections,
         );
@@ -749,8 +784,7 @@ impl<B: Backend> Decoder<B> {
             xn: &mut s.xn,
         };
         let w_out = (&dw.w_out, lw.post_attn_norm.as_ref());
-        self.add_branch(il, HookPoint::AttnOutput, w_out, &hs.out, residual, hook);
-        Ok(())
+        Ok(self.add_branch(il, HookPoint::AttnOutput, w_out, &hs.out, residual, hook))
     }
 
     /// Layer `il`'s convolution and delta rule over `hs`'s projections, on
@@ -842,50 +876,51 @@ impl<B: Backend> Decoder<B> {
     /// Adds a residual branch's output projection `w · input` to `r.x`
     /// (`w` with the branch's post-norm, where the architecture has one:
     /// Gemma 3): in one op where nothing sits between, else into `r.o`,
-    /// through `hook` at `point`, then the post-norm.
-    fn add_branch(
+    /// through `hook` at `point`, then the post-norm. Without a hook, a
+    /// post-normed output stays in `r.o` and its post-norm is returned: the
+    /// next norm adds it to `r.x` in its own pass.
+    fn add_branch<'w>(
         &self,
         il: usize,
         point: HookPoint,
-        (w, post_norm): (&B::Weight, Option<&B::Weight>),
+        (w, post_norm): (&B::Weight, Option<&'w B::Weight>),
         input: &B::Tensor,
         r: Residual<'_, B>,
         hook: Option<&mut (dyn LayerHook<B> + '_)>,
-    ) {
+    ) -> Option<&'w B::Weight> {
         let (cfg, be) = (&self.config, &*self.backend);
-        if hook.is_none() && post_norm.is_none() {
-            be.matmul_accumulate(w, input, r.x, r.o);
-            return;
+        match (hook, post_norm) {
+            (None, None) => be.matmul_accumulate(w, input, r.x, r.o),
+            (None, Some(pn)) => {
+                be.matmul(w, input, r.o);
+                return Some(pn);
+            }
+            (Some(h), post_norm) => {
+                be.matmul(w, input, r.o);
+                h.apply(be, il, point, r.o);
+                match post_norm {
+                    Some(pn) => be.add_normed(r.x, r.o, pn, cfg.rms_eps, r.xn),
+                    None => be.add(r.x, r.o),
+                }
+            }
         }
-        be.matmul(w, input, r.o);
-        if let Some(h) = hook {
-            h.apply(be, il, point, r.o);
-        }
-        if let Some(pn) = post_norm {
-            be.add_normed(r.x, r.o, pn, cfg.rms_eps, r.xn);
-        } else {
-            be.add(r.x, r.o);
-        }
+        None
     }
 
-    /// Rope of one layer's `q` and `k` rows at positions `pos0..`, their
-    /// keys and values appended to `kv` there, and attention over it.
+    /// One layer's `q` and `k` rows at positions `pos0..` through their
+    /// head norms (where the layer has them) and rope, their keys and values
+    /// appended to `kv` there, and attention over it into `t.attn`.
     fn attend(
         &self,
         il: usize,
-        (q, k, v, attn): (
-            &mut B::Tensor,
-            &mut B::Tensor,
-            &mut B::Tensor,
-            &mut B::Tensor,
-        ),
+        t: AttentionTensors<'_, B>,
         kv: &mut KvCache<B>,
         pos0: usize,
         causal: bool,
     ) {
         let cfg = &self.config;
         let be = &*self.backend;
-        let n = be.shape(q).0;
+        let n = be.shape(t.q).0;
         let swa = cfg.swa_layers[il];
         let base = if swa {
             cfg.rope_base_swa
@@ -922,7 +957,22 @@ impl<B: Backend> Decoder<B> {
             mask,
             params,
         };
-        be.attention_step((q, k, v), kv.layer_mut(cfg.slot_of(il)), step, attn);
+        let head_norms = match &self.weights.layers[il].mixer {
+            Mixer::Attention(AttentionWeights {
+                q_norm: Some(q_weight),
+                k_norm: Some(k_weight),
+                ..
+            }) => Some(HeadNorms {
+                q_weight,
+                k_weight,
+                eps: cfg.rms_eps,
+                q_out: t.q_normed,
+                k_out: t.k_normed,
+            }),
+            _ => None,
+        };
+        let cache = kv.layer_mut(cfg.slot_of(il));
+        be.attention_step((t.q, t.k, t.v), cache, step, head_norms, t.attn);
     }
 
     /// Logits of `rows` of the last block's output `s.x`, in that order.
@@ -969,6 +1019,17 @@ struct Residual<'a, B: Backend> {
     xn: &'a mut B::Tensor,
 }
 
+/// What one layer's attention step reads and writes (fields of
+/// [`Scratch`]).
+struct AttentionTensors<'a, B: Backend> {
+    q: &'a mut B::Tensor,
+    k: &'a mut B::Tensor,
+    v: &'a mut B::Tensor,
+    attn: &'a mut B::Tensor,
+    q_normed: &'a mut B::Tensor,
+    k_normed: &'a mut B::Tensor,
+}
+
 /// Preallocated activations of one forward pass.
 struct Scratch<B: Backend> {
     x: B::Tensor,
@@ -976,8 +1037,8 @@ struct Scratch<B: Backend> {
     q: B::Tensor,
     k: B::Tensor,
     v: B::Tensor,
-    tmp_q: B::Tensor,
-    tmp_k: B::Tensor,
+    q_normed: B::Tensor,
+    k_normed: B::Tensor,
     attn: B::Tensor,
     o: B::Tensor,
     gate: B::Tensor,
@@ -1004,7 +1065,7 @@ impl<B: Backend> Scratch<B> {
     }
 
     fn new(be: &B, cfg: &ModelConfig, rows: usize) -> Self {
-        let [x, xn, q, k, v, tmp_q, tmp_k, attn, o, gate, up, hidden] =
+        let [x, xn, q, k, v, q_normed, k_normed, attn, o, gate, up, hidden] =
             Self::cols(cfg).map(|cols| be.tensor(rows, cols));
         let hybrid = cfg
             .delta_net
@@ -1016,8 +1077,8 @@ impl<B: Backend> Scratch<B> {
             q,
             k,
             v,
-            tmp_q,
-            tmp_k,
+            q_normed,
+            k_normed,
             attn,
             o,
             gate,
@@ -1028,15 +1089,15 @@ impl<B: Backend> Scratch<B> {
     }
 
     /// The tensors one layer's attention step reads and writes.
-    fn q_k_v_attn(
-        &mut self,
-    ) -> (
-        &mut B::Tensor,
-        &mut B::Tensor,
-        &mut B::Tensor,
-        &mut B::Tensor,
-    ) {
-        (&mut self.q, &mut self.k, &mut self.v, &mut self.attn)
+    fn attention_tensors(&mut self) -> AttentionTensors<'_, B> {
+        AttentionTensors {
+            q: &mut self.q,
+            k: &mut self.k,
+            v: &mut self.v,
+            attn: &mut self.attn,
+            q_normed: &mut self.q_normed,
+            k_normed: &mut self.k_normed,
+        }
     }
 
     fn shape(&mut self, be: &B, n: usize, cfg: &ModelConfig) {
@@ -1046,8 +1107,8 @@ impl<B: Backend> Scratch<B> {
             &mut self.q,
             &mut self.k,
             &mut self.v,
-            &mut self.tmp_q,
-            &mut self.tmp_k,
+            &mut self.q_normed,
+            &mut self.k_normed,
             &mut self.attn,
             &mut self.o,
             &mut self.gate,

@@ -70,14 +70,18 @@ impl<B: Backend> LayerWeights<B> {
         }
     }
 
-    /// The weights each multiplied by one input, side by side where the
-    /// backend wants them so ([`crate::backend::Device::colocate`]).
+    /// The weights each multiplied by one input, and the head norms one
+    /// attention step reads, side by side where the backend wants them so
+    /// ([`crate::backend::Device::colocate`]).
     fn colocate(&mut self, backend: &B) {
         match &mut self.mixer {
             Mixer::Attention(a) => {
                 backend.colocate(&mut [&mut a.wq, &mut a.wk, &mut a.wv]);
                 if let (Some(bq), Some(bk), Some(bv)) = (&mut a.bq, &mut a.bk, &mut a.bv) {
                     backend.colocate(&mut [bq, bk, bv]);
+                }
+                if let (Some(qn), Some(kn)) = (&mut a.q_norm, &mut a.k_norm) {
+                    backend.colocate(&mut [qn, kn]);
                 }
             }
             Mixer::DeltaNet(d) => {
