@@ -184,3 +184,15 @@ fn embed_q8_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
                @builtin(local_invocation_index) lid: u32) {
     embed_quant(Q8_K, wid, nwg, lid);
 }
+
+@compute @workgroup_size(64)
+fn embed_iq4_nl(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    embed_quant(IQ4_NL, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn embed_iq4_xs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    embed_quant(IQ4_XS, wid, nwg, lid);
+}

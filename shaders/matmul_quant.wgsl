@@ -1,6 +1,6 @@
 // out = x · Wᵀ for quantized weights, with x already quantized by
-// quantize.wgsl (8-bit blocks of 32 for Q4_0..Q8_1, super-blocks of 256
-// with per-16 sums for the K-quants). Each 32-value unit of a weight row
+// quantize.wgsl (8-bit blocks of 32 for Q4_0..Q8_1 and IQ4_NL, super-blocks
+// of 256 with per-16 sums for the K-quants and IQ4_XS). Each 32-value unit of a weight row
 // is decoded once and dotted in integers with up to 8 activation rows (the
 // speculative verify shape), then scaled once per unit, as the CPU backend
 // does per block. Work split and sums: matmul_rows.wgsl.
@@ -144,6 +144,16 @@ fn matmul_q6_k(inv: Invocation) {
 @compute @workgroup_size(64)
 fn matmul_q8_k(inv: Invocation) {
     matmul_quant(Q8_K, inv);
+}
+
+@compute @workgroup_size(64)
+fn matmul_iq4_nl(inv: Invocation) {
+    matmul_quant(IQ4_NL, inv);
+}
+
+@compute @workgroup_size(64)
+fn matmul_iq4_xs(inv: Invocation) {
+    matmul_quant(IQ4_XS, inv);
 }
 
 // Projections of one input whose weights sit side by side in one buffer

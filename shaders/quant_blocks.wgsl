@@ -7,7 +7,8 @@
 //
 // Every type is decoded in units of 32 values: one block of the legacy
 // types, one eighth of a K-quant super-block. A unit's quants fit in i8 for
-// every type (offsets such as -8 or -32 already applied), so they come out
+// every type (offsets such as -8 or -32 already applied, the non-linear
+// types' grid values looked up), so they come out
 // packed four per u32 like the quantized activations, with the scales that
 // turn integer dots into floats. The formulas mirror the CPU backend's
 // (crates/cpu/src/kernels/scalar.rs) and `blockdraft_gguf::quants`.
@@ -24,6 +25,12 @@ const Q4_K: u32 = 8u;
 const Q5_K: u32 = 9u;
 const Q6_K: u32 = 10u;
 const Q8_K: u32 = 11u;
+const IQ4_NL: u32 = 12u;
+const IQ4_XS: u32 = 13u;
+
+// The signed values IQ4_NL / IQ4_XS nibbles index (ggml's kvalues_iq4nl).
+var<private> IQ4_GRID: array<i32, 16> = array<i32, 16>(
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
 
 // 32 decoded values and their scales: value k is
 //   (wd * (k < 16 ? ka : kb)) * q[k] - wmin * (k < 16 ? ma : mb) + wm.
@@ -40,8 +47,10 @@ struct Unit {
     wm: f32,
 }
 
+// Types of 256-value super-blocks (eight units each), whose activations are
+// Q8_K: the K-quants and IQ4_XS.
 fn is_k_quant(ty: u32) -> bool {
-    return ty >= Q2_K;
+    return (ty >= Q2_K && ty <= Q8_K) || ty == IQ4_XS;
 }
 
 // Types whose value has a min term subtracted (integer mins times dmin).
@@ -67,6 +76,8 @@ fn block_bytes(ty: u32) -> u32 {
         case 8u: { return 144u; }
         case 9u: { return 176u; }
         case 10u: { return 210u; }
+        case 12u: { return 18u; }
+        case 13u: { return 136u; }
         default: { return 292u; }
     }
 }
@@ -296,6 +307,50 @@ fn unit_q8_k(b: u32, j: u32) -> Unit {
     return u;
 }
 
+// The grid values of the four nibbles `n` holds in bytes 0..3 (low bits),
+// packed as four i8.
+fn iq4_lookup4(n: u32) -> u32 {
+    var out = 0u;
+    for (var k = 0u; k < 4u; k++) {
+        let v = IQ4_GRID[(n >> (8u * k)) & 0xfu];
+        out |= (bitcast<u32>(v) & 0xffu) << (8u * k);
+    }
+    return out;
+}
+
+// The 32 grid values of 16 nibble bytes at `qs`: value j from the low
+// nibble of byte j, value 16 + j from its high nibble.
+fn iq4_quants(u: ptr<function, Unit>, qs: u32) {
+    for (var k = 0u; k < 4u; k++) {
+        let qw = u32_at(qs + 4u * k);
+        (*u).q[k] = iq4_lookup4(qw & 0x0f0f0f0fu);
+        (*u).q[4u + k] = iq4_lookup4((qw >> 4u) & 0x0f0f0f0fu);
+    }
+}
+
+// IQ4_NL {f16 d; u8 qs[16]}: value = d * grid[nibble].
+fn unit_iq4_nl(b: u32) -> Unit {
+    var u = unit_default();
+    u.wd = f16_at(b);
+    iq4_quants(&u, b + 2u);
+    return u;
+}
+
+// IQ4_XS {f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]}: unit j has the
+// 6-bit scale (nibble j % 2 of scales_l[j / 2]) | (bits 2j, 2j+1 of
+// scales_h) << 4, minus 32, and value = d * scale * grid[nibble].
+fn unit_iq4_xs(b: u32, j: u32) -> Unit {
+    var u = unit_default();
+    u.wd = f16_at(b);
+    let h = (byte_at(b + 2u) | (byte_at(b + 3u) << 8u)) >> (2u * j);
+    let lo = (byte_at(b + 4u + j / 2u) >> (4u * (j % 2u))) & 0xfu;
+    let ls = i32(lo | ((h & 3u) << 4u)) - 32;
+    u.ka = ls;
+    u.kb = ls;
+    iq4_quants(&u, b + 8u + 16u * j);
+    return u;
+}
+
 // Unit `i` (32 values) of the row starting at byte `row`.
 fn decode_unit(ty: u32, row: u32, i: u32) -> Unit {
     if !is_k_quant(ty) {
@@ -303,6 +358,7 @@ fn decode_unit(ty: u32, row: u32, i: u32) -> Unit {
         switch ty {
             case 0u, 1u: { return unit_q4(b, ty); }
             case 2u, 3u: { return unit_q5(b, ty); }
+            case 12u: { return unit_iq4_nl(b); }
             default: { return unit_q8(b, ty); }
         }
     }
@@ -313,6 +369,7 @@ fn decode_unit(ty: u32, row: u32, i: u32) -> Unit {
         case 7u: { return unit_q3_k(b, j); }
         case 8u, 9u: { return unit_q45_k(b, j, ty); }
         case 10u: { return unit_q6_k(b, j); }
+        case 13u: { return unit_iq4_xs(b, j); }
         default: { return unit_q8_k(b, j); }
     }
 }

@@ -32,6 +32,7 @@ F16_FIELDS = {
     Q.Q8_0: [0], Q.Q8_1: [0, 2],
     Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2],
     Q.Q6_K: [208],
+    Q.IQ4_NL: [0], Q.IQ4_XS: [0],
 }
 
 
@@ -117,6 +118,17 @@ def main():
         q = quantize(src.reshape(-1, 256), qt)
         w.add_tensor(f"{name}.src", src)
         w.add_tensor(f"{name}.pyq", q.reshape(-1), raw_dtype=qt)
+
+    # Added later, after everything above so that its random data stays
+    # as it was: the non-linear 4-bit types.
+    for qt in (Q.IQ4_NL, Q.IQ4_XS):
+        name = qt.name.lower()
+        block_len, _ = gguf.GGML_QUANT_SIZES[qt]
+        raw = random_blocks(qt, max(8, 2048 // block_len))
+        ref = dequantize(raw.reshape(-1), qt).astype(np.float32).reshape(-1)
+        assert np.all(np.isfinite(ref)), name
+        w.add_tensor(f"{name}.raw", raw.reshape(-1), raw_dtype=qt)
+        w.add_tensor(f"{name}.ref", ref)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

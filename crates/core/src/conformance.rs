@@ -29,6 +29,8 @@ pub const WEIGHT_TYPES: &[GgmlType] = &[
     GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::Q8_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
 ];
 
 fn uniform(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {

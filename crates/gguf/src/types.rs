@@ -19,6 +19,8 @@ pub enum GgmlType {
     Q5_K = 13,
     Q6_K = 14,
     Q8_K = 15,
+    IQ4_NL = 20,
+    IQ4_XS = 23,
     I8 = 24,
     I16 = 25,
     I32 = 26,
@@ -28,7 +30,7 @@ pub enum GgmlType {
 }
 
 impl GgmlType {
-    pub const ALL: [GgmlType; 20] = [
+    pub const ALL: [GgmlType; 22] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -43,6 +45,8 @@ impl GgmlType {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q8_K,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
         GgmlType::I8,
         GgmlType::I16,
         GgmlType::I32,
@@ -65,8 +69,8 @@ impl GgmlType {
         use GgmlType::*;
         match self {
             F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 => 32,
-            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => 256,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL => 32,
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ4_XS => 256,
         }
     }
 
@@ -90,6 +94,8 @@ impl GgmlType {
             Q5_K => 176,
             Q6_K => 210,
             Q8_K => 292,
+            IQ4_NL => 18,
+            IQ4_XS => 136,
         }
     }
 
@@ -125,6 +131,8 @@ impl GgmlType {
             Q5_K => "Q5_K",
             Q6_K => "Q6_K",
             Q8_K => "Q8_K",
+            IQ4_NL => "IQ4_NL",
+            IQ4_XS => "IQ4_XS",
             I8 => "I8",
             I16 => "I16",
             I32 => "I32",

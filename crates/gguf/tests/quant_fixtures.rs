@@ -35,6 +35,8 @@ fn dequantize_matches_gguf_python_package() {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q8_K,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
         GgmlType::F16,
         GgmlType::BF16,
         GgmlType::I8,

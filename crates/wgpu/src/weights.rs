@@ -117,6 +117,8 @@ fn kernels(ty: GgmlType) -> Option<TypeKernels> {
         Q5_K => quant("matmul_q5_k", "embed_q5_k", q8_k),
         Q6_K => quant("matmul_q6_k", "embed_q6_k", q8_k),
         Q8_K => quant("matmul_q8_k", "embed_q8_k", q8_k),
+        IQ4_NL => quant("matmul_iq4_nl", "embed_iq4_nl", q8_0),
+        IQ4_XS => quant("matmul_iq4_xs", "embed_iq4_xs", q8_k),
         _ => return None,
     })
 }
@@ -393,7 +395,7 @@ impl WgpuWeight {
 fn shader_type(ty: GgmlType) -> Option<u32> {
     use GgmlType::*;
     [
-        Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
+        Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS,
     ]
     .iter()
     .position(|&t| t == ty)

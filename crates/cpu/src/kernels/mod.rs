@@ -242,8 +242,8 @@ pub(crate) fn act_kind(ty: GgmlType) -> ActKind {
     use GgmlType::*;
     match ty {
         F32 | F16 | BF16 => ActKind::F32,
-        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 => ActKind::Q8_0,
-        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => ActKind::Q8K,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL => ActKind::Q8_0,
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ4_XS => ActKind::Q8K,
         t => panic!("matmul: unsupported weight type {t}"),
     }
 }
@@ -267,6 +267,8 @@ pub(crate) fn scalar_kernel(ty: GgmlType) -> Kernel {
         Q5_K => per_row!(scalar::q5_k),
         Q6_K => per_row!(scalar::q6_k),
         Q8_K => per_row!(scalar::q8_k),
+        IQ4_NL => per_row!(scalar::iq4_nl),
+        IQ4_XS => per_row!(scalar::iq4_xs),
         t => panic!("matmul: unsupported weight type {t}"),
     }
 }
@@ -781,6 +783,8 @@ pub fn supports(ty: GgmlType) -> bool {
             | Q5_K
             | Q6_K
             | Q8_K
+            | IQ4_NL
+            | IQ4_XS
     )
 }
 

@@ -298,6 +298,51 @@ pub(crate) unsafe fn q8_k(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
     }
 }
 
+/// The grid IQ4_NL and IQ4_XS indices pick from.
+use blockdraft_gguf::quants::iquants::KVALUES;
+
+pub(crate) unsafe fn iq4_nl(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+    out.fill(0.0);
+    for b in 0..nb {
+        let blk = w.add(b * 18);
+        let d = f16_at(blk);
+        let qs = std::slice::from_raw_parts(blk.add(2), 16);
+        for (xi, o) in x.iter().zip(out.iter_mut()) {
+            let xq = std::slice::from_raw_parts(xi.qs.add(b * 32), 32);
+            let mut s = 0i32;
+            for j in 0..16 {
+                s += KVALUES[(qs[j] & 0xF) as usize] as i32 * xq[j] as i32;
+                s += KVALUES[(qs[j] >> 4) as usize] as i32 * xq[j + 16] as i32;
+            }
+            *o += d * *xi.d.add(b) * s as f32;
+        }
+    }
+}
+
+pub(crate) unsafe fn iq4_xs(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+    use blockdraft_gguf::quants::iquants::iq4_xs;
+    out.fill(0.0);
+    for b in 0..nb {
+        let blk = std::slice::from_raw_parts(w.add(b * iq4_xs::BYTES), iq4_xs::BYTES);
+        let d = f16_at(blk.as_ptr());
+        for (xi, o) in x.iter().zip(out.iter_mut()) {
+            let xq = std::slice::from_raw_parts(xi.qs.add(b * 256), 256);
+            let mut isum = 0i32;
+            for ib in 0..8 {
+                let qs = &blk[iq4_xs::QS + 16 * ib..][..16];
+                let xq = &xq[32 * ib..][..32];
+                let mut s = 0i32;
+                for j in 0..16 {
+                    s += KVALUES[(qs[j] & 0xF) as usize] as i32 * xq[j] as i32;
+                    s += KVALUES[(qs[j] >> 4) as usize] as i32 * xq[j + 16] as i32;
+                }
+                isum += iq4_xs::scale(blk, ib) * s;
+            }
+            *o += d * *xi.d.add(b) * isum as f32;
+        }
+    }
+}
+
 // Float weights dot f32 activations (`nb` = number of elements).
 
 pub(crate) unsafe fn f32w(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {

@@ -23,8 +23,9 @@ impl Rng {
     }
 }
 
-pub(crate) const ALL_TYPES: [GgmlType; 15] = [
-    F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
+pub(crate) const ALL_TYPES: [GgmlType; 17] = [
+    F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL,
+    IQ4_XS,
 ];
 
 fn put_f16(b: &mut [u8], at: usize, v: f32) {
@@ -54,7 +55,7 @@ pub(crate) fn random_weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut R
         // Scales positive and negative, like real files (Q6_K/Q3_K d may be either).
         let mut sc = || rng.f() * 0.05;
         match ty {
-            Q4_0 | Q5_0 | Q8_0 | Q4_K | Q5_K => {
+            Q4_0 | Q5_0 | Q8_0 | Q4_K | Q5_K | IQ4_NL | IQ4_XS => {
                 put_f16(blk, 0, sc());
                 if matches!(ty, Q4_K | Q5_K) {
                     put_f16(blk, 2, sc().abs());
@@ -136,6 +137,28 @@ pub(crate) fn dequant_row(ty: GgmlType, b: &[u8], out: &mut [f32]) {
                 let d = f32::from_le_bytes(blk[..4].try_into().unwrap());
                 for (i, v) in y.iter_mut().enumerate() {
                     *v = blk[4 + i] as i8 as f32 * d;
+                }
+            }
+            IQ4_NL | IQ4_XS => {
+                const GRID: [i8; 16] = [
+                    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+                ];
+                let d = f16v(blk, 0);
+                let qs = if ty == IQ4_NL { &blk[2..] } else { &blk[8..] };
+                for (i, v) in y.iter_mut().enumerate() {
+                    // Element i of 32-block i / 32: byte 16 (i / 32) + i % 16,
+                    // low nibble for the block's first 16 elements.
+                    let (ib, l) = (i / 32, i % 32);
+                    let byte = qs[16 * ib + l % 16];
+                    let q = if l < 16 { byte & 15 } else { byte >> 4 };
+                    let scale = if ty == IQ4_NL {
+                        1
+                    } else {
+                        let lo = (blk[4 + ib / 2] >> (4 * (ib % 2))) & 15;
+                        let hi = (u16::from_le_bytes([blk[2], blk[3]]) >> (2 * ib)) & 3;
+                        (lo as i32 | (hi as i32) << 4) - 32
+                    };
+                    *v = d * scale as f32 * GRID[q as usize] as f32;
                 }
             }
             Q2_K => {
@@ -233,7 +256,8 @@ fn requantized(ty: GgmlType, x: &[f32]) -> Vec<f32> {
 
 fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
     let mut v = Vec::new();
-    for cols in [256, 512, 896, 1536] {
+    // 352: an odd number of 32-blocks.
+    for cols in [256, 352, 512, 896, 1536] {
         if cols % ty.block_len() != 0 {
             continue;
         }

@@ -633,6 +633,8 @@ macro_rules! matmul_kernels {
                 Q3_K => rows!($feat, q3_k),
                 Q2_K => rows!($feat, q2_k),
                 Q8_K => rows!($feat, q8_k),
+                IQ4_NL => rows!($feat, iq4_nl),
+                IQ4_XS => rows!($feat, iq4_xs),
                 _ => return None,
             })
         }
@@ -753,6 +755,88 @@ macro_rules! matmul_kernels {
                 nibbles32(blk.add(8)),
                 _mm256_and_si256(hb, _mm256_set1_epi8(0x10)),
             )
+        }
+
+        /// The 16 grid values of IQ4_NL / IQ4_XS in both 128-bit lanes, for
+        /// `_mm256_shuffle_epi8` to look nibbles up in.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn iq4_grid() -> __m256i {
+            let grid = blockdraft_gguf::quants::iquants::KVALUES;
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(grid.as_ptr() as *const __m128i))
+        }
+
+        /// IQ4_NL: each nibble looks its value up in the grid (a byte
+        /// shuffle), then the signed dot of the 32-block types, in the float
+        /// sequence of ggml's AVX2 `ggml_vec_dot_iq4_nl_q8_0`: even and odd
+        /// blocks in two accumulators, added before the horizontal sum, and
+        /// an odd last block added after it as a scalar.
+        #[target_feature(enable = $feat)]
+        unsafe fn iq4_nl<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            let grid = iq4_grid();
+            let mut acc = [[_mm256_setzero_ps(); 2]; NR];
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            let paired = nb / 2 * 2;
+            for b in 0..paired {
+                let blk = w.add(b * 18);
+                let dw = h2f8(blk);
+                let q = _mm256_shuffle_epi8(grid, nibbles32(blk.add(2)));
+                let qa = _mm256_sign_epi8(q, q);
+                for i in 0..NR {
+                    let xv = load(x[i].qs.add(32 * b) as *const u8);
+                    let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*x[i].d.add(b)));
+                    let lanes = _mm256_cvtepi32_ps(dot_i8(qa, q, xv));
+                    acc[i][b % 2] = _mm256_fmadd_ps(d, lanes, acc[i][b % 2]);
+                }
+            }
+            for i in 0..NR {
+                out[i] = hsum(_mm256_add_ps(acc[i][0], acc[i][1]));
+                if paired < nb {
+                    let grid = blockdraft_gguf::quants::iquants::KVALUES;
+                    let blk = w.add(paired * 18);
+                    let xq = x[i].qs.add(32 * paired);
+                    let mut sum = 0i32;
+                    for j in 0..16 {
+                        let byte = *blk.add(2 + j);
+                        sum += grid[(byte & 0xF) as usize] as i32 * *xq.add(j) as i32;
+                        sum += grid[(byte >> 4) as usize] as i32 * *xq.add(j + 16) as i32;
+                    }
+                    out[i] += (*x[i].d.add(paired) * h2f(blk)) * sum as f32;
+                }
+            }
+        }
+
+        /// IQ4_XS: the grid lookup of `iq4_nl`, each 32-block's integer dot
+        /// times its 6-bit scale, summed exactly per super-block; the float
+        /// sequence of ggml's AVX2 `ggml_vec_dot_iq4_xs_q8_K`: one
+        /// `fma(d_w * d_x, lanes, acc)` per super-block.
+        #[target_feature(enable = $feat)]
+        unsafe fn iq4_xs<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::iquants::iq4_xs::{scale, BYTES, QS};
+            let grid = iq4_grid();
+            let mut acc = [_mm256_setzero_ps(); NR];
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            for b in 0..nb {
+                let blk = w.add(b * BYTES);
+                let head = std::slice::from_raw_parts(blk, QS);
+                let mut sum = [_mm256_setzero_si256(); NR];
+                for ib in 0..8 {
+                    let q = _mm256_shuffle_epi8(grid, nibbles32(blk.add(QS + 16 * ib)));
+                    let qa = _mm256_sign_epi8(q, q);
+                    let ls = _mm256_set1_epi32(scale(head, ib));
+                    for i in 0..NR {
+                        let xv = load(x[i].qs.add(256 * b + 32 * ib) as *const u8);
+                        let lanes = _mm256_mullo_epi32(dot_i8(qa, q, xv), ls);
+                        sum[i] = _mm256_add_epi32(sum[i], lanes);
+                    }
+                }
+                let dw = h2f(blk);
+                for i in 0..NR {
+                    let d = _mm256_set1_ps(dw * *x[i].d.add(b));
+                    acc[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum[i]), acc[i]);
+                }
+            }
+            finish(&acc, &[0.0; NR], out);
         }
 
         // Q8_0/Q8_1/Q4_0/Q5_0 are signed; Q4_1/Q5_1 unsigned with a stored min.

@@ -10,6 +10,7 @@
 //! `quantize_block` functions for kernels that work block by block.
 
 pub mod float;
+pub mod iquants;
 pub mod kquants;
 pub mod legacy;
 
@@ -100,6 +101,8 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
         T::Q5_K => blocks!(kquants::q5_k::dequantize_block),
         T::Q6_K => blocks!(kquants::q6_k::dequantize_block),
         T::Q8_K => blocks!(kquants::q8_k::dequantize_block),
+        T::IQ4_NL => blocks!(iquants::iq4_nl::dequantize_block),
+        T::IQ4_XS => blocks!(iquants::iq4_xs::dequantize_block),
     }
     Ok(())
 }
@@ -125,7 +128,8 @@ pub fn can_quantize(ty: GgmlType) -> bool {
 /// Q8_0 / Q8_1 / Q8_K / Q4_0 / Q4_1 / Q5_0 / Q5_1 follow ggml's `*_ref`
 /// quantizers exactly (Q4_0..Q8_0 checked bit-exact against the `gguf`
 /// Python package); Q2_K..Q6_K use simpler round-to-nearest scale choices
-/// than ggml's iterative search (valid blocks, slightly less accurate).
+/// than ggml's iterative search (valid blocks, slightly less accurate), and
+/// so do IQ4_NL / IQ4_XS (one least-squares refit of each block's scale).
 pub fn quantize(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<()> {
     check_lengths(ty, out.len(), x.len(), "quantize")?;
     let bb = ty.block_bytes();
@@ -154,6 +158,8 @@ pub fn quantize(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<()> {
         T::Q5_K => blocks!(kquants::q5_k::quantize_block),
         T::Q6_K => blocks!(kquants::q6_k::quantize_block),
         T::Q8_K => blocks!(kquants::q8_k::quantize_block),
+        T::IQ4_NL => blocks!(iquants::iq4_nl::quantize_block),
+        T::IQ4_XS => blocks!(iquants::iq4_xs::quantize_block),
     }
     Ok(())
 }
@@ -203,6 +209,8 @@ mod tests {
             (GgmlType::Q4_K, 0.08),
             (GgmlType::Q5_K, 0.04),
             (GgmlType::Q6_K, 0.04),
+            (GgmlType::IQ4_NL, 0.15),
+            (GgmlType::IQ4_XS, 0.15),
         ];
         for (ty, tol) in cases {
             for seed in 0..4 {
