@@ -173,6 +173,39 @@ struct Q8_K { enum { BL = 256, BYTES = 292, UPB = 16, UNIT = 16, K = 1, HAS_M = 
     }
 };
 
+// Non-linear 4-bit: each nibble indexes the 16-value grid (ggml's
+// kvalues_iq4nl); value j of a 32-block from the low nibble of byte j,
+// value 16 + j from its high nibble.
+__device__ __forceinline__ int iq4_value(int nibble) {
+    const signed char grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                  1, 13, 25, 38, 53, 69, 89, 113};
+    return grid[nibble & 15];
+}
+__device__ __forceinline__ void iq4_quants(const u8 *qs, Unit32 &u) {
+    for (int w = 0; w < 4; w++) {
+        u.q[w] = pack4(iq4_value(qs[4*w]), iq4_value(qs[4*w+1]), iq4_value(qs[4*w+2]), iq4_value(qs[4*w+3]));
+        u.q[w+4] = pack4(iq4_value(qs[4*w] >> 4), iq4_value(qs[4*w+1] >> 4), iq4_value(qs[4*w+2] >> 4),
+                         iq4_value(qs[4*w+3] >> 4));
+    }
+}
+// IQ4_NL {f16 d; u8 qs[16]} (activations Q8_0).
+struct IQ4_NL { enum { BL = 32, BYTES = 18, UPB = 1, UNIT = 32, K = 0, HAS_M = 0 };
+    static __device__ __forceinline__ void decode(const u8 *b, int, Unit32 &u) {
+        u.a = ld_f16(b); u.b = 0.0f; u.sc = 1; u.mn = 0;
+        iq4_quants(b + 2, u);
+    }
+};
+// IQ4_XS {f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]}: eight 32-value
+// parts, part j scaled by its 6-bit scale minus 32 (activations Q8_K).
+struct IQ4_XS { enum { BL = 256, BYTES = 136, UPB = 8, UNIT = 32, K = 1, HAS_M = 0 };
+    static __device__ __forceinline__ void decode(const u8 *b, int j, Unit32 &u) {
+        int lo = (b[4 + j / 2] >> (4 * (j % 2))) & 15;
+        int hi = (ld_u16(b + 2) >> (2 * j)) & 3;
+        u.a = ld_f16(b); u.b = 0.0f; u.sc = (lo | (hi << 4)) - 32; u.mn = 0;
+        iq4_quants(b + 8 + 16 * j, u);
+    }
+};
+
 template <class T> struct UnitOf { typedef Unit32 type; };
 template <> struct UnitOf<Q2_K> { typedef Unit16 type; };
 template <> struct UnitOf<Q3_K> { typedef Unit16 type; };
@@ -246,6 +279,8 @@ MATMUL_QUANT(Q4_K)
 MATMUL_QUANT(Q5_K)
 MATMUL_QUANT(Q6_K)
 MATMUL_QUANT(Q8_K)
+MATMUL_QUANT(IQ4_NL)
+MATMUL_QUANT(IQ4_XS)
 
 // Float weights: lane k of a warp takes columns k, k + 32, ...
 __device__ __forceinline__ float load_w(const float *w, size_t i) { return w[i]; }

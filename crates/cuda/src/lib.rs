@@ -201,6 +201,8 @@ const FUNCTIONS: &[(&str, &[&str])] = &[
             "embed_Q5_K",
             "embed_Q6_K",
             "embed_Q8_K",
+            "embed_IQ4_NL",
+            "embed_IQ4_XS",
         ],
     ),
     (
@@ -221,6 +223,8 @@ const FUNCTIONS: &[(&str, &[&str])] = &[
             "matmul_Q5_K",
             "matmul_Q6_K",
             "matmul_Q8_K",
+            "matmul_IQ4_NL",
+            "matmul_IQ4_XS",
         ],
     ),
     ("norm", &["rms_norm"]),
@@ -256,6 +260,8 @@ fn type_suffix(ty: GgmlType) -> Option<&'static str> {
         T::Q5_K => "Q5_K",
         T::Q6_K => "Q6_K",
         T::Q8_K => "Q8_K",
+        T::IQ4_NL => "IQ4_NL",
+        T::IQ4_XS => "IQ4_XS",
         _ => return None,
     })
 }
@@ -275,8 +281,8 @@ fn act_kind(ty: GgmlType) -> ActKind {
     use GgmlType as T;
     match ty {
         T::Q4_1 | T::Q5_1 => ActKind::Q8_0(true),
-        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::Q8_1 => ActKind::Q8_0(false),
-        T::Q2_K | T::Q3_K | T::Q4_K | T::Q5_K | T::Q6_K | T::Q8_K => ActKind::Q8K,
+        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::Q8_1 | T::IQ4_NL => ActKind::Q8_0(false),
+        T::Q2_K | T::Q3_K | T::Q4_K | T::Q5_K | T::Q6_K | T::Q8_K | T::IQ4_XS => ActKind::Q8K,
         _ => ActKind::F32,
     }
 }
