@@ -393,7 +393,7 @@ impl PackedWeight {
 
 /// Whether `ty`'s packed kernel on this CPU keeps llama.cpp's float sequence
 /// for single rows (Q4_K: bit-identical to the ggml-layout kernel; Q4_0:
-/// llama.cpp's repacked one). Q6_K, Q4_1, Q5_0 and Q8_0, packed on AVX-512 VNNI,
+/// llama.cpp's repacked one). Q6_K, Q4_1, Q5_0, Q8_0 and IQ4_NL, packed on AVX-512 VNNI,
 /// have their own (`x86_packed`): faster, equal to llama.cpp's only to
 /// rounding.
 pub fn packed_follows_llamacpp(ty: GgmlType) -> bool {
@@ -401,7 +401,7 @@ pub fn packed_follows_llamacpp(ty: GgmlType) -> bool {
 }
 
 /// The packed form of `w`, where this CPU has a packed kernel for its type
-/// and shape (x86: Q4_K and Q4_0 on AVX2 and AVX-512 VNNI, Q6_K, Q4_1, Q5_0 and
+/// and shape (x86: Q4_K and Q4_0 on AVX2 and AVX-512 VNNI, Q6_K, Q4_1, Q5_0, IQ4_NL and
 /// Q8_0 on AVX-512 VNNI, with whole groups of 8 rows). Packing runs on the
 /// pool.
 pub fn pack(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {

@@ -747,7 +747,7 @@ fn packed_where_supported(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeig
     let packed = pack(pool, w);
     let supported = cfg!(target_arch = "x86_64")
         && match w.ty {
-            Q6_K | Q4_1 | Q5_0 | Q8_0 => simd_level() == "avx512+vnni",
+            Q6_K | Q4_1 | Q5_0 | Q8_0 | IQ4_NL => simd_level() == "avx512+vnni",
             _ => simd_level().starts_with("avx"),
         };
     if !supported {
@@ -819,7 +819,7 @@ fn packed_weights_match_the_ggml_layout_bit_for_bit() {
 
 /// The float sequence of packed 32-value blocks with one scale (Q4_0, as
 /// llama.cpp's repacked kernels run it, its AVX2 gemv and gemm alike; Q4_1,
-/// Q5_0 and Q8_0, packed on AVX-512 VNNI) for one output: `acc = fma(sum_b,
+/// Q5_0, Q8_0 and IQ4_NL, packed on AVX-512 VNNI) for one output: `acc = fma(sum_b,
 /// d_w * d_x, acc)` over the blocks, `sum_b` the block's exact integer dot;
 /// Q4_1's mins as llama.cpp takes them, `acc_min = fma(m, s_x, acc_min)`
 /// (`sx`: the activation blocks' stored sums), added at the end.
@@ -838,6 +838,7 @@ fn block32_packed_reference(ty: GgmlType, w_row: &[u8], xq: &[i8], dx: &[f32], s
                     (nibble(6, t) | ((qh >> t & 1) << 4) as i32) - 16
                 }
                 Q8_0 => blk[2 + t] as i8 as i32,
+                IQ4_NL => blockdraft_gguf::quants::iquants::KVALUES[nibble(2, t) as usize] as i32,
                 _ => unreachable!("{ty}"),
             }
         };
@@ -860,7 +861,7 @@ fn block32_packed_reference(ty: GgmlType, w_row: &[u8], xq: &[i8], dx: &[f32], s
 /// every batch size and thread count, with an odd last group of 8 rows.
 #[test]
 fn packed_32_blocks_follow_llamacpp_repacked_sequence() {
-    for (ty, seed) in [(Q4_0, 6), (Q4_1, 10), (Q5_0, 8), (Q8_0, 9)] {
+    for (ty, seed) in [(Q4_0, 6), (Q4_1, 10), (Q5_0, 8), (Q8_0, 9), (IQ4_NL, 12)] {
         check_packed_sequence(
             ty,
             seed,

@@ -1,6 +1,6 @@
 //! Weights re-laid out eight rows at a time, and their kernels: Q4_K and
-//! Q4_0 on AVX2 and AVX-512 VNNI; Q6_K, Q4_1, Q5_0 and Q8_0 on AVX-512
-//! VNNI.
+//! Q4_0 on AVX2 and AVX-512 VNNI; Q6_K, Q4_1, Q5_0, Q8_0 and IQ4_NL on
+//! AVX-512 VNNI.
 //!
 //! In ggml's layout one 32-byte vector holds 64 values of one weight row, so
 //! every 32-value (sub-)block, which has its own scale, costs one `maddubs`
@@ -27,9 +27,9 @@
 //! llama.cpp's repacked Q4_0 kernels (what it runs on AVX2 for matrices
 //! with whole groups of 8 rows): `acc = fma(sum_b, d_w * d_x, acc)` per
 //! 32-block with the block's exact integer sum, in every batch shape.
-//! Q4_1 (its mins as llama.cpp takes them), Q5_0 and Q8_0 take that
-//! sequence too, and Q6_K its per-super-block form: their own, equal to
-//! llama.cpp's eight-lane ones to rounding.
+//! Q4_1 (its mins as llama.cpp takes them), Q5_0, Q8_0 and IQ4_NL take
+//! that sequence too, and Q6_K its per-super-block form: their own, equal
+//! to llama.cpp's eight-lane ones to rounding.
 
 use super::x86::{k4_scales, prefetch_ahead};
 use super::{tile_kernel, Act, Kernel};
@@ -200,7 +200,23 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         )),
         llamacpp_gemm_order: false,
     };
+    // IQ4_NL's blocks are Q4_0's bytes (an f16 scale, 16 bytes of nibble
+    // pairs), so they pack alike; the kernel looks the nibbles up.
+    static IQ4_NL: Layout = Layout {
+        block_len: 32,
+        src_block_bytes: 18,
+        group_block_bytes: Q4_0_GROUP_BLOCK,
+        pack_group: pack_q4_0_group,
+        kernel: None,
+        kernel_avx512: Some(x16_kernel!(
+            block32_group16,
+            Q4_0_GROUP_BLOCK,
+            Block32::Iq4Nl
+        )),
+        llamacpp_gemm_order: false,
+    };
     match ty {
+        GgmlType::IQ4_NL => Some(&IQ4_NL),
         GgmlType::Q4_1 => Some(&Q4_1),
         GgmlType::Q5_0 => Some(&Q5_0),
         GgmlType::Q8_0 => Some(&Q8_0),
@@ -693,6 +709,7 @@ enum Block32 {
     Q4_1,
     Q5_0,
     Q8_0,
+    Iq4Nl,
 }
 
 /// The outputs of two packed groups (`a`: lanes 0..8, `b`: 8..16) of a
@@ -706,9 +723,9 @@ enum Block32 {
 /// Q4_1's mins go as in llama.cpp, `acc_min = fma(m, s_x, acc_min)` per
 /// block (`s_x` its activation block's stored sum), added at the end. The
 /// values go to `vpdpbusd` unsigned, stored + 8 (Q4_0), + 16 (Q5_0) or
-/// made so (+ 128, Q8_0), the offset taken off with the block's sum of
-/// activation quants: eight instructions per (block, activation row, 16
-/// weight rows).
+/// made so (+ 128, Q8_0; IQ4_NL's nibbles look up their grid value + 128),
+/// the offset taken off with the block's sum of activation quants: eight
+/// instructions per (block, activation row, 16 weight rows).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn block32_group16<const NR: usize>(
@@ -723,8 +740,12 @@ unsafe fn block32_group16<const NR: usize>(
         Block32::Q4_0 => 8,
         Block32::Q4_1 => 0,
         Block32::Q5_0 => 16,
-        Block32::Q8_0 => 128,
+        Block32::Q8_0 | Block32::Iq4Nl => 128,
     };
+    // IQ4_NL: its grid + 128 (the values as `vpdpbusd` takes them) in each
+    // 128-bit lane, for `vpshufb` to index by nibble.
+    let grid = blockdraft_gguf::quants::iquants::KVALUES.map(|v| (v as u8) ^ 0x80);
+    let grid = _mm512_broadcast_i32x4(_mm_loadu_si128(grid.as_ptr() as *const __m128i));
     let mut acc = [_mm512_setzero_ps(); NR];
     let mut acc_min = [_mm512_setzero_ps(); NR];
     let low4 = _mm512_set1_epi8(0x0F);
@@ -742,9 +763,9 @@ unsafe fn block32_group16<const NR: usize>(
                     *qk = _mm512_xor_si512(both32(pa, pb, 16 + 32 * k), sign);
                 }
             }
-            Block32::Q4_0 | Block32::Q4_1 | Block32::Q5_0 => {
+            Block32::Q4_0 | Block32::Q4_1 | Block32::Q5_0 | Block32::Iq4Nl => {
                 let nibbles = match ty {
-                    Block32::Q4_0 => 16,
+                    Block32::Q4_0 | Block32::Iq4Nl => 16,
                     Block32::Q4_1 => 32,
                     _ => 48,
                 };
@@ -752,6 +773,11 @@ unsafe fn block32_group16<const NR: usize>(
                     let v = both32(pa, pb, nibbles + 32 * c);
                     q[c] = _mm512_and_si512(v, low4);
                     q[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                }
+                if ty == Block32::Iq4Nl {
+                    for qk in q.iter_mut() {
+                        *qk = _mm512_shuffle_epi8(grid, *qk);
+                    }
                 }
                 if ty == Block32::Q5_0 {
                     // Byte c of a row's word to its lane's four bytes, then
