@@ -98,6 +98,20 @@ fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     }
 }
 
+// Normalized value `v` of column `c` of `row` (0 beyond the row) into
+// `out`, and quantized with the workgroup's other 255 for the matmuls.
+fn store_quantized(lid: u32, row: u32, c: u32, v: f32, k_quant: bool) {
+    if c < p.group {
+        out[row * p.group + c] = v;
+    }
+    let dst = Dest(p.group, p.d_off, p.s_off, p.q8_1_sums);
+    if k_quant {
+        quantize_chunk_q8_k(lid, row, c, v, true, dst);
+    } else {
+        quantize_chunk_q8_0(lid, row, c, v, true, dst);
+    }
+}
+
 // Whole rows (`group` is the row length), normalized as `rms_norm` does,
 // each value also quantized as `quantize.wgsl` would, 256 at a time.
 fn rms_norm_quantize(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, k_quant: bool) {
@@ -107,19 +121,13 @@ fn rms_norm_quantize(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, k_quant: bool) {
     }
     let base = row * p.group;
     let scale = inverse_rms(lid, base);
-    let dst = Dest(p.group, p.d_off, p.s_off, p.q8_1_sums);
     for (var c0 = 0u; c0 < p.group; c0 += WG) {
         let c = c0 + lid;
         var v = 0.0;
         if c < p.group {
             v = (x[base + c] * scale) * weight[c];
-            out[base + c] = v;
         }
-        if k_quant {
-            quantize_chunk_q8_k(lid, row, c, v, true, dst);
-        } else {
-            quantize_chunk_q8_0(lid, row, c, v, true, dst);
-        }
+        store_quantized(lid, row, c, v, k_quant);
     }
 }
 
@@ -159,19 +167,13 @@ fn add_rms_norm_quantize(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, k_quant: bool
         s += v * v;
     }
     let scale = inverse_rms_of(lid, s, p.eps);
-    let dst = Dest(p.group, p.d_off, p.s_off, p.q8_1_sums);
     for (var c0 = 0u; c0 < p.group; c0 += WG) {
         let c = c0 + lid;
         var v = 0.0;
         if c < p.group {
             v = (stream[base + c] * scale) * weight[c];
-            out[base + c] = v;
         }
-        if k_quant {
-            quantize_chunk_q8_k(lid, row, c, v, true, dst);
-        } else {
-            quantize_chunk_q8_0(lid, row, c, v, true, dst);
-        }
+        store_quantized(lid, row, c, v, k_quant);
     }
 }
 

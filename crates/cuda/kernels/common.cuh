@@ -55,6 +55,13 @@ __device__ __forceinline__ u32 ld_u32(const u8 *p) {
     return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
 }
 __device__ __forceinline__ float ld_f16(const u8 *p) { return f16_to_f32(ld_u16(p)); }
+
+// The value an IQ4_NL / IQ4_XS nibble indexes (ggml's kvalues_iq4nl).
+__device__ __forceinline__ int iq4_value(int nibble) {
+    const signed char grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                  1, 13, 25, 38, 53, 69, 89, 113};
+    return grid[nibble & 15];
+}
 __device__ __forceinline__ float ld_f32(const u8 *p) { return __int_as_float((int)ld_u32(p)); }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -80,14 +80,9 @@ __device__ __forceinline__ float deq_q6_k(const u8 *b, int e) {
     return ld_f16(b + 208) * sc * (float)q;
 }
 __device__ __forceinline__ float deq_q8_k(const u8 *b, int e) { return ld_f32(b) * (float)(i8)b[4 + e]; }
-__device__ __forceinline__ float iq4_grid(int nibble) {
-    const signed char grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                  1, 13, 25, 38, 53, 69, 89, 113};
-    return (float)grid[nibble & 15];
-}
 __device__ __forceinline__ float deq_iq4_nl(const u8 *b, int e) {
     int q = b[2 + e % 16];
-    return ld_f16(b) * iq4_grid(e < 16 ? q : q >> 4);
+    return ld_f16(b) * (float)iq4_value(e < 16 ? q : q >> 4);
 }
 __device__ __forceinline__ float deq_iq4_xs(const u8 *b, int e) {
     int j = e / 32, l = e % 32;
@@ -95,7 +90,7 @@ __device__ __forceinline__ float deq_iq4_xs(const u8 *b, int e) {
     int hi = (ld_u16(b + 2) >> (2 * j)) & 3;
     float dl = ld_f16(b) * (float)((lo | (hi << 4)) - 32);
     int q = b[8 + 16 * j + l % 16];
-    return dl * iq4_grid(l < 16 ? q : q >> 4);
+    return dl * (float)iq4_value(l < 16 ? q : q >> 4);
 }
 __device__ __forceinline__ float deq_f32(const u8 *b, int) { return ld_f32(b); }
 __device__ __forceinline__ float deq_f16(const u8 *b, int) { return ld_f16(b); }

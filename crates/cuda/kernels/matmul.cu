@@ -173,14 +173,8 @@ struct Q8_K { enum { BL = 256, BYTES = 292, UPB = 16, UNIT = 16, K = 1, HAS_M = 
     }
 };
 
-// Non-linear 4-bit: each nibble indexes the 16-value grid (ggml's
-// kvalues_iq4nl); value j of a 32-block from the low nibble of byte j,
-// value 16 + j from its high nibble.
-__device__ __forceinline__ int iq4_value(int nibble) {
-    const signed char grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                  1, 13, 25, 38, 53, 69, 89, 113};
-    return grid[nibble & 15];
-}
+// Non-linear 4-bit (iq4_value in common.cuh): value j of a 32-block from
+// the low nibble of byte j, value 16 + j from its high nibble.
 __device__ __forceinline__ void iq4_quants(const u8 *qs, Unit32 &u) {
     for (int w = 0; w < 4; w++) {
         u.q[w] = pack4(iq4_value(qs[4*w]), iq4_value(qs[4*w+1]), iq4_value(qs[4*w+2]), iq4_value(qs[4*w+3]));

@@ -582,13 +582,18 @@ impl<B: Backend> Decoder<B> {
                 }
             };
             // Feed-forward.
+            let norm = RowNorm {
+                weight: &lw.ffn_norm,
+                eps: cfg.rms_eps,
+                out: &mut s.xn,
+                pending: self.pending_branch(&s.o, pending.take()),
+            };
             if let Some(h) = hook.as_deref_mut() {
-                self.add_pending(s, pending.take());
-                be.rms_norm(&s.x, &lw.ffn_norm, cfg.n_embd, cfg.rms_eps, &mut s.xn);
-                h.apply(be, il, HookPoint::FfnInput, &mut s.xn);
+                let xn = crate::backend::norm_rows(be, &mut s.x, norm);
+                h.apply(be, il, HookPoint::FfnInput, xn);
                 be.gated_projection(
                     cfg.activation,
-                    &s.xn,
+                    xn,
                     &lw.w_gate,
                     &lw.w_up,
                     &mut s.gate,
@@ -596,12 +601,6 @@ impl<B: Backend> Decoder<B> {
                     &mut s.hidden,
                 );
             } else {
-                let norm = RowNorm {
-                    weight: &lw.ffn_norm,
-                    eps: cfg.rms_eps,
-                    out: &mut s.xn,
-                    pending: self.pending_branch(&s.o, pending.take()),
-                };
                 be.normed_gated_projection(
                     cfg.activation,
                     &mut s.x,

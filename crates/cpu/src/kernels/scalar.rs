@@ -32,6 +32,25 @@ pub(crate) fn q3k_scales(s: &[u8]) -> [i8; 16] {
     out
 }
 
+/// The integer dot of a 32-block's 16 nibble bytes (value j in the low
+/// nibble of byte j, value 16 + j in its high nibble) with 32 activation
+/// quants, each nibble mapped by `value` (exact in i32, in any order).
+#[inline(always)]
+pub(crate) fn nibble_dot(qs: &[u8], xq: &[i8], value: impl Fn(u8) -> i32) -> i32 {
+    let mut s = 0i32;
+    for j in 0..16 {
+        s += value(qs[j] & 0xF) * xq[j] as i32;
+        s += value(qs[j] >> 4) * xq[j + 16] as i32;
+    }
+    s
+}
+
+/// An IQ4_NL / IQ4_XS nibble's grid value.
+#[inline(always)]
+pub(crate) fn iq4_value(nibble: u8) -> i32 {
+    KVALUES[nibble as usize] as i32
+}
+
 // Every kernel below has the `Kernel` signature; `x[i]` gives activation row
 // i, `out[i]` receives its dot with the weight row.
 
@@ -43,11 +62,7 @@ pub(crate) unsafe fn q4_0(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
         let qs = std::slice::from_raw_parts(blk.add(2), 16);
         for (xi, o) in x.iter().zip(out.iter_mut()) {
             let xq = std::slice::from_raw_parts(xi.qs.add(b * 32), 32);
-            let mut s = 0i32;
-            for j in 0..16 {
-                s += ((qs[j] & 0xF) as i32 - 8) * xq[j] as i32;
-                s += ((qs[j] >> 4) as i32 - 8) * xq[j + 16] as i32;
-            }
+            let s = nibble_dot(qs, xq, |n| n as i32 - 8);
             *o += d * *xi.d.add(b) * s as f32;
         }
     }
@@ -62,11 +77,7 @@ pub(crate) unsafe fn q4_1(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
         let qs = std::slice::from_raw_parts(blk.add(4), 16);
         for (xi, o) in x.iter().zip(out.iter_mut()) {
             let xq = std::slice::from_raw_parts(xi.qs.add(b * 32), 32);
-            let mut s = 0i32;
-            for j in 0..16 {
-                s += (qs[j] & 0xF) as i32 * xq[j] as i32;
-                s += (qs[j] >> 4) as i32 * xq[j + 16] as i32;
-            }
+            let s = nibble_dot(qs, xq, |n| n as i32);
             *o += d * *xi.d.add(b) * s as f32 + m * *xi.s.add(b);
         }
     }
@@ -309,12 +320,7 @@ pub(crate) unsafe fn iq4_nl(w: *const u8, nb: usize, x: &[Act], out: &mut [f32])
         let qs = std::slice::from_raw_parts(blk.add(2), 16);
         for (xi, o) in x.iter().zip(out.iter_mut()) {
             let xq = std::slice::from_raw_parts(xi.qs.add(b * 32), 32);
-            let mut s = 0i32;
-            for j in 0..16 {
-                s += KVALUES[(qs[j] & 0xF) as usize] as i32 * xq[j] as i32;
-                s += KVALUES[(qs[j] >> 4) as usize] as i32 * xq[j + 16] as i32;
-            }
-            *o += d * *xi.d.add(b) * s as f32;
+            *o += d * *xi.d.add(b) * nibble_dot(qs, xq, iq4_value) as f32;
         }
     }
 }
@@ -330,12 +336,7 @@ pub(crate) unsafe fn iq4_xs(w: *const u8, nb: usize, x: &[Act], out: &mut [f32])
             let mut isum = 0i32;
             for ib in 0..8 {
                 let qs = &blk[iq4_xs::QS + 16 * ib..][..16];
-                let xq = &xq[32 * ib..][..32];
-                let mut s = 0i32;
-                for j in 0..16 {
-                    s += KVALUES[(qs[j] & 0xF) as usize] as i32 * xq[j] as i32;
-                    s += KVALUES[(qs[j] >> 4) as usize] as i32 * xq[j + 16] as i32;
-                }
+                let s = nibble_dot(qs, &xq[32 * ib..][..32], iq4_value);
                 isum += iq4_xs::scale(blk, ib) * s;
             }
             *o += d * *xi.d.add(b) * isum as f32;

@@ -792,15 +792,11 @@ macro_rules! matmul_kernels {
             for i in 0..NR {
                 out[i] = hsum(_mm256_add_ps(acc[i][0], acc[i][1]));
                 if paired < nb {
-                    let grid = blockdraft_gguf::quants::iquants::KVALUES;
+                    use $crate::kernels::scalar::{iq4_value, nibble_dot};
                     let blk = w.add(paired * 18);
-                    let xq = x[i].qs.add(32 * paired);
-                    let mut sum = 0i32;
-                    for j in 0..16 {
-                        let byte = *blk.add(2 + j);
-                        sum += grid[(byte & 0xF) as usize] as i32 * *xq.add(j) as i32;
-                        sum += grid[(byte >> 4) as usize] as i32 * *xq.add(j + 16) as i32;
-                    }
+                    let qs = std::slice::from_raw_parts(blk.add(2), 16);
+                    let xq = std::slice::from_raw_parts(x[i].qs.add(32 * paired), 32);
+                    let sum = nibble_dot(qs, xq, iq4_value);
                     out[i] += (*x[i].d.add(paired) * h2f(blk)) * sum as f32;
                 }
             }

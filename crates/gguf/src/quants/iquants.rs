@@ -67,6 +67,15 @@ fn fit_block(x: &[f32]) -> (f32, [u8; QK]) {
     (d0, idx)
 }
 
+/// The 32 values of one 32-block's 16 nibble bytes at scale `d`
+/// (ggml's `d * kvalues_iq4nl[q]`, the order both formats use).
+fn dequantize_32(d: f32, qs: &[u8], y: &mut [f32]) {
+    for j in 0..QK / 2 {
+        y[j] = d * KVALUES[(qs[j] & 0xF) as usize] as f32;
+        y[j + QK / 2] = d * KVALUES[(qs[j] >> 4) as usize] as f32;
+    }
+}
+
 /// Packs 32 indices two to a byte (element `j` low, `j + 16` high).
 fn pack_nibbles(idx: &[u8; QK], qs: &mut [u8]) {
     for j in 0..QK / 2 {
@@ -83,12 +92,7 @@ pub mod iq4_nl {
 
     /// ggml `dequantize_row_iq4_nl`.
     pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
-        let d = f16_at(b, D);
-        for j in 0..QK / 2 {
-            let q = b[QS + j];
-            y[j] = d * KVALUES[(q & 0xF) as usize] as f32;
-            y[j + QK / 2] = d * KVALUES[(q >> 4) as usize] as f32;
-        }
+        dequantize_32(f16_at(b, D), &b[QS..QS + QK / 2], y);
     }
 
     pub fn quantize_block(x: &[f32], b: &mut [u8]) {
@@ -130,11 +134,7 @@ pub mod iq4_xs {
         for ib in 0..8 {
             let dl = d * scale(b, ib) as f32;
             let qs = &b[QS + 16 * ib..QS + 16 * (ib + 1)];
-            let y = &mut y[32 * ib..32 * (ib + 1)];
-            for j in 0..QK / 2 {
-                y[j] = dl * KVALUES[(qs[j] & 0xF) as usize] as f32;
-                y[j + QK / 2] = dl * KVALUES[(qs[j] >> 4) as usize] as f32;
-            }
+            dequantize_32(dl, qs, &mut y[32 * ib..32 * (ib + 1)]);
         }
     }
 
