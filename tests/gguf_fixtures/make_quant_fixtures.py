@@ -60,6 +60,29 @@ def random_blocks(qt, n_blocks):
     return raw
 
 
+LATER_TYPES = [Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M,
+               Q.TQ1_0, Q.TQ2_0, Q.MXFP4, Q.NVFP4]
+
+
+def sanitize_later(qt, raw):
+    """Finite scales for LATER_TYPES (random_blocks leaves them random)."""
+    n = raw.shape[0]
+    f16_at = {Q.IQ2_XXS: 0, Q.IQ2_XS: 0, Q.IQ2_S: 0, Q.IQ3_XXS: 0, Q.IQ3_S: 0,
+              Q.IQ1_S: 0, Q.TQ1_0: 52, Q.TQ2_0: 64}
+    if qt in f16_at:
+        off = f16_at[qt]
+        raw[:, off:off + 2] = sane_scales(n, np.float16).view(np.uint8).reshape(n, 2)
+    elif qt == Q.IQ1_M:
+        # The f16 scale's four nibbles are the top nibbles of the four
+        # little-endian u16 words at bytes 48..56 (lowest nibble first).
+        bits = sane_scales(n, np.float16).view(np.uint16)
+        for k in range(4):
+            nib = ((bits >> (4 * k)) & 0xF).astype(np.uint8)
+            raw[:, 49 + 2 * k] = (raw[:, 49 + 2 * k] & 0x0F) | (nib << 4)
+    elif qt == Q.MXFP4:
+        raw[:, 0] = rng.integers(118, 136, n, dtype=np.uint8)
+
+
 def numpy_reference(qt, raw):
     """Formats the package cannot dequantize: x = d * q."""
     if qt == Q.Q8_1:
@@ -129,6 +152,26 @@ def main():
         assert np.all(np.isfinite(ref)), name
         w.add_tensor(f"{name}.raw", raw.reshape(-1), raw_dtype=qt)
         w.add_tensor(f"{name}.ref", ref)
+
+    # Added later again, after everything above: the lattice (IQ1/2/3),
+    # ternary and 4-bit float types, then the package's quantizers of the
+    # ones it quantizes.
+    for qt in LATER_TYPES:
+        name = qt.name.lower()
+        block_len, _ = gguf.GGML_QUANT_SIZES[qt]
+        raw = random_blocks(qt, max(8, 2048 // block_len))
+        sanitize_later(qt, raw)
+        ref = dequantize(raw.reshape(-1), qt).astype(np.float32).reshape(-1)
+        assert np.all(np.isfinite(ref)), name
+        w.add_tensor(f"{name}.raw", raw.reshape(-1), raw_dtype=qt)
+        w.add_tensor(f"{name}.ref", ref)
+    for qt in (Q.TQ1_0, Q.TQ2_0, Q.MXFP4):
+        name = qt.name.lower()
+        src = (rng.standard_normal(1024) * rng.choice([0.01, 1.0, 30.0], 1024)).astype(np.float32)
+        src[:256] = 0.0  # an all-zero block
+        q = quantize(src.reshape(-1, 256), qt)
+        w.add_tensor(f"{name}.src", src)
+        w.add_tensor(f"{name}.pyq", q.reshape(-1), raw_dtype=qt)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -19,18 +19,29 @@ pub enum GgmlType {
     Q5_K = 13,
     Q6_K = 14,
     Q8_K = 15,
+    IQ2_XXS = 16,
+    IQ2_XS = 17,
+    IQ3_XXS = 18,
+    IQ1_S = 19,
     IQ4_NL = 20,
+    IQ3_S = 21,
+    IQ2_S = 22,
     IQ4_XS = 23,
     I8 = 24,
     I16 = 25,
     I32 = 26,
     I64 = 27,
     F64 = 28,
+    IQ1_M = 29,
     BF16 = 30,
+    TQ1_0 = 34,
+    TQ2_0 = 35,
+    MXFP4 = 39,
+    NVFP4 = 40,
 }
 
 impl GgmlType {
-    pub const ALL: [GgmlType; 22] = [
+    pub const ALL: [GgmlType; 33] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -47,6 +58,17 @@ impl GgmlType {
         GgmlType::Q8_K,
         GgmlType::IQ4_NL,
         GgmlType::IQ4_XS,
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ2_S,
+        GgmlType::IQ3_XXS,
+        GgmlType::IQ3_S,
+        GgmlType::IQ1_S,
+        GgmlType::IQ1_M,
+        GgmlType::TQ1_0,
+        GgmlType::TQ2_0,
+        GgmlType::MXFP4,
+        GgmlType::NVFP4,
         GgmlType::I8,
         GgmlType::I16,
         GgmlType::I32,
@@ -69,8 +91,10 @@ impl GgmlType {
         use GgmlType::*;
         match self {
             F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL => 32,
-            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ4_XS => 256,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL | MXFP4 => 32,
+            NVFP4 => 64,
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ4_XS | IQ2_XXS | IQ2_XS | IQ2_S
+            | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | TQ1_0 | TQ2_0 => 256,
         }
     }
 
@@ -96,6 +120,17 @@ impl GgmlType {
             Q8_K => 292,
             IQ4_NL => 18,
             IQ4_XS => 136,
+            IQ2_XXS => 66,
+            IQ2_XS => 74,
+            IQ2_S => 82,
+            IQ3_XXS => 98,
+            IQ3_S => 110,
+            IQ1_S => 50,
+            IQ1_M => 56,
+            TQ1_0 => 54,
+            TQ2_0 => 66,
+            MXFP4 => 17,
+            NVFP4 => 36,
         }
     }
 
@@ -133,6 +168,17 @@ impl GgmlType {
             Q8_K => "Q8_K",
             IQ4_NL => "IQ4_NL",
             IQ4_XS => "IQ4_XS",
+            IQ2_XXS => "IQ2_XXS",
+            IQ2_XS => "IQ2_XS",
+            IQ2_S => "IQ2_S",
+            IQ3_XXS => "IQ3_XXS",
+            IQ3_S => "IQ3_S",
+            IQ1_S => "IQ1_S",
+            IQ1_M => "IQ1_M",
+            TQ1_0 => "TQ1_0",
+            TQ2_0 => "TQ2_0",
+            MXFP4 => "MXFP4",
+            NVFP4 => "NVFP4",
             I8 => "I8",
             I16 => "I16",
             I32 => "I32",

@@ -37,6 +37,17 @@ fn dequantize_matches_gguf_python_package() {
         GgmlType::Q8_K,
         GgmlType::IQ4_NL,
         GgmlType::IQ4_XS,
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ2_S,
+        GgmlType::IQ3_XXS,
+        GgmlType::IQ3_S,
+        GgmlType::IQ1_S,
+        GgmlType::IQ1_M,
+        GgmlType::TQ1_0,
+        GgmlType::TQ2_0,
+        GgmlType::MXFP4,
+        GgmlType::NVFP4,
         GgmlType::F16,
         GgmlType::BF16,
         GgmlType::I8,
@@ -80,6 +91,9 @@ fn quantize_matches_gguf_python_package() {
         GgmlType::Q5_1,
         GgmlType::Q8_0,
         GgmlType::BF16,
+        GgmlType::TQ1_0,
+        GgmlType::TQ2_0,
+        GgmlType::MXFP4,
     ] {
         let name = ty.name().to_lowercase();
         let src = f32s(&f.tensor_data(&format!("{name}.src")).unwrap());
@@ -101,6 +115,26 @@ fn quantize_matches_gguf_python_package() {
                     .take(5)
                     .collect::<Vec<_>>()
             );
+        }
+    }
+}
+
+#[test]
+fn read_only_formats_refuse_to_quantize_with_a_typed_error() {
+    use blockdraft_gguf::quants::can_quantize;
+    use blockdraft_gguf::{ErrorKind, GgufError};
+    for ty in GgmlType::ALL {
+        let x = vec![0.5f32; ty.block_len()];
+        match quantize_to_vec(ty, &x) {
+            Ok(q) => {
+                assert!(can_quantize(ty), "{ty}");
+                assert_eq!(q.len(), ty.block_bytes(), "{ty}");
+            }
+            Err(e @ GgufError::UnsupportedType { .. }) => {
+                assert!(!can_quantize(ty), "{ty}: {e}");
+                assert_eq!(e.kind(), ErrorKind::UnsupportedType);
+            }
+            Err(e) => panic!("{ty}: {e}"),
         }
     }
 }

@@ -34,6 +34,7 @@ use crate::pool::ThreadPool;
 use blockdraft_gguf::GgmlType;
 use std::cell::RefCell;
 
+mod lattice;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 pub(crate) mod scalar;
@@ -242,8 +243,9 @@ pub(crate) fn act_kind(ty: GgmlType) -> ActKind {
     use GgmlType::*;
     match ty {
         F32 | F16 | BF16 => ActKind::F32,
-        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL => ActKind::Q8_0,
-        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ4_XS => ActKind::Q8K,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL | MXFP4 | NVFP4 => ActKind::Q8_0,
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ4_XS | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS
+        | IQ3_S | IQ1_S | IQ1_M | TQ1_0 | TQ2_0 => ActKind::Q8K,
         t => panic!("matmul: unsupported weight type {t}"),
     }
 }
@@ -269,6 +271,17 @@ pub(crate) fn scalar_kernel(ty: GgmlType) -> Kernel {
         Q8_K => per_row!(scalar::q8_k),
         IQ4_NL => per_row!(scalar::iq4_nl),
         IQ4_XS => per_row!(scalar::iq4_xs),
+        IQ2_XXS => per_row!(lattice::iq2_xxs),
+        IQ2_XS => per_row!(lattice::iq2_xs),
+        IQ2_S => per_row!(lattice::iq2_s),
+        IQ3_XXS => per_row!(lattice::iq3_xxs),
+        IQ3_S => per_row!(lattice::iq3_s),
+        IQ1_S => per_row!(lattice::iq1_s),
+        IQ1_M => per_row!(lattice::iq1_m),
+        TQ1_0 => per_row!(lattice::tq1_0),
+        TQ2_0 => per_row!(lattice::tq2_0),
+        MXFP4 => per_row!(lattice::mxfp4),
+        NVFP4 => per_row!(lattice::nvfp4),
         t => panic!("matmul: unsupported weight type {t}"),
     }
 }
@@ -785,6 +798,17 @@ pub fn supports(ty: GgmlType) -> bool {
             | Q8_K
             | IQ4_NL
             | IQ4_XS
+            | IQ2_XXS
+            | IQ2_XS
+            | IQ2_S
+            | IQ3_XXS
+            | IQ3_S
+            | IQ1_S
+            | IQ1_M
+            | TQ1_0
+            | TQ2_0
+            | MXFP4
+            | NVFP4
     )
 }
 

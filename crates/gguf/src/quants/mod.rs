@@ -10,9 +10,13 @@
 //! `quantize_block` functions for kernels that work block by block.
 
 pub mod float;
+pub mod fp4;
+pub mod grids;
 pub mod iquants;
 pub mod kquants;
+pub mod lattice;
 pub mod legacy;
+pub mod ternary;
 
 use crate::error::{GgufError, Result};
 use crate::GgmlType;
@@ -103,6 +107,17 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
         T::Q8_K => blocks!(kquants::q8_k::dequantize_block),
         T::IQ4_NL => blocks!(iquants::iq4_nl::dequantize_block),
         T::IQ4_XS => blocks!(iquants::iq4_xs::dequantize_block),
+        T::IQ2_XXS => blocks!(lattice::iq2_xxs::dequantize_block),
+        T::IQ2_XS => blocks!(lattice::iq2_xs::dequantize_block),
+        T::IQ2_S => blocks!(lattice::iq2_s::dequantize_block),
+        T::IQ3_XXS => blocks!(lattice::iq3_xxs::dequantize_block),
+        T::IQ3_S => blocks!(lattice::iq3_s::dequantize_block),
+        T::IQ1_S => blocks!(lattice::iq1_s::dequantize_block),
+        T::IQ1_M => blocks!(lattice::iq1_m::dequantize_block),
+        T::TQ1_0 => blocks!(ternary::tq1_0::dequantize_block),
+        T::TQ2_0 => blocks!(ternary::tq2_0::dequantize_block),
+        T::MXFP4 => blocks!(fp4::mxfp4::dequantize_block),
+        T::NVFP4 => blocks!(fp4::nvfp4::dequantize_block),
     }
     Ok(())
 }
@@ -116,10 +131,14 @@ pub fn dequantize_to_vec(ty: GgmlType, bytes: &[u8]) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-/// Whether [`quantize`] supports `ty` (all types do).
+/// Whether [`quantize`] supports `ty`: every type but the lattice formats
+/// (IQ1/IQ2/IQ3, see [`lattice`]) and NVFP4, which are read only.
 pub fn can_quantize(ty: GgmlType) -> bool {
-    let _ = ty;
-    true
+    use GgmlType as T;
+    !matches!(
+        ty,
+        T::IQ2_XXS | T::IQ2_XS | T::IQ2_S | T::IQ3_XXS | T::IQ3_S | T::IQ1_S | T::IQ1_M | T::NVFP4
+    )
 }
 
 /// Encodes `x` as `ty` into `out` (round-to-nearest reference quantizers;
@@ -130,6 +149,8 @@ pub fn can_quantize(ty: GgmlType) -> bool {
 /// Python package); Q2_K..Q6_K use simpler round-to-nearest scale choices
 /// than ggml's iterative search (valid blocks, slightly less accurate), and
 /// so do IQ4_NL / IQ4_XS (one least-squares refit of each block's scale).
+/// TQ1_0 / TQ2_0 / MXFP4 follow ggml's references as the `gguf` package
+/// has them. The types [`can_quantize`] rejects are a typed error.
 pub fn quantize(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<()> {
     check_lengths(ty, out.len(), x.len(), "quantize")?;
     let bb = ty.block_bytes();
@@ -160,6 +181,22 @@ pub fn quantize(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<()> {
         T::Q8_K => blocks!(kquants::q8_k::quantize_block),
         T::IQ4_NL => blocks!(iquants::iq4_nl::quantize_block),
         T::IQ4_XS => blocks!(iquants::iq4_xs::quantize_block),
+        T::TQ1_0 => blocks!(ternary::tq1_0::quantize_block),
+        T::TQ2_0 => blocks!(ternary::tq2_0::quantize_block),
+        T::MXFP4 => blocks!(fp4::mxfp4::quantize_block),
+        T::IQ2_XXS
+        | T::IQ2_XS
+        | T::IQ2_S
+        | T::IQ3_XXS
+        | T::IQ3_S
+        | T::IQ1_S
+        | T::IQ1_M
+        | T::NVFP4 => {
+            return Err(GgufError::UnsupportedType {
+                what: "quantize (a read-only format)".into(),
+                ty,
+            })
+        }
     }
     Ok(())
 }
@@ -211,6 +248,11 @@ mod tests {
             (GgmlType::Q6_K, 0.04),
             (GgmlType::IQ4_NL, 0.15),
             (GgmlType::IQ4_XS, 0.15),
+            // Three levels: anything up to half the scale away.
+            (GgmlType::TQ1_0, 0.5),
+            (GgmlType::TQ2_0, 0.5),
+            // E2M1: at most half its top gap (8 to 12 scales), a quarter of max.
+            (GgmlType::MXFP4, 0.26),
         ];
         for (ty, tol) in cases {
             for seed in 0..4 {
