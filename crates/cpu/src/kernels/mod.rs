@@ -47,6 +47,8 @@ pub(crate) mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx512;
 #[cfg(target_arch = "x86_64")]
+mod x86_lattice;
+#[cfg(target_arch = "x86_64")]
 mod x86_packed;
 
 /// A weight matrix in its on-disk layout: `rows` output features, each a row

@@ -1,5 +1,6 @@
 //! x86-64 AVX2 + FMA (+ F16C) kernels, selected at runtime.
 
+use super::x86_lattice::lattice_kernels;
 use super::{by_nr, per_row, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -635,9 +636,11 @@ macro_rules! matmul_kernels {
                 Q8_K => rows!($feat, q8_k),
                 IQ4_NL => rows!($feat, iq4_nl),
                 IQ4_XS => rows!($feat, iq4_xs),
-                _ => return None,
+                _ => return lattice_kernel(ty),
             })
         }
+
+        lattice_kernels!($feat);
 
         #[target_feature(enable = $feat)]
         #[inline]
@@ -770,7 +773,8 @@ macro_rules! matmul_kernels {
         /// shuffle), then the signed dot of the 32-block types, in the float
         /// sequence of ggml's AVX2 `ggml_vec_dot_iq4_nl_q8_0`: even and odd
         /// blocks in two accumulators, added before the horizontal sum, and
-        /// an odd last block added after it as a scalar.
+        /// an odd last block added after it as a scalar multiply-add (fused,
+        /// as llama.cpp's compiled code has it).
         #[target_feature(enable = $feat)]
         unsafe fn iq4_nl<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
             let grid = iq4_grid();
@@ -797,7 +801,9 @@ macro_rules! matmul_kernels {
                     let qs = std::slice::from_raw_parts(blk.add(2), 16);
                     let xq = std::slice::from_raw_parts(x[i].qs.add(32 * paired), 32);
                     let sum = nibble_dot(qs, xq, iq4_value);
-                    out[i] += (*x[i].d.add(paired) * h2f(blk)) * sum as f32;
+                    // Fused: the C compiler contracts ggml's `sumf += d * sumi`.
+                    let d = *x[i].d.add(paired) * h2f(blk);
+                    out[i] = d.mul_add(sum as f32, out[i]);
                 }
             }
         }

@@ -1,0 +1,291 @@
+//! x86 kernels of the lattice types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+//! IQ3_S, IQ1_S, IQ1_M) and MXFP4, in the float sequences of ggml's AVX2
+//! `ggml_vec_dot_*_q8_K` / `_q8_0`, so results are bit-equal to llama.cpp's.
+//!
+//! Each 32-value block becomes one vector of 32 grid magnitudes (rows looked
+//! up by index, four 8-byte or eight 4-byte rows) and a sign mask applied to
+//! the activations; `maddubs` then `madd` by the block's scale (per 16
+//! values where it has two) give eight i32 lanes of four values each, which
+//! add up exactly over the super-block. Per super-block the lanes take one
+//! `fma(d_w * d_x, lanes, acc)`, and the result is the format's factor times
+//! the horizontal sum (IQ1 adds its offsets' part after it). The lane
+//! partition and float steps are ggml's, so every build of the macro (AVX2,
+//! AVX-VNNI, AVX-512 VNNI) gives the same bits.
+//!
+//! Expanded inside each build module of `x86.rs` by `lattice_kernels!`,
+//! which uses that module's helpers (`h2f`, `h2f8`, `load`, `bits_to_bytes`,
+//! `dot_i8`, `nibbles32`) and `hsum`.
+
+macro_rules! lattice_kernels {
+    ($feat:literal) => {
+        /// This build's kernel for a lattice type or MXFP4.
+        fn lattice_kernel(ty: GgmlType) -> Option<Kernel> {
+            use GgmlType::*;
+            Some(match ty {
+                IQ2_XXS => rows!($feat, iq2_xxs),
+                IQ2_XS => rows!($feat, iq2_xs),
+                IQ2_S => rows!($feat, iq2_s),
+                IQ3_XXS => rows!($feat, iq3_xxs),
+                IQ3_S => rows!($feat, iq3_s),
+                IQ1_S => rows!($feat, iq1_s),
+                IQ1_M => rows!($feat, iq1_m),
+                MXFP4 => rows!($feat, mxfp4),
+                _ => return None,
+            })
+        }
+
+        /// Four 8-value groups as one vector of their grid bytes, and their
+        /// four sign bytes as one word (byte l for group l).
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn grid_rows(group: impl Fn(usize) -> (u64, u8)) -> (__m256i, u32) {
+            let g: [(u64, u8); 4] = std::array::from_fn(group);
+            let q = _mm256_set_epi64x(g[3].0 as i64, g[2].0 as i64, g[1].0 as i64, g[0].0 as i64);
+            let signs = u32::from_le_bytes([g[0].1, g[1].1, g[2].1, g[3].1]);
+            (q, signs)
+        }
+
+        /// The scale vector of a 32-block: `lo` for its first 16 values'
+        /// i16 lanes, `hi` for the rest.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn scale_halves(lo: i32, hi: i32) -> __m256i {
+            _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
+        }
+
+        /// The IQ2/IQ3 super-block loop: `block(blk, ib)` gives 32-block
+        /// `ib`'s magnitudes, sign bits and scale vector; `factor` is the
+        /// format's constant (1/8 for IQ2, 1/4 for IQ3_XXS, 1 for IQ3_S).
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn signed_grid<const NR: usize>(
+            w: *const u8,
+            nb: usize,
+            bytes: usize,
+            factor: f32,
+            x: &[Act],
+            out: &mut [f32],
+            block: impl Fn(&[u8], usize) -> (__m256i, u32, __m256i),
+        ) {
+            let mut acc = [_mm256_setzero_ps(); NR];
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            let one = _mm256_set1_epi8(1);
+            for b in 0..nb {
+                let blk = std::slice::from_raw_parts(w.add(b * bytes), bytes);
+                let mut sum = [_mm256_setzero_si256(); NR];
+                for ib in 0..8 {
+                    let (q, signs, scale) = block(blk, ib);
+                    // 0xFF (negate) or 0x01 (keep) per byte, for sign_epi8.
+                    let signs = _mm256_or_si256(bits_to_bytes(signs), one);
+                    for i in 0..NR {
+                        let xv = load(x[i].qs.add(256 * b + 32 * ib) as *const u8);
+                        let p = _mm256_maddubs_epi16(q, _mm256_sign_epi8(xv, signs));
+                        sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(p, scale));
+                    }
+                }
+                let dw = h2f(blk.as_ptr());
+                for i in 0..NR {
+                    let d = _mm256_set1_ps(dw * *x[i].d.add(b));
+                    acc[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum[i]), acc[i]);
+                }
+            }
+            for i in 0..NR {
+                out[i] = factor * hsum(acc[i]);
+            }
+        }
+
+        #[target_feature(enable = $feat)]
+        unsafe fn iq2_xxs<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::lattice::iq2_xxs::*;
+            signed_grid::<NR>(w, nb, BYTES, 0.125, x, out, |blk, ib| {
+                let (q, signs) = grid_rows(|l| group(blk, ib, l));
+                let ls = 2 * scale(blk, ib) as i32 + 1;
+                (q, signs, scale_halves(ls, ls))
+            })
+        }
+
+        #[target_feature(enable = $feat)]
+        unsafe fn iq2_xs<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::lattice::iq2_xs::*;
+            signed_grid::<NR>(w, nb, BYTES, 0.125, x, out, |blk, ib| {
+                let (q, signs) = grid_rows(|l| group(blk, 4 * ib + l));
+                let sc = blk[SCALES + ib] as i32;
+                (
+                    q,
+                    signs,
+                    scale_halves(2 * (sc & 0xF) + 1, 2 * (sc >> 4) + 1),
+                )
+            })
+        }
+
+        #[target_feature(enable = $feat)]
+        unsafe fn iq2_s<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::lattice::iq2_s::*;
+            signed_grid::<NR>(w, nb, BYTES, 0.125, x, out, |blk, ib| {
+                let (q, signs) = grid_rows(|l| group(blk, ib, l));
+                let sc = blk[SCALES + ib] as i32;
+                (
+                    q,
+                    signs,
+                    scale_halves(2 * (sc & 0xF) + 1, 2 * (sc >> 4) + 1),
+                )
+            })
+        }
+
+        #[target_feature(enable = $feat)]
+        unsafe fn iq3_xxs<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::lattice::iq3_xxs::*;
+            signed_grid::<NR>(w, nb, BYTES, 0.25, x, out, |blk, ib| {
+                let (q, signs) = grid_rows(|l| group(blk, ib, l));
+                let ls = 2 * scale(blk, ib) as i32 + 1;
+                (q, signs, scale_halves(ls, ls))
+            })
+        }
+
+        #[target_feature(enable = $feat)]
+        unsafe fn iq3_s<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::lattice::iq3_s::*;
+            signed_grid::<NR>(w, nb, BYTES, 1.0, x, out, |blk, ib| {
+                let (q, signs) = grid_rows(|l| group(blk, ib, l));
+                let ls = 2 * scale(blk, ib) as i32 + 1;
+                (q, signs, scale_halves(ls, ls))
+            })
+        }
+
+        /// The dot of a signed ({-1, 0, 1}) grid vector with activations,
+        /// as i16 pairs (ggml's `mul_add_epi8`).
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn signed_pairs(q: __m256i, xv: __m256i) -> __m256i {
+            _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q))
+        }
+
+        /// IQ1_S: the grid part in lanes as above (scale per 32), the
+        /// offsets' part `sum ±ls * bsum` as one integer per super-block,
+        /// added as `fma(d, sumi1, acc1)` to a scalar; the result is
+        /// `hsum(acc) + 1/8 * acc1`.
+        #[target_feature(enable = $feat)]
+        unsafe fn iq1_s<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::lattice::iq1_s::*;
+            use blockdraft_gguf::quants::lattice::IQ1_DELTA;
+            let mut acc = [_mm256_setzero_ps(); NR];
+            let mut acc1 = [0f32; NR];
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            for b in 0..nb {
+                let blk = std::slice::from_raw_parts(w.add(b * BYTES), BYTES);
+                let mut sum = [_mm256_setzero_si256(); NR];
+                let mut sum1 = [0i32; NR];
+                for ib in 0..8 {
+                    let (q, _) = grid_rows(|l| (row(blk, ib, l), 0));
+                    let qh = qh(blk, ib);
+                    let ls = 2 * ((qh >> 12) & 7) as i32 + 1;
+                    let delta = if qh & 0x8000 != 0 { -1 } else { 1 };
+                    let scale = _mm256_set1_epi16(ls as i16);
+                    for i in 0..NR {
+                        let xv = load(x[i].qs.add(256 * b + 32 * ib) as *const u8);
+                        let p = _mm256_madd_epi16(signed_pairs(q, xv), scale);
+                        sum[i] = _mm256_add_epi32(sum[i], p);
+                        let bs = x[i].bs.add(16 * b + 2 * ib);
+                        sum1[i] += (*bs as i32 + *bs.add(1) as i32) * delta * ls;
+                    }
+                }
+                let dw = h2f(blk.as_ptr());
+                for i in 0..NR {
+                    let d = *x[i].d.add(b) * dw;
+                    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum[i]), acc[i]);
+                    // Fused, as the C compiler contracts ggml's `accum1 += d * sumi1`.
+                    acc1[i] = d.mul_add(sum1[i] as f32, acc1[i]);
+                }
+            }
+            for i in 0..NR {
+                out[i] = hsum(acc[i]) + IQ1_DELTA * acc1[i];
+            }
+        }
+
+        /// IQ1_M: grid part and offsets' part (the activations signed by
+        /// each group's offset sign, summed by `maddubs` with ones) in two
+        /// lane vectors scaled per 16 values; the result is
+        /// `hsum(acc1) + 1/8 * hsum(acc2)`.
+        #[target_feature(enable = $feat)]
+        unsafe fn iq1_m<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::lattice::iq1_m::*;
+            use blockdraft_gguf::quants::lattice::IQ1_DELTA;
+            let mut acc1 = [_mm256_setzero_ps(); NR];
+            let mut acc2 = [_mm256_setzero_ps(); NR];
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            let one = _mm256_set1_epi8(1);
+            for b in 0..nb {
+                let blk = std::slice::from_raw_parts(w.add(b * BYTES), BYTES);
+                let mut sum1 = [_mm256_setzero_si256(); NR];
+                let mut sum2 = [_mm256_setzero_si256(); NR];
+                for ib in 0..8 {
+                    // Sign bits: 0xFF in all 8 bytes of a negative group.
+                    let (q, negative) = grid_rows(|l| {
+                        let (row, neg) = group(blk, ib, l);
+                        (row, if neg { 0xFF } else { 0 })
+                    });
+                    let delta = _mm256_or_si256(bits_to_bytes(negative), one);
+                    let scale = scale_halves(
+                        2 * scale(blk, ib, 0) as i32 + 1,
+                        2 * scale(blk, ib, 1) as i32 + 1,
+                    );
+                    for i in 0..NR {
+                        let xv = load(x[i].qs.add(256 * b + 32 * ib) as *const u8);
+                        let p1 = _mm256_madd_epi16(signed_pairs(q, xv), scale);
+                        let offs = _mm256_maddubs_epi16(one, _mm256_sign_epi8(xv, delta));
+                        sum1[i] = _mm256_add_epi32(sum1[i], p1);
+                        sum2[i] = _mm256_add_epi32(sum2[i], _mm256_madd_epi16(offs, scale));
+                    }
+                }
+                let dw = d(blk);
+                for i in 0..NR {
+                    let d = _mm256_set1_ps(*x[i].d.add(b) * dw);
+                    acc1[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum1[i]), acc1[i]);
+                    acc2[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum2[i]), acc2[i]);
+                }
+            }
+            for i in 0..NR {
+                out[i] = hsum(acc1[i]) + IQ1_DELTA * hsum(acc2[i]);
+            }
+        }
+
+        /// MXFP4: IQ4_NL's kernel with the E2M1 grid and E8M0 scales (ggml's
+        /// AVX2 `ggml_vec_dot_mxfp4_q8_0` has the same sequence: even and odd
+        /// blocks in two accumulators, an odd last block as a scalar
+        /// multiply-add, which the C compiler fuses).
+        #[target_feature(enable = $feat)]
+        unsafe fn mxfp4<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::fp4::{e8m0_half, mxfp4::*, KVALUES};
+            let grid =
+                _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES.as_ptr() as *const __m128i));
+            let mut acc = [[_mm256_setzero_ps(); 2]; NR];
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            let paired = nb / 2 * 2;
+            for b in 0..paired {
+                let blk = w.add(b * BYTES);
+                let dw = _mm256_set1_ps(e8m0_half(*blk.add(E)));
+                let q = _mm256_shuffle_epi8(grid, nibbles32(blk.add(QS)));
+                let qa = _mm256_sign_epi8(q, q);
+                for i in 0..NR {
+                    let xv = load(x[i].qs.add(32 * b) as *const u8);
+                    let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*x[i].d.add(b)));
+                    let lanes = _mm256_cvtepi32_ps(dot_i8(qa, q, xv));
+                    acc[i][b % 2] = _mm256_fmadd_ps(d, lanes, acc[i][b % 2]);
+                }
+            }
+            for i in 0..NR {
+                out[i] = hsum(_mm256_add_ps(acc[i][0], acc[i][1]));
+                if paired < nb {
+                    let blk = w.add(paired * BYTES);
+                    let qs = std::slice::from_raw_parts(blk.add(QS), 16);
+                    let xq = std::slice::from_raw_parts(x[i].qs.add(32 * paired), 32);
+                    let sum =
+                        $crate::kernels::scalar::nibble_dot(qs, xq, |n| KVALUES[n as usize] as i32);
+                    let d = *x[i].d.add(paired) * e8m0_half(*blk.add(E));
+                    out[i] = d.mul_add(sum as f32, out[i]);
+                }
+            }
+        }
+    };
+}
+pub(crate) use lattice_kernels;
