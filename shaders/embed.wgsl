@@ -94,15 +94,19 @@ fn embed_quant(ty: u32, wid: vec3<u32>, nwg: vec3<u32>, lid: u32) {
     if row < 0 {
         return;
     }
-    let u = decode_unit(ty, u32(row) * p.row_bytes, t % units);
+    let u = decode_unit(ty, u32(row) * p.row_bytes, t % units, grid_at(p.rows * p.row_bytes));
     for (var k = 0u; k < 32u; k++) {
         var ks = u.ka;
         var ms = u.ma;
+        var wd = u.wd;
         if k >= 16u {
             ks = u.kb;
             ms = u.mb;
+            if has_split_scale(ty) {
+                wd = u.wdb;
+            }
         }
-        var v = exact((u.wd * f32(ks)) * f32(lane(u.q[k / 4u], k % 4u)));
+        var v = exact((wd * f32(ks)) * f32(lane(u.q[k / 4u], k % 4u)));
         if has_min(ty) {
             v -= exact(u.wmin * f32(ms));
         }
@@ -195,4 +199,70 @@ fn embed_iq4_nl(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 fn embed_iq4_xs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
     embed_quant(IQ4_XS, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn embed_iq2_xxs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    embed_quant(IQ2_XXS, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn embed_iq2_xs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    embed_quant(IQ2_XS, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn embed_iq2_s(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    embed_quant(IQ2_S, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn embed_iq3_xxs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    embed_quant(IQ3_XXS, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn embed_iq3_s(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    embed_quant(IQ3_S, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn embed_iq1_s(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    embed_quant(IQ1_S, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn embed_iq1_m(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    embed_quant(IQ1_M, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn embed_tq1_0(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    embed_quant(TQ1_0, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn embed_tq2_0(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    embed_quant(TQ2_0, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn embed_mxfp4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    embed_quant(MXFP4, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn embed_nvfp4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    embed_quant(NVFP4, wid, nwg, lid);
 }

@@ -1,7 +1,8 @@
 // out = x · Wᵀ for quantized weights, with x already quantized by
-// quantize.wgsl (8-bit blocks of 32 for Q4_0..Q8_1 and IQ4_NL, super-blocks
-// of 256 with per-16 sums for the K-quants and IQ4_XS). Each 32-value unit of a weight row
-// is decoded once and dotted in integers with up to 8 activation rows (the
+// quantize.wgsl (8-bit blocks of 32 for Q4_0..Q8_1, IQ4_NL, MXFP4 and
+// NVFP4, super-blocks of 256 with per-16 sums for the K-quants, IQ4_XS, the
+// lattice and the ternary types). Each 32-value unit of a weight row is
+// decoded once and dotted in integers with up to 8 activation rows (the
 // speculative verify shape), then scaled once per unit, as the CPU backend
 // does per block. Work split and sums: matmul_rows.wgsl.
 
@@ -52,6 +53,9 @@ fn unit_dot(ty: u32, u: Unit, r: u32, i: u32) -> f32 {
     if !is_k_quant(ty) {
         let blk = r * (p.cols / 32u) + i;
         let dx = bitcast<f32>(act[p.d_off + blk]);
+        if has_split_scale(ty) {
+            return dx * (u.wd * f32(lo) + u.wdb * f32(hi));
+        }
         var v = u.wd * dx * f32(lo + hi);
         if has_offset(ty) {
             v += u.wm * bitcast<f32>(act[p.s_off + blk]);
@@ -71,12 +75,13 @@ fn unit_dot(ty: u32, u: Unit, r: u32, i: u32) -> f32 {
 fn matmul_quant(ty: u32, inv: Invocation) {
     let at = place(inv);
     let units = p.cols / 32u;
+    let grid = grid_at(p.rows * p.row_bytes);
     for (var g = 0u; g < p.n; g += NR) {
         let nr = min(NR, p.n - g);
         var acc = array<f32, NR>();
         if at.o < p.rows {
             for (var i = at.lane; i < units; i += LANES) {
-                let u = decode_unit(ty, at.o * p.row_bytes, i);
+                let u = decode_unit(ty, at.o * p.row_bytes, i, grid);
                 for (var r = 0u; r < nr; r++) {
                     acc[r] += unit_dot(ty, u, g + r, i);
                 }
@@ -156,6 +161,61 @@ fn matmul_iq4_xs(inv: Invocation) {
     matmul_quant(IQ4_XS, inv);
 }
 
+@compute @workgroup_size(64)
+fn matmul_iq2_xxs(inv: Invocation) {
+    matmul_quant(IQ2_XXS, inv);
+}
+
+@compute @workgroup_size(64)
+fn matmul_iq2_xs(inv: Invocation) {
+    matmul_quant(IQ2_XS, inv);
+}
+
+@compute @workgroup_size(64)
+fn matmul_iq2_s(inv: Invocation) {
+    matmul_quant(IQ2_S, inv);
+}
+
+@compute @workgroup_size(64)
+fn matmul_iq3_xxs(inv: Invocation) {
+    matmul_quant(IQ3_XXS, inv);
+}
+
+@compute @workgroup_size(64)
+fn matmul_iq3_s(inv: Invocation) {
+    matmul_quant(IQ3_S, inv);
+}
+
+@compute @workgroup_size(64)
+fn matmul_iq1_s(inv: Invocation) {
+    matmul_quant(IQ1_S, inv);
+}
+
+@compute @workgroup_size(64)
+fn matmul_iq1_m(inv: Invocation) {
+    matmul_quant(IQ1_M, inv);
+}
+
+@compute @workgroup_size(64)
+fn matmul_tq1_0(inv: Invocation) {
+    matmul_quant(TQ1_0, inv);
+}
+
+@compute @workgroup_size(64)
+fn matmul_tq2_0(inv: Invocation) {
+    matmul_quant(TQ2_0, inv);
+}
+
+@compute @workgroup_size(64)
+fn matmul_mxfp4(inv: Invocation) {
+    matmul_quant(MXFP4, inv);
+}
+
+@compute @workgroup_size(64)
+fn matmul_nvfp4(inv: Invocation) {
+    matmul_quant(NVFP4, inv);
+}
+
 // Projections of one input whose weights sit side by side in one buffer
 // (a layer's q|k|v): one pass over all of their rows, each feature in its
 // segment's type, stored (with its bias) into its segment's output. The
@@ -185,6 +245,11 @@ fn segment_start(s: u32) -> u32 {
     return select(0u, p.seg_rows.x, s >= 1u) + select(0u, p.seg_rows.y, s >= 2u);
 }
 
+// Where segment s's lattice grid starts: after its rows (`grid_at`).
+fn segment_grid(s: u32) -> u32 {
+    return grid_at(p.seg_off[s] + p.seg_rows[s] * p.seg_row_bytes[s]);
+}
+
 fn store_segment(s: u32, row: u32, o: u32, sum: f32) {
     var v = sum;
     if (p.epilogue & EPILOGUE_BIAS) != 0u {
@@ -208,13 +273,14 @@ fn matmul_stacked(inv: Invocation) {
     let o = at.o - segment_start(s);
     let ty = segment_type(s);
     let row = p.seg_off[s] + o * p.seg_row_bytes[s];
+    let grid = segment_grid(s);
     let units = p.cols / 32u;
     for (var g = 0u; g < p.n; g += NR) {
         let nr = min(NR, p.n - g);
         var acc = array<f32, NR>();
         if live {
             for (var i = at.lane; i < units; i += LANES) {
-                let u = decode_unit(ty, row, i);
+                let u = decode_unit(ty, row, i, grid);
                 for (var r = 0u; r < nr; r++) {
                     acc[r] += unit_dot(ty, u, g + r, i);
                 }
@@ -239,6 +305,8 @@ fn matmul_stacked_gated(inv: Invocation) {
     let live = at.o < p.rows;
     let row_g = p.seg_off.x + at.o * p.seg_row_bytes.x;
     let row_u = p.seg_off.y + at.o * p.seg_row_bytes.y;
+    let grid_g = segment_grid(0u);
+    let grid_u = segment_grid(1u);
     let units = p.cols / 32u;
     for (var g = 0u; g < p.n; g += NR) {
         let nr = min(NR, p.n - g);
@@ -246,8 +314,8 @@ fn matmul_stacked_gated(inv: Invocation) {
         var acc_u = array<f32, NR>();
         if live {
             for (var i = at.lane; i < units; i += LANES) {
-                let ug = decode_unit(TY0, row_g, i);
-                let uu = decode_unit(TY1, row_u, i);
+                let ug = decode_unit(TY0, row_g, i, grid_g);
+                let uu = decode_unit(TY1, row_u, i, grid_u);
                 for (var r = 0u; r < nr; r++) {
                     acc_g[r] += unit_dot(TY0, ug, g + r, i);
                     acc_u[r] += unit_dot(TY1, uu, g + r, i);

@@ -6,12 +6,19 @@
 // every read is by byte offset, assembled from the surrounding words.
 //
 // Every type is decoded in units of 32 values: one block of the legacy
-// types, one eighth of a K-quant super-block. A unit's quants fit in i8 for
-// every type (offsets such as -8 or -32 already applied, the non-linear
-// types' grid values looked up), so they come out
-// packed four per u32 like the quantized activations, with the scales that
-// turn integer dots into floats. The formulas mirror the CPU backend's
-// (crates/cpu/src/kernels/scalar.rs) and `blockdraft_gguf::quants`.
+// types (and MXFP4), one eighth of a 256-value super-block, half an NVFP4
+// block. A unit's quants fit in i8 for every type (offsets such as -8 or -32
+// already applied, the non-linear types' grid values looked up, signs
+// applied), so they come out packed four per u32 like the quantized
+// activations, with the scales that turn integer dots into floats. The
+// formulas mirror the CPU backend's (crates/cpu/src/kernels/scalar.rs,
+// lattice.rs) and `blockdraft_gguf::quants`.
+//
+// The lattice types (IQ2_*, IQ3_*, IQ1_*) index grids of 256 to 2048 rows,
+// too large to write out here: weights.rs appends the type's grid
+// (`blockdraft_gguf::quants::grids`) to each weight part's buffer, after
+// its rows rounded up to a word, and the decoders read it from there
+// (`grid_at`), so no binding is added.
 
 const Q4_0: u32 = 0u;
 const Q4_1: u32 = 1u;
@@ -27,15 +34,32 @@ const Q6_K: u32 = 10u;
 const Q8_K: u32 = 11u;
 const IQ4_NL: u32 = 12u;
 const IQ4_XS: u32 = 13u;
+const IQ2_XXS: u32 = 14u;
+const IQ2_XS: u32 = 15u;
+const IQ2_S: u32 = 16u;
+const IQ3_XXS: u32 = 17u;
+const IQ3_S: u32 = 18u;
+const IQ1_S: u32 = 19u;
+const IQ1_M: u32 = 20u;
+const TQ1_0: u32 = 21u;
+const TQ2_0: u32 = 22u;
+const MXFP4: u32 = 23u;
+const NVFP4: u32 = 24u;
 
 // The signed values IQ4_NL / IQ4_XS nibbles index (ggml's kvalues_iq4nl).
 var<private> IQ4_GRID: array<i32, 16> = array<i32, 16>(
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
 
+// The E2M1 values MXFP4 / NVFP4 nibbles stand for, doubled to integers
+// (ggml's kvalues_mxfp4; the block scales carry the half).
+var<private> FP4_GRID: array<i32, 16> = array<i32, 16>(
+    0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+
 // 32 decoded values and their scales: value k is
 //   (wd * (k < 16 ? ka : kb)) * q[k] - wmin * (k < 16 ? ma : mb) + wm.
 // Integer sub-block scales (ka, kb) and mins (ma, mb) are 1 and 0 for the
-// legacy types; wmin is 0 without a min, wm is 0 without an offset.
+// legacy types; wmin is 0 without a min, wm is 0 without an offset. NVFP4
+// alone scales values 16..31 by a float of their own, wdb (`has_split_scale`).
 struct Unit {
     q: array<u32, 8>,
     ka: i32,
@@ -43,14 +67,20 @@ struct Unit {
     ma: i32,
     mb: i32,
     wd: f32,
+    wdb: f32,
     wmin: f32,
     wm: f32,
 }
 
 // Types of 256-value super-blocks (eight units each), whose activations are
-// Q8_K: the K-quants and IQ4_XS.
+// Q8_K: the K-quants, IQ4_XS, the lattice and the ternary types.
 fn is_k_quant(ty: u32) -> bool {
-    return (ty >= Q2_K && ty <= Q8_K) || ty == IQ4_XS;
+    return (ty >= Q2_K && ty <= Q8_K) || ty == IQ4_XS || (ty >= IQ2_XXS && ty <= TQ2_0);
+}
+
+// NVFP4: each 16 values of a unit have their own E4M3 scale (wd, wdb).
+fn has_split_scale(ty: u32) -> bool {
+    return ty == NVFP4;
 }
 
 // Types whose value has a min term subtracted (integer mins times dmin).
@@ -78,6 +108,17 @@ fn block_bytes(ty: u32) -> u32 {
         case 10u: { return 210u; }
         case 12u: { return 18u; }
         case 13u: { return 136u; }
+        case 14u: { return 66u; }
+        case 15u: { return 74u; }
+        case 16u: { return 82u; }
+        case 17u: { return 98u; }
+        case 18u: { return 110u; }
+        case 19u: { return 50u; }
+        case 20u: { return 56u; }
+        case 21u: { return 54u; }
+        case 22u: { return 66u; }
+        case 23u: { return 17u; }
+        case 24u: { return 36u; }
         default: { return 292u; }
     }
 }
@@ -126,6 +167,7 @@ fn unit_default() -> Unit {
     u.kb = 1;
     u.ma = 0;
     u.mb = 0;
+    u.wdb = 0.0;
     u.wmin = 0.0;
     u.wm = 0.0;
     return u;
@@ -307,12 +349,13 @@ fn unit_q8_k(b: u32, j: u32) -> Unit {
     return u;
 }
 
-// The grid values of the four nibbles `n` holds in bytes 0..3 (low bits),
-// packed as four i8.
-fn iq4_lookup4(n: u32) -> u32 {
+// The grid values (IQ4_GRID, or FP4_GRID where `fp4`) of the four nibbles
+// `n` holds in bytes 0..3 (low bits), packed as four i8.
+fn nibble_lookup4(n: u32, fp4: bool) -> u32 {
     var out = 0u;
     for (var k = 0u; k < 4u; k++) {
-        let v = IQ4_GRID[(n >> (8u * k)) & 0xfu];
+        let i = (n >> (8u * k)) & 0xfu;
+        let v = select(IQ4_GRID[i], FP4_GRID[i], fp4);
         out |= (bitcast<u32>(v) & 0xffu) << (8u * k);
     }
     return out;
@@ -320,11 +363,11 @@ fn iq4_lookup4(n: u32) -> u32 {
 
 // The 32 grid values of 16 nibble bytes at `qs`: value j from the low
 // nibble of byte j, value 16 + j from its high nibble.
-fn iq4_quants(u: ptr<function, Unit>, qs: u32) {
+fn nibble_quants(u: ptr<function, Unit>, qs: u32, fp4: bool) {
     for (var k = 0u; k < 4u; k++) {
         let qw = u32_at(qs + 4u * k);
-        (*u).q[k] = iq4_lookup4(qw & 0x0f0f0f0fu);
-        (*u).q[4u + k] = iq4_lookup4((qw >> 4u) & 0x0f0f0f0fu);
+        (*u).q[k] = nibble_lookup4(qw & 0x0f0f0f0fu, fp4);
+        (*u).q[4u + k] = nibble_lookup4((qw >> 4u) & 0x0f0f0f0fu, fp4);
     }
 }
 
@@ -332,7 +375,7 @@ fn iq4_quants(u: ptr<function, Unit>, qs: u32) {
 fn unit_iq4_nl(b: u32) -> Unit {
     var u = unit_default();
     u.wd = f16_at(b);
-    iq4_quants(&u, b + 2u);
+    nibble_quants(&u, b + 2u, false);
     return u;
 }
 
@@ -347,18 +390,314 @@ fn unit_iq4_xs(b: u32, j: u32) -> Unit {
     let ls = i32(lo | ((h & 3u) << 4u)) - 32;
     u.ka = ls;
     u.kb = ls;
-    iq4_quants(&u, b + 8u + 16u * j);
+    nibble_quants(&u, b + 8u + 16u * j, false);
     return u;
 }
 
-// Unit `i` (32 values) of the row starting at byte `row`.
-fn decode_unit(ty: u32, row: u32, i: u32) -> Unit {
+// Per-byte sum of two words of four i8, wrapping within each byte (no
+// carry crosses into the next).
+fn add4(a: u32, b: u32) -> u32 {
+    return ((a & 0x7f7f7f7fu) + (b & 0x7f7f7f7fu)) ^ ((a ^ b) & 0x80808080u);
+}
+
+// 0xff in byte k for bit k (0..3) of `bits`, else 0.
+fn byte_mask4(bits: u32) -> u32 {
+    return ((bits & 1u) | ((bits & 2u) << 7u) | ((bits & 4u) << 14u) | ((bits & 8u) << 21u)) * 0xffu;
+}
+
+// The four i8 of `v`, negated where `mask` has 0xff (two's complement:
+// flip, then add 1).
+fn negate4(v: u32, mask: u32) -> u32 {
+    return add4(v ^ mask, mask & 0x01010101u);
+}
+
+// ggml's ksigns_iq2xs as `blockdraft_gguf::quants::grids::ksigns` defines
+// it: 7 stored sign bits, the eighth making the count of negatives even.
+fn ksigns(i: u32) -> u32 {
+    let s = i & 127u;
+    return s | ((countOneBits(s) & 1u) << 7u);
+}
+
+// Word index in `w` of the grid appended after rows ending at byte `end`.
+fn grid_at(end: u32) -> u32 {
+    return (end + 3u) / 4u;
+}
+
+// Row `idx` of an 8-value grid (IQ2, IQ1) at word `grid`: values 0..3, 4..7.
+fn grid_row8(grid: u32, idx: u32) -> vec2<u32> {
+    return vec2<u32>(w[grid + 2u * idx], w[grid + 2u * idx + 1u]);
+}
+
+// Eight grid magnitudes `row` as values 8l..8l+7 of the unit, negated where
+// bit j of the sign byte `s` is set.
+fn put_signed(u: ptr<function, Unit>, l: u32, row: vec2<u32>, s: u32) {
+    (*u).q[2u * l] = negate4(row.x, byte_mask4(s));
+    (*u).q[2u * l + 1u] = negate4(row.y, byte_mask4(s >> 4u));
+}
+
+// Both 4-bit scales of a byte as odd integers 2s + 1 (low nibble: values
+// 0..15, high: 16..31).
+fn odd_scales(u: ptr<function, Unit>, sc: u32) {
+    (*u).ka = i32(2u * (sc & 15u) + 1u);
+    (*u).kb = i32(2u * ((sc >> 4u) & 15u) + 1u);
+}
+
+// IQ2_XXS {f16 d; u16 qs[32]}: unit j is two words at 2 + 8j, four 8-bit
+// grid indices, then four 7-bit sign indices and a 4-bit scale s on top;
+// x = d (2s + 1) / 8 · grid · sign (the CPU's 0.125 folded into wd).
+fn unit_iq2_xxs(b: u32, j: u32, grid: u32) -> Unit {
+    var u = unit_default();
+    let idx = u32_at(b + 2u + 8u * j);
+    let aux = u32_at(b + 6u + 8u * j);
+    for (var l = 0u; l < 4u; l++) {
+        put_signed(&u, l, grid_row8(grid, (idx >> (8u * l)) & 0xffu), ksigns(aux >> (7u * l)));
+    }
+    u.ka = i32(2u * (aux >> 28u) + 1u);
+    u.kb = u.ka;
+    u.wd = f16_at(b) * 0.125;
+    return u;
+}
+
+// IQ2_XS {f16 d; u16 qs[32]; u8 scales[8]}: each qs word a 9-bit grid index
+// and a 7-bit sign index, words 4j..4j+3 in unit j; scales[j] holds its two
+// 16-value scales; x = d (2s + 1) / 8 · grid · sign.
+fn unit_iq2_xs(b: u32, j: u32, grid: u32) -> Unit {
+    var u = unit_default();
+    for (var l = 0u; l < 4u; l++) {
+        let v = (u32_at(b + 2u + 8u * j + 4u * (l / 2u)) >> (16u * (l % 2u))) & 0xffffu;
+        put_signed(&u, l, grid_row8(grid, v & 511u), ksigns(v >> 9u));
+    }
+    odd_scales(&u, byte_at(b + 66u + j));
+    u.wd = f16_at(b) * 0.125;
+    return u;
+}
+
+// IQ2_S {f16 d; u8 qs[32]; u8 signs[32]; u8 qh[8]; u8 scales[8]}: grid
+// index qs[4j + l] | (bits 2l, 2l+1 of qh[j]) << 8, plain sign bytes;
+// x = d (2s + 1) / 8 · grid · sign.
+fn unit_iq2_s(b: u32, j: u32, grid: u32) -> Unit {
+    var u = unit_default();
+    let qs = u32_at(b + 2u + 4u * j);
+    let signs = u32_at(b + 34u + 4u * j);
+    let qh = byte_at(b + 66u + j);
+    for (var l = 0u; l < 4u; l++) {
+        let idx = ((qs >> (8u * l)) & 0xffu) | (((qh >> (2u * l)) & 3u) << 8u);
+        put_signed(&u, l, grid_row8(grid, idx), signs >> (8u * l));
+    }
+    odd_scales(&u, byte_at(b + 74u + j));
+    u.wd = f16_at(b) * 0.125;
+    return u;
+}
+
+// Byte k (0..7) of the eight bytes in words `a`, `c`.
+fn byte8(a: u32, c: u32, k: u32) -> u32 {
+    return (select(c, a, k < 4u) >> (8u * (k % 4u))) & 0xffu;
+}
+
+// IQ3_XXS {f16 d; u8 qs[64]; u32 scales_signs[8]}: one 8-bit index per four
+// values (qs[8j + k]), per unit a word of four 7-bit sign indices and a
+// 4-bit scale on top; x = d (2s + 1) / 4 · grid · sign.
+fn unit_iq3_xxs(b: u32, j: u32, grid: u32) -> Unit {
+    var u = unit_default();
+    let qa = u32_at(b + 2u + 8u * j);
+    let qc = u32_at(b + 6u + 8u * j);
+    let aux = u32_at(b + 66u + 4u * j);
+    for (var l = 0u; l < 4u; l++) {
+        let row = vec2<u32>(w[grid + byte8(qa, qc, 2u * l)], w[grid + byte8(qa, qc, 2u * l + 1u)]);
+        put_signed(&u, l, row, ksigns(aux >> (7u * l)));
+    }
+    u.ka = i32(2u * (aux >> 28u) + 1u);
+    u.kb = u.ka;
+    u.wd = f16_at(b) * 0.25;
+    return u;
+}
+
+// IQ3_S {f16 d; u8 qs[64]; u8 qh[8]; u8 signs[32]; u8 scales[4]}: index
+// qs[8j + k] | (bit k of qh[j]) << 8 per four values, plain sign bytes,
+// nibble j % 2 of scales[j / 2] the unit's scale; x = d (2s + 1) · grid · sign.
+fn unit_iq3_s(b: u32, j: u32, grid: u32) -> Unit {
+    var u = unit_default();
+    let qa = u32_at(b + 2u + 8u * j);
+    let qc = u32_at(b + 6u + 8u * j);
+    let qh = byte_at(b + 66u + j);
+    let signs = u32_at(b + 74u + 4u * j);
+    for (var l = 0u; l < 4u; l++) {
+        let k = 2u * l;
+        let i0 = byte8(qa, qc, k) | (((qh >> k) & 1u) << 8u);
+        let i1 = byte8(qa, qc, k + 1u) | (((qh >> (k + 1u)) & 1u) << 8u);
+        put_signed(&u, l, vec2<u32>(w[grid + i0], w[grid + i1]), signs >> (8u * l));
+    }
+    u.ka = i32(2u * ((byte_at(b + 106u + j / 2u) >> (4u * (j % 2u))) & 15u) + 1u);
+    u.kb = u.ka;
+    u.wd = f16_at(b);
+    return u;
+}
+
+// IQ1 values are dl (grid ± 1/8) with a signed {-1, 0, 1} grid: stored as
+// the integers 8 grid ± 1 (within i8) with wd = d / 8, so the offset needs
+// no activation sums of its own (IQ1_M's sign changes every 8 values).
+// Group l of the unit from grid row `row`, the offset negative if `neg`.
+fn put_iq1(u: ptr<function, Unit>, l: u32, row: vec2<u32>, neg: bool) {
+    let delta = select(0x01010101u, 0xffffffffu, neg);
+    (*u).q[2u * l] = add4((row.x << 3u) & 0xf8f8f8f8u, delta);
+    (*u).q[2u * l + 1u] = add4((row.y << 3u) & 0xf8f8f8f8u, delta);
+}
+
+// IQ1_S {f16 d; u8 qs[32]; u16 qh[8]}: index qs[4j + l] | (bits 3l..3l+2
+// of qh[j]) << 8; qh[j] bits 12..14 the scale s, bit 15 the offset's sign;
+// x = d (2s + 1) (grid ± 1/8).
+fn unit_iq1_s(b: u32, j: u32, grid: u32) -> Unit {
+    var u = unit_default();
+    let qs = u32_at(b + 2u + 4u * j);
+    let qh = u32_at(b + 34u + 2u * j) & 0xffffu;
+    for (var l = 0u; l < 4u; l++) {
+        let idx = ((qs >> (8u * l)) & 0xffu) | (((qh >> (3u * l)) & 7u) << 8u);
+        put_iq1(&u, l, grid_row8(grid, idx), (qh & 0x8000u) != 0u);
+    }
+    u.ka = i32(2u * ((qh >> 12u) & 7u) + 1u);
+    u.kb = u.ka;
+    u.wd = f16_at(b) * 0.125;
+    return u;
+}
+
+// IQ1_M {u8 qs[32]; u8 qh[16]; u16 scales[4]}: group l's nibble of
+// qh[2j..2j+2] gives three index bits (as IQ1_S) and the offset's sign;
+// 3-bit scales per 16 values at bit 6(j % 2) of scales[j / 2]; the f16 d
+// spread over the four words' top nibbles; x = d (2s + 1) (grid ± 1/8).
+fn unit_iq1_m(b: u32, j: u32, grid: u32) -> Unit {
+    var u = unit_default();
+    let qs = u32_at(b + 4u * j);
+    let qh = byte_at(b + 32u + 2u * j) | (byte_at(b + 33u + 2u * j) << 8u);
+    for (var l = 0u; l < 4u; l++) {
+        let nib = (qh >> (4u * l)) & 15u;
+        let idx = ((qs >> (8u * l)) & 0xffu) | ((nib & 7u) << 8u);
+        put_iq1(&u, l, grid_row8(grid, idx), (nib & 8u) != 0u);
+    }
+    let s01 = u32_at(b + 48u);
+    let s23 = u32_at(b + 52u);
+    let sc = (select(s23, s01, j < 4u) >> (16u * ((j / 2u) % 2u) + 6u * (j % 2u))) & 63u;
+    u.ka = i32(2u * (sc & 7u) + 1u);
+    u.kb = i32(2u * (sc >> 3u) + 1u);
+    let d = ((s01 >> 12u) & 0xfu) | ((s01 >> 24u) & 0xf0u) | ((s23 >> 4u) & 0xf00u)
+        | ((s23 >> 16u) & 0xf000u);
+    u.wd = f16_bits(d) * 0.125;
+    return u;
+}
+
+// The base-3 digits `n` (0 = most significant) of the four TQ1_0 bytes in
+// `x` as four i8 -1, 0, 1: byte * 3^n, wrapped to a byte, times 3, top bits.
+fn tq1_digits4(x: u32, n: u32) -> u32 {
+    var m = 1u;
+    for (var k = 0u; k < n; k++) {
+        m *= 3u;
+    }
+    var out = 0u;
+    for (var k = 0u; k < 4u; k++) {
+        let q = (((x >> (8u * k)) & 0xffu) * m) & 0xffu;
+        out |= ((q * 3u) >> 8u) << (8u * k);
+    }
+    return add4(out, 0xffffffffu);
+}
+
+// TQ1_0 {u8 qs[48]; u8 qh[4]; f16 d}: values 0..160 are digit i / 32 of
+// qs[i % 32], 160..240 digit (i - 160) / 16 of qs[32 + i % 16], 240..256
+// digit (i - 240) / 4 of qh[i % 4]; so each 4 values of a unit are one digit
+// of 4 consecutive bytes. x = d · digit.
+fn unit_tq1_0(b: u32, j: u32) -> Unit {
+    var u = unit_default();
+    for (var k = 0u; k < 8u; k++) {
+        var at = 4u * k;
+        var n = j;
+        if j == 7u && k >= 4u {
+            at = 48u;
+            n = k - 4u;
+        } else if j == 7u {
+            at = 32u + 4u * k;
+            n = 4u;
+        } else if j >= 5u {
+            at = 32u + 4u * (k % 4u);
+            n = 2u * (j - 5u) + k / 4u;
+        }
+        u.q[k] = tq1_digits4(u32_at(b + at), n);
+    }
+    u.wd = f16_at(b + 52u);
+    return u;
+}
+
+// TQ2_0 {u8 qs[64]; f16 d}: value 128h + 32l + m is bits 2l, 2l+1 of
+// qs[32h + m], stored + 1; unit j = 4h + l. x = d · value.
+fn unit_tq2_0(b: u32, j: u32) -> Unit {
+    var u = unit_default();
+    for (var k = 0u; k < 8u; k++) {
+        let v = (u32_at(b + 32u * (j / 4u) + 4u * k) >> (2u * (j % 4u))) & 0x03030303u;
+        u.q[k] = add4(v, 0xffffffffu);
+    }
+    u.wd = f16_at(b + 64u);
+    return u;
+}
+
+// An E8M0 exponent byte as 2^(e - 127) / 2 (ggml_e8m0_to_fp32_half, bit for
+// bit; the half undoes FP4_GRID's doubling).
+fn e8m0_half(e: u32) -> f32 {
+    if e < 2u {
+        return bitcast<f32>(0x00200000u << e);
+    }
+    return bitcast<f32>((e - 1u) << 23u);
+}
+
+// An unsigned E4M3 scale byte, halved (ggml_ue4m3_to_fp32; 0 and 0x7f, its
+// NaN, read as 0): (8 + m) 2^(e - 11), or m 2^-10 when e = 0, exactly.
+fn ue4m3_half(x: u32) -> f32 {
+    if x == 0u || x == 0x7fu {
+        return 0.0;
+    }
+    let e = (x >> 3u) & 15u;
+    let m = x & 7u;
+    if e == 0u {
+        return ldexp(f32(m), -10);
+    }
+    return ldexp(f32(8u + m), i32(e) - 11);
+}
+
+// MXFP4 {u8 e; u8 qs[16]}: nibbles as IQ4_NL's; x = e8m0_half(e) · FP4_GRID.
+fn unit_mxfp4(b: u32) -> Unit {
+    var u = unit_default();
+    u.wd = e8m0_half(byte_at(b));
+    nibble_quants(&u, b + 1u, true);
+    return u;
+}
+
+// NVFP4 {u8 d[4]; u8 qs[32]}, 64 values: unit h holds parts 2h, 2h + 1;
+// part s's value k is the low nibble of qs[8s + k], value 8 + k the high
+// one; x = ue4m3_half(d[s]) · FP4_GRID.
+fn unit_nvfp4(b: u32, h: u32) -> Unit {
+    var u = unit_default();
+    for (var t = 0u; t < 2u; t++) {
+        let qa = u32_at(b + 4u + 8u * (2u * h + t));
+        let qc = u32_at(b + 8u + 8u * (2u * h + t));
+        u.q[4u * t] = nibble_lookup4(qa & 0x0f0f0f0fu, true);
+        u.q[4u * t + 1u] = nibble_lookup4(qc & 0x0f0f0f0fu, true);
+        u.q[4u * t + 2u] = nibble_lookup4((qa >> 4u) & 0x0f0f0f0fu, true);
+        u.q[4u * t + 3u] = nibble_lookup4((qc >> 4u) & 0x0f0f0f0fu, true);
+    }
+    u.wd = ue4m3_half(byte_at(b + 2u * h));
+    u.wdb = ue4m3_half(byte_at(b + 2u * h + 1u));
+    return u;
+}
+
+// Unit `i` (32 values) of the row starting at byte `row`; `grid`: where the
+// weight's lattice grid starts (`grid_at`), unused by other types.
+fn decode_unit(ty: u32, row: u32, i: u32, grid: u32) -> Unit {
+    if ty == NVFP4 {
+        return unit_nvfp4(row + (i / 2u) * block_bytes(ty), i % 2u);
+    }
     if !is_k_quant(ty) {
         let b = row + i * block_bytes(ty);
         switch ty {
             case 0u, 1u: { return unit_q4(b, ty); }
             case 2u, 3u: { return unit_q5(b, ty); }
             case 12u: { return unit_iq4_nl(b); }
+            case 23u: { return unit_mxfp4(b); }
             default: { return unit_q8(b, ty); }
         }
     }
@@ -370,6 +709,15 @@ fn decode_unit(ty: u32, row: u32, i: u32) -> Unit {
         case 8u, 9u: { return unit_q45_k(b, j, ty); }
         case 10u: { return unit_q6_k(b, j); }
         case 13u: { return unit_iq4_xs(b, j); }
+        case 14u: { return unit_iq2_xxs(b, j, grid); }
+        case 15u: { return unit_iq2_xs(b, j, grid); }
+        case 16u: { return unit_iq2_s(b, j, grid); }
+        case 17u: { return unit_iq3_xxs(b, j, grid); }
+        case 18u: { return unit_iq3_s(b, j, grid); }
+        case 19u: { return unit_iq1_s(b, j, grid); }
+        case 20u: { return unit_iq1_m(b, j, grid); }
+        case 21u: { return unit_tq1_0(b, j); }
+        case 22u: { return unit_tq2_0(b, j); }
         default: { return unit_q8_k(b, j); }
     }
 }

@@ -31,6 +31,17 @@ pub const WEIGHT_TYPES: &[GgmlType] = &[
     GgmlType::Q8_K,
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+    GgmlType::MXFP4,
+    GgmlType::NVFP4,
 ];
 
 fn uniform(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
@@ -56,8 +67,12 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 /// so both backends load the very same bytes.
 fn weight_file(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> GgufFile {
     let mut rng = Rng::new(seed);
-    let x = uniform(&mut rng, rows * cols, 1.0);
-    let bytes = quants::quantize_to_vec(ty, &x).expect("quantize");
+    let bytes = if quants::can_quantize(ty) {
+        let x = uniform(&mut rng, rows * cols, 1.0);
+        quants::quantize_to_vec(ty, &x).expect("quantize")
+    } else {
+        random_blocks(ty, rows * cols / ty.block_len(), &mut rng)
+    };
     let mut w = GgufWriter::new();
     w.add("general.architecture", "test");
     let dims: Vec<u64> = if rows == 1 {
@@ -67,6 +82,24 @@ fn weight_file(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> GgufFile {
     };
     w.add_tensor("w", &dims, ty, bytes).expect("tensor");
     GgufFile::from_bytes(w.to_bytes().expect("gguf")).expect("parse")
+}
+
+/// Valid blocks of a read-only type (see `quants::can_quantize`): random
+/// bytes with a small scale, as quantized weights have.
+fn random_blocks(ty: GgmlType, n_blocks: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut bytes: Vec<u8> = (0..n_blocks * ty.block_bytes())
+        .map(|_| rng.next_u64() as u8)
+        .collect();
+    for b in bytes.chunks_exact_mut(ty.block_bytes()) {
+        let d = (rng.next_f64() as f32 - 0.3) * 0.05;
+        if !quants::lattice::set_scale(ty, b, d) && ty == GgmlType::NVFP4 {
+            // E4M3 scales of about 2^-4 .. 2^-1 (exponents 3..6).
+            for s in &mut b[..4] {
+                *s = 0x18 + (*s & 0x1F);
+            }
+        }
+    }
+    bytes
 }
 
 fn load<B: Backend>(be: &B, file: &GgufFile) -> B::Weight {
@@ -183,7 +216,11 @@ async fn check_attention<B: Backend, R: Backend>(
 /// of any tile.
 pub async fn matmul<B: Backend, R: Backend>(be: &B, reference: &R) {
     for (i, &ty) in WEIGHT_TYPES.iter().enumerate() {
-        let cols = if ty.block_len() == 256 { 512 } else { 96 };
+        let cols = match ty.block_len() {
+            256 => 512,
+            64 => 192,
+            _ => 96,
+        };
         let rows = 37 + 5 * i;
         let file = weight_file(ty, rows, cols, 100 + i as u64);
         let (w, wr) = (load(be, &file), load(reference, &file));

@@ -64,6 +64,47 @@ __device__ __forceinline__ int iq4_value(int nibble) {
 }
 __device__ __forceinline__ float ld_f32(const u8 *p) { return __int_as_float((int)ld_u32(p)); }
 
+// The 8 signs of a 7-bit index (IQ2_XXS, IQ2_XS, IQ3_XXS): bit j set means
+// value j is negative; bit 7 makes the count of negatives even (ggml's
+// ksigns_iq2xs, blockdraft_gguf's `ksigns`).
+__device__ __forceinline__ u32 ksigns(u32 i) {
+    i &= 127;
+    return i | ((__popc(i) & 1) << 7);
+}
+
+// IQ1_M's f16 super-block scale, one nibble in the top of each scales word
+// (the block's bytes 48..55).
+__device__ __forceinline__ float iq1m_d(const u8 *b) {
+    u32 bits = (ld_u16(b + 48) >> 12) | ((ld_u16(b + 50) >> 8) & 0x00F0) |
+               ((ld_u16(b + 52) >> 4) & 0x0F00) | (ld_u16(b + 54) & 0xF000);
+    return f16_to_f32((u16)bits);
+}
+
+// An E2M1 nibble (MXFP4, NVFP4) doubled, as an integer (ggml's
+// kvalues_mxfp4: 0 1 2 3 4 6 8 12, bit 3 the sign); the block scales below
+// carry the half. The magnitudes are packed in a word's nibbles, so no
+// table goes to local memory.
+__device__ __forceinline__ int fp4_value(int nibble) {
+    int m = (0xC8643210u >> (4 * (nibble & 7))) & 15;
+    return (nibble & 8) ? -m : m;
+}
+
+// An E8M0 exponent as 2^(e - 127) / 2, built from its bits (ggml's
+// ggml_e8m0_to_fp32_half; e < 2 gives the subnormals).
+__device__ __forceinline__ float e8m0_half(u32 e) {
+    return __int_as_float((int)(e < 2 ? 0x00200000u << e : (e - 1) << 23));
+}
+
+// An unsigned E4M3 scale, halved (ggml's ggml_ue4m3_to_fp32 times 0.5; 0
+// and 0x7F, its NaN, read as 0). Every value is a small integer times a
+// power of two, so the product is exact and equals the reference's.
+__device__ __forceinline__ float ue4m3_half(u32 x) {
+    if (x == 0 || x == 0x7F) return 0.0f;
+    int exp = (x >> 3) & 15, man = x & 7;
+    if (exp == 0) return (float)man * 0.0009765625f; // man * 2^-10
+    return (float)(8 + man) * __int_as_float((exp - 11 + 127) << 23);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);

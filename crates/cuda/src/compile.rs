@@ -30,9 +30,47 @@ pub const KERNEL_FILES: &[(&str, &str)] = &[
     ("rope", include_str!("../kernels/rope.cu")),
 ];
 
-/// A kernel file's full source: the common helpers, then the file.
-pub fn source(file: &str) -> String {
-    format!("{COMMON}\n{file}")
+/// The files that read the lattice grids ([`grids_source`]).
+const GRID_FILES: &[&str] = &["embed", "matmul"];
+
+/// Kernel file `name`'s full source: the common helpers, the lattice grids
+/// where it reads them, then the file.
+pub fn source(name: &str, file: &str) -> String {
+    if GRID_FILES.contains(&name) {
+        format!("{COMMON}\n{}\n{file}", grids_source())
+    } else {
+        format!("{COMMON}\n{file}")
+    }
+}
+
+/// The lattice grids of the IQ1/IQ2/IQ3 types as device arrays, generated
+/// from [`blockdraft_gguf::quants::grids`] so that there is one copy of
+/// them: `u64` rows of 8 values, `u32` rows of 4, byte `j` = value `j`
+/// (IQ1_S's bytes are i8 -1, 0, 1). Global memory rather than
+/// `__constant__`: the lanes of a warp index different rows, which
+/// constant memory would serialize. tests/host.rs writes the same text as
+/// `grids.cuh` for the host build of the kernels.
+pub fn grids_source() -> String {
+    use blockdraft_gguf::quants::grids as g;
+    use std::fmt::Write;
+    let mut s = String::from("// Generated from blockdraft_gguf::quants::grids (compile.rs).\n");
+    let mut table = |ty: &str, name: &str, rows: &mut dyn Iterator<Item = String>| {
+        let rows: Vec<String> = rows.collect();
+        let _ = writeln!(s, "__device__ const {ty} {name}[{}] = {{", rows.len());
+        for line in rows.chunks(8) {
+            let _ = writeln!(s, "    {},", line.join(", "));
+        }
+        s.push_str("};\n");
+    };
+    let wide = |t: &'static [u64]| t.iter().map(|r| format!("0x{r:016x}ull"));
+    let narrow = |t: &'static [u32]| t.iter().map(|r| format!("0x{r:08x}u"));
+    table("u64", "iq2xxs_grid", &mut wide(&g::IQ2XXS_GRID));
+    table("u64", "iq2xs_grid", &mut wide(&g::IQ2XS_GRID));
+    table("u64", "iq2s_grid", &mut wide(&g::IQ2S_GRID));
+    table("u32", "iq3xxs_grid", &mut narrow(&g::IQ3XXS_GRID));
+    table("u32", "iq3s_grid", &mut narrow(&g::IQ3S_GRID));
+    table("u64", "iq1s_grid", &mut wide(&g::IQ1S_GRID));
+    s
 }
 
 /// Whether NVRTC's library can be loaded (cudarc panics on first use
@@ -151,7 +189,7 @@ fn cache_dir() -> Option<PathBuf> {
 /// The CUBIN of kernel file `name` for `arch`, from the disk cache or
 /// compiled (and then cached; a cache that cannot be written is skipped).
 pub fn cubin_cached(name: &str, file: &str, arch: &str) -> Result<Vec<u8>, String> {
-    let src = source(file);
+    let src = source(name, file);
     let (major, minor) = nvrtc_version();
     let version = format!("{major}.{minor}");
     let opts = options(arch, false).join(" ");
@@ -287,6 +325,53 @@ mod tests {
             .collect();
         on_disk.sort_unstable();
         assert_eq!(on_disk, names, "every kernels/*.cu is compiled");
-        assert!(source("x").starts_with(COMMON));
+        assert!(source("x", "y").starts_with(COMMON));
+        for name in GRID_FILES {
+            assert!(names.contains(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn grids_are_generated_whole_and_only_where_read() {
+        let grids = grids_source();
+        for (name, rows) in [
+            ("iq2xxs_grid", 256),
+            ("iq2xs_grid", 512),
+            ("iq2s_grid", 1024),
+            ("iq3xxs_grid", 256),
+            ("iq3s_grid", 512),
+            ("iq1s_grid", 2048),
+        ] {
+            assert!(grids.contains(&format!("{name}[{rows}] = {{")), "{name}");
+        }
+        // Row 1 of ggml's iq1s_grid, as it prints it.
+        assert!(grids.contains("0xffffffffffffff01ull"));
+        for (name, src) in KERNEL_FILES {
+            let uses = src.contains("_grid[");
+            assert_eq!(uses, GRID_FILES.contains(name), "{name}");
+            assert_eq!(source(name, src).contains(&grids), uses, "{name}");
+        }
+    }
+
+    /// The kernels negate packed grid bytes as `(g ^ m) + (m & 1)` per
+    /// byte, which stays within each byte only because no IQ2/IQ3 grid
+    /// value is 0.
+    #[test]
+    fn signed_lattice_grids_have_no_zero_value() {
+        use blockdraft_gguf::quants::grids as g;
+        let bytes = |r: u64, n: usize| (0..n).map(move |j| (r >> (8 * j)) as u8);
+        let wide = [&g::IQ2XXS_GRID[..], &g::IQ2XS_GRID[..], &g::IQ2S_GRID[..]];
+        for t in wide {
+            assert!(t
+                .iter()
+                .flat_map(|&r| bytes(r, 8))
+                .all(|v| v != 0 && v < 128));
+        }
+        for t in [&g::IQ3XXS_GRID[..], &g::IQ3S_GRID[..]] {
+            assert!(t
+                .iter()
+                .flat_map(|&r| bytes(r as u64, 4))
+                .all(|v| v != 0 && v < 128));
+        }
     }
 }

@@ -25,8 +25,9 @@
 //! Checked without a GPU: every kernel compiles to sm_80 and sm_90 CUBINs
 //! without spills (`tests/compile.rs`, NVRTC from `tests/fetch_nvrtc.sh`),
 //! and the kernels' block decoding equals the reference dequantizer
-//! (`tests/host_decode.rs`). On a GPU: `gpu-pack.sh` here builds the test
-//! binaries and the CLI into `.gpu/`, and `gpu-check.sh` runs the op
+//! (`tests/host.rs`, the kernels built for the host). On a GPU:
+//! `gpu-pack.sh` here builds the test binaries and the CLI into `.gpu/`,
+//! and `gpu-check.sh` runs the op
 //! conformance suite, the generation tests and `bench --backend cuda` on
 //! the GPU machine.
 
@@ -203,6 +204,17 @@ const FUNCTIONS: &[(&str, &[&str])] = &[
             "embed_Q8_K",
             "embed_IQ4_NL",
             "embed_IQ4_XS",
+            "embed_IQ2_XXS",
+            "embed_IQ2_XS",
+            "embed_IQ2_S",
+            "embed_IQ3_XXS",
+            "embed_IQ3_S",
+            "embed_IQ1_S",
+            "embed_IQ1_M",
+            "embed_TQ1_0",
+            "embed_TQ2_0",
+            "embed_MXFP4",
+            "embed_NVFP4",
         ],
     ),
     (
@@ -225,6 +237,17 @@ const FUNCTIONS: &[(&str, &[&str])] = &[
             "matmul_Q8_K",
             "matmul_IQ4_NL",
             "matmul_IQ4_XS",
+            "matmul_IQ2_XXS",
+            "matmul_IQ2_XS",
+            "matmul_IQ2_S",
+            "matmul_IQ3_XXS",
+            "matmul_IQ3_S",
+            "matmul_IQ1_S",
+            "matmul_IQ1_M",
+            "matmul_TQ1_0",
+            "matmul_TQ2_0",
+            "matmul_MXFP4",
+            "matmul_NVFP4",
         ],
     ),
     ("norm", &["rms_norm"]),
@@ -262,6 +285,17 @@ fn type_suffix(ty: GgmlType) -> Option<&'static str> {
         T::Q8_K => "Q8_K",
         T::IQ4_NL => "IQ4_NL",
         T::IQ4_XS => "IQ4_XS",
+        T::IQ2_XXS => "IQ2_XXS",
+        T::IQ2_XS => "IQ2_XS",
+        T::IQ2_S => "IQ2_S",
+        T::IQ3_XXS => "IQ3_XXS",
+        T::IQ3_S => "IQ3_S",
+        T::IQ1_S => "IQ1_S",
+        T::IQ1_M => "IQ1_M",
+        T::TQ1_0 => "TQ1_0",
+        T::TQ2_0 => "TQ2_0",
+        T::MXFP4 => "MXFP4",
+        T::NVFP4 => "NVFP4",
         _ => return None,
     })
 }
@@ -281,8 +315,26 @@ fn act_kind(ty: GgmlType) -> ActKind {
     use GgmlType as T;
     match ty {
         T::Q4_1 | T::Q5_1 => ActKind::Q8_0(true),
-        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::Q8_1 | T::IQ4_NL => ActKind::Q8_0(false),
-        T::Q2_K | T::Q3_K | T::Q4_K | T::Q5_K | T::Q6_K | T::Q8_K | T::IQ4_XS => ActKind::Q8K,
+        // NVFP4's 64-value blocks take two Q8_0 blocks each, as on the CPU.
+        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::Q8_1 | T::IQ4_NL | T::MXFP4 | T::NVFP4 => {
+            ActKind::Q8_0(false)
+        }
+        T::Q2_K
+        | T::Q3_K
+        | T::Q4_K
+        | T::Q5_K
+        | T::Q6_K
+        | T::Q8_K
+        | T::IQ4_XS
+        | T::IQ2_XXS
+        | T::IQ2_XS
+        | T::IQ2_S
+        | T::IQ3_XXS
+        | T::IQ3_S
+        | T::IQ1_S
+        | T::IQ1_M
+        | T::TQ1_0
+        | T::TQ2_0 => ActKind::Q8K,
         _ => ActKind::F32,
     }
 }
@@ -1482,7 +1534,7 @@ mod tests {
             assert!(functions_of("embed").contains(&format!("embed_{s}").as_str()));
             let want = match ty.block_len() {
                 1 => ActKind::F32,
-                32 => ActKind::Q8_0(matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1)),
+                32 | 64 => ActKind::Q8_0(matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1)),
                 _ => ActKind::Q8K,
             };
             assert_eq!(act_kind(ty), want, "{ty}");

@@ -27,7 +27,7 @@ fn every_kernel_compiles_to_cubin_for_sm80_and_sm90_without_spills() {
     let mut failures = Vec::new();
     for arch in ["sm_80", "sm_90"] {
         for (file, src) in KERNEL_FILES {
-            let compiled = match compile_cubin(file, &source(src), arch, true) {
+            let compiled = match compile_cubin(file, &source(file, src), arch, true) {
                 Ok(c) => c,
                 Err(e) => {
                     failures.push(e);
@@ -64,7 +64,10 @@ fn a_broken_kernel_is_an_error_with_the_compiler_log() {
     }
     let e = compile_cubin(
         "broken",
-        &source("extern \"C\" __global__ void f() { undeclared(); }"),
+        &source(
+            "broken",
+            "extern \"C\" __global__ void f() { undeclared(); }",
+        ),
         "sm_90",
         false,
     )

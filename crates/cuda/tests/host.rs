@@ -24,17 +24,22 @@ use blockdraft_core::conformance::WEIGHT_TYPES as TYPES;
 fn is_scale(ty: GgmlType, k: usize) -> bool {
     use GgmlType as T;
     match ty {
-        T::Q4_0 | T::Q5_0 | T::Q8_0 => k < 2,
+        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL | T::IQ4_XS => k < 2,
         T::Q4_1 | T::Q5_1 | T::Q8_1 | T::Q4_K | T::Q5_K | T::Q8_K => k < 4,
         T::Q2_K => k >= 80,
         T::Q3_K => k >= 108,
         T::Q6_K => k >= 208,
+        T::TQ1_0 => k >= 52,
+        T::TQ2_0 => k >= 64,
+        T::MXFP4 => k < 1,
         _ => true,
     }
 }
 
 /// Each type: id, block count, byte length, the bytes, their reference
-/// dequantization.
+/// dequantization. Quantized blocks with their quant bytes scrambled, or
+/// for the read-only types (`quants::can_quantize`) random bytes with a
+/// finite scale: either way every bit pattern of the packed fields occurs.
 fn write_blocks(path: &Path) {
     let mut state = 0x1234_5678u64;
     let mut next = move || {
@@ -47,16 +52,32 @@ fn write_blocks(path: &Path) {
     for (id, &ty) in TYPES.iter().enumerate() {
         let blocks = 64;
         let (len, size) = (ty.block_len(), ty.block_bytes());
-        let x: Vec<f32> = (0..blocks * len)
-            .map(|_| (next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
-            .collect();
-        let mut bytes = quants::quantize_to_vec(ty, &x).expect("quantize");
+        let mut bytes = if quants::can_quantize(ty) {
+            let x: Vec<f32> = (0..blocks * len)
+                .map(|_| (next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
+                .collect();
+            quants::quantize_to_vec(ty, &x).expect("quantize")
+        } else {
+            // NVFP4's E4M3 scales are all finite: any byte will do.
+            let mut bytes: Vec<u8> = (0..blocks * size).map(|_| next() as u8).collect();
+            for b in bytes.chunks_exact_mut(size) {
+                let d = (next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                quants::lattice::set_scale(ty, b, d);
+            }
+            bytes
+        };
         if len > 1 {
             for (k, b) in bytes.iter_mut().enumerate() {
                 let r = next();
                 if r % 3 == 0 && !is_scale(ty, k % size) {
                     *b ^= (r >> 8) as u8;
                 }
+            }
+        }
+        if ty == GgmlType::MXFP4 {
+            // Exponents from the subnormal ones (0, 1) up to 2^71: all finite.
+            for b in bytes.chunks_exact_mut(size) {
+                b[0] = (next() % 200) as u8;
             }
         }
         let deq = quants::dequantize_to_vec(ty, &bytes).expect("dequantize");
@@ -75,6 +96,12 @@ fn write_blocks(path: &Path) {
 fn build(name: &str, tmp: &Path) -> Option<std::path::PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let exe = tmp.join(name);
+    // The lattice grids, as NVRTC gets them between common.cuh and a file.
+    std::fs::write(
+        tmp.join("grids.cuh"),
+        blockdraft_cuda::compile::grids_source(),
+    )
+    .expect("grids.cuh");
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     // No FMA contraction, as the kernels are compiled (--fmad=false).
     let built = Command::new(&cxx)
@@ -87,6 +114,8 @@ fn build(name: &str, tmp: &Path) -> Option<std::path::PathBuf> {
             "-I",
         ])
         .arg(dir.join("kernels"))
+        .arg("-I")
+        .arg(tmp)
         .arg(dir.join("tests/host").join(format!("{name}.cpp")))
         .arg("-o")
         .arg(&exe)

@@ -11,7 +11,9 @@
 //! costs one small readback per token. [`WgpuBackend::counters`] exposes
 //! what crossed the boundary.
 //!
-//! Weights stay in their GGUF type. A quantized matmul first quantizes the
+//! Weights stay in their GGUF type (the lattice types IQ1/IQ2/IQ3 with
+//! their grid table appended to each buffer, so the kernels read it through
+//! the weight's own binding). A quantized matmul first quantizes the
 //! activations on the GPU exactly as the CPU backend does (`quantize.wgsl`,
 //! into a scratch buffer the backend owns), then takes integer dots per
 //! block (`matmul_quant.wgsl`): one dispatch plus one per weight part.

@@ -249,7 +249,15 @@ impl Device {
 
     /// A storage buffer holding `bytes` (padded to 4).
     pub fn storage_init(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
-        let size = (bytes.len() as u64).max(4).next_multiple_of(4);
+        self.storage_init_with_tail(label, bytes, &[])
+    }
+
+    /// A storage buffer holding `bytes`, then `tail` from the next 4-byte
+    /// boundary (both padded to 4): a weight part and its lattice grid,
+    /// written without first joining them in a copy.
+    pub fn storage_init_with_tail(&self, label: &str, bytes: &[u8], tail: &[u8]) -> wgpu::Buffer {
+        let at = bytes.len().next_multiple_of(4);
+        let size = ((at + tail.len()) as u64).max(4).next_multiple_of(4);
         // Natively a buffer mapped at creation is written in place. On the
         // web its mapped range is a copy in wasm memory, which would double
         // what a streamed model holds there; `writeBuffer` reads the bytes
@@ -263,18 +271,26 @@ impl Device {
                 | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: !on_web,
         });
+        let pieces = [(0, bytes), (at, tail)];
         if on_web {
-            // writeBuffer takes whole 4-byte words: the tail goes padded.
-            let whole = bytes.len() / 4 * 4;
-            self.queue.write_buffer(&buffer, 0, &bytes[..whole]);
-            if whole < bytes.len() {
-                let mut tail = [0u8; 4];
-                tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
-                self.queue.write_buffer(&buffer, whole as u64, &tail);
+            for (offset, piece) in pieces {
+                // writeBuffer takes whole 4-byte words: the last one goes
+                // padded.
+                let whole = piece.len() / 4 * 4;
+                if whole > 0 {
+                    self.queue
+                        .write_buffer(&buffer, offset as u64, &piece[..whole]);
+                }
+                if whole < piece.len() {
+                    let mut last = [0u8; 4];
+                    last[..piece.len() - whole].copy_from_slice(&piece[whole..]);
+                    self.queue
+                        .write_buffer(&buffer, (offset + whole) as u64, &last);
+                }
             }
             return buffer;
         }
-        write_mapped(&buffer, bytes, &self.errors);
+        write_mapped(&buffer, &pieces, &self.errors);
         buffer
     }
 
@@ -500,9 +516,16 @@ impl Device {
 /// Copies `bytes` into `buffer`, created mapped, and unmaps it. A buffer
 /// of a lost device cannot be mapped: that is kept as the device's error
 /// (its contents no longer matter).
-fn write_mapped(buffer: &wgpu::Buffer, bytes: &[u8], errors: &DeviceErrors) {
+/// Writes each `(offset, bytes)` piece into a buffer mapped at creation,
+/// then unmaps it.
+fn write_mapped(buffer: &wgpu::Buffer, pieces: &[(usize, &[u8])], errors: &DeviceErrors) {
     match buffer.slice(..).get_mapped_range_mut() {
-        Ok(mut view) => view.slice(..bytes.len()).copy_from_slice(bytes),
+        Ok(mut view) => {
+            for &(offset, bytes) in pieces {
+                view.slice(offset..offset + bytes.len())
+                    .copy_from_slice(bytes);
+            }
+        }
         Err(e) => {
             errors.record(format!(
                 "writing to the GPU failed ({e}): the device was lost"
@@ -625,7 +648,7 @@ impl Recorder {
                 usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::UNIFORM,
                 mapped_at_creation: true,
             });
-            write_mapped(&buffer, bytes, errors);
+            write_mapped(&buffer, &[(0, bytes)], errors);
             return (buffer, 0);
         }
         if let Some(c) = self.chunks.get(self.current) {

@@ -69,10 +69,12 @@ pub struct WgpuWeight {
 /// backend does, so the two agree up to float summation order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ActQuant {
-    /// Q8_0-style 32-blocks, for Q4_0..Q8_1. `q8_1_sums`: the block sum
-    /// rounded as llama.cpp's block_q8_1 stores it (the Q4_1/Q5_1 partner).
+    /// Q8_0-style 32-blocks, for Q4_0..Q8_1, IQ4_NL, MXFP4 and NVFP4.
+    /// `q8_1_sums`: the block sum rounded as llama.cpp's block_q8_1 stores
+    /// it (the Q4_1/Q5_1 partner).
     Q8_0 { q8_1_sums: bool },
-    /// Q8_K 256-super-blocks with per-16 sums, for the K-quants.
+    /// Q8_K 256-super-blocks with per-16 sums, for the K-quants, IQ4_XS and
+    /// the lattice and ternary types.
     Q8K,
 }
 
@@ -119,8 +121,39 @@ fn kernels(ty: GgmlType) -> Option<TypeKernels> {
         Q8_K => quant("matmul_q8_k", "embed_q8_k", q8_k),
         IQ4_NL => quant("matmul_iq4_nl", "embed_iq4_nl", q8_0),
         IQ4_XS => quant("matmul_iq4_xs", "embed_iq4_xs", q8_k),
+        IQ2_XXS => quant("matmul_iq2_xxs", "embed_iq2_xxs", q8_k),
+        IQ2_XS => quant("matmul_iq2_xs", "embed_iq2_xs", q8_k),
+        IQ2_S => quant("matmul_iq2_s", "embed_iq2_s", q8_k),
+        IQ3_XXS => quant("matmul_iq3_xxs", "embed_iq3_xxs", q8_k),
+        IQ3_S => quant("matmul_iq3_s", "embed_iq3_s", q8_k),
+        IQ1_S => quant("matmul_iq1_s", "embed_iq1_s", q8_k),
+        IQ1_M => quant("matmul_iq1_m", "embed_iq1_m", q8_k),
+        TQ1_0 => quant("matmul_tq1_0", "embed_tq1_0", q8_k),
+        TQ2_0 => quant("matmul_tq2_0", "embed_tq2_0", q8_k),
+        MXFP4 => quant("matmul_mxfp4", "embed_mxfp4", q8_0),
+        NVFP4 => quant("matmul_nvfp4", "embed_nvfp4", q8_0),
         _ => return None,
     })
+}
+
+/// The grid a lattice type's kernels look its indices up in, as the words
+/// `quant_blocks.wgsl` reads after each weight part's rows (one row of 8
+/// values is two words, of 4 values one word; byte j holds value j), from
+/// `blockdraft_gguf`'s tables; empty for the other types.
+fn lattice_grid(ty: GgmlType) -> Vec<u8> {
+    use blockdraft_gguf::quants::grids::*;
+    use GgmlType::*;
+    let wide = |rows: &[u64]| rows.iter().flat_map(|r| r.to_le_bytes()).collect();
+    let narrow = |rows: &[u32]| rows.iter().flat_map(|r| r.to_le_bytes()).collect();
+    match ty {
+        IQ2_XXS => wide(&IQ2XXS_GRID),
+        IQ2_XS => wide(&IQ2XS_GRID),
+        IQ2_S => wide(&IQ2S_GRID),
+        IQ3_XXS => narrow(&IQ3XXS_GRID),
+        IQ3_S => narrow(&IQ3S_GRID),
+        IQ1_S | IQ1_M => wide(&IQ1S_GRID),
+        _ => Vec::new(),
+    }
 }
 
 /// Where `quantize.wgsl` puts `n` quantized rows of `cols` values, in u32
@@ -209,12 +242,22 @@ impl WgpuWeight {
                 what: format!("{} matrices on wgpu (`{}`)", src.ty, src.name),
             });
         }
-        // Whole rows per part, each part within one binding (and 4-byte
-        // aligned, which every block size times 4 rows is).
-        let rows_per_part = ((max_binding / row_bytes) as usize / 4 * 4).max(1);
-        if row_bytes > max_binding {
+        // Each part carries the type's grid after its rows (at the next
+        // word), where the kernels read it from the same binding.
+        let grid = lattice_grid(src.ty);
+        let room = max_binding.saturating_sub(grid.len() as u64);
+        // Whole rows per part, each part with its grid within one binding
+        // (a multiple of 4 rows, so all but the last part end on a word;
+        // the last, shorter one has room for its padding).
+        let rows_per_part = ((room / row_bytes) as usize / 4 * 4).max(1);
+        if row_bytes.next_multiple_of(4) > room {
             return Err(src.error(format!(
-                "one row ({row_bytes} bytes) exceeds the device's largest storage binding ({max_binding})"
+                "one row ({row_bytes} bytes{}) exceeds the device's largest storage binding ({max_binding})",
+                if grid.is_empty() {
+                    String::new()
+                } else {
+                    format!(" and its type's {}-byte grid", grid.len())
+                }
             )));
         }
         let row_bytes = row_bytes as usize;
@@ -223,12 +266,8 @@ impl WgpuWeight {
             .map(|row0| {
                 let n = rows_per_part.min(rows - row0);
                 let bytes = &src.data[row0 * row_bytes..(row0 + n) * row_bytes];
-                Part::alone(
-                    dev.storage_init(src.name, bytes),
-                    row0,
-                    n,
-                    dev.retired.clone(),
-                )
+                let buffer = dev.storage_init_with_tail(src.name, bytes, &grid);
+                Part::alone(buffer, row0, n, dev.retired.clone())
             })
             .collect();
         Ok(WgpuWeight {
@@ -396,6 +435,7 @@ fn shader_type(ty: GgmlType) -> Option<u32> {
     use GgmlType::*;
     [
         Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS,
+        IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4, NVFP4,
     ]
     .iter()
     .position(|&t| t == ty)

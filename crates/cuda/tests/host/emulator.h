@@ -40,6 +40,7 @@ static inline int __float_as_int(float f) {
     memcpy(&i, &f, 4);
     return i;
 }
+static inline int __popc(unsigned x) { return __builtin_popcount(x); }
 static inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; i++) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
     return c;

@@ -9,6 +9,7 @@
 // non-zero on any failure.
 #include "emulator.h"
 #include "common.cuh"
+#include "grids.cuh" // written by tests/host.rs from compile::grids_source
 namespace Q {
 #include "quantize.cu"
 }
@@ -90,10 +91,14 @@ void test_quantize() {
   check(q == rq && !memcmp(d.data(), rd.data(), 4*nb) && bs == rbs, "quantize_q8_k");
 }
 
+// `fix`: makes a random block's scale finite where random bytes could
+// overflow f32 (MXFP4's exponent), or nullptr.
 template <class T, class KERN, class DEQ>
-void test_matmul(const char *name, int bl, int bytes_per, int act, KERN kern, DEQ deq) {
-  int rows = 37, cols = bl == 256 ? 512 : 96, nb = cols / bl;
+void test_matmul(const char *name, int bl, int bytes_per, int act, KERN kern, DEQ deq,
+                 void (*fix)(u8 *) = nullptr) {
+  int rows = 37, cols = bl == 256 ? 512 : bl == 64 ? 192 : 96, nb = cols / bl;
   std::vector<u8> w(rows * nb * bytes_per); for (auto &b : w) b = rng();
+  if (fix) for (int b = 0; b < rows * nb; b++) fix(w.data() + b * bytes_per);
   // Random bytes: blocks whose scales are not finite are skipped below.
   for (int n : {1, 9, 17}) {
     std::vector<float> x(n * cols); std::mt19937 r2(n); for (auto &v : x) v = std::uniform_real_distribution<float>(-2, 2)(r2);
@@ -266,6 +271,17 @@ int main() {
   test_matmul<MM::Q6_K>("Q6_K", 256, 210, 1, MM::matmul_Q6_K, EM::deq_q6_k);
   test_matmul<MM::Q4_1>("Q4_1", 32, 20, 0, MM::matmul_Q4_1, EM::deq_q4_1);
   test_matmul<MM::Q5_0>("Q5_0", 32, 22, 0, MM::matmul_Q5_0, EM::deq_q5_0);
+  test_matmul<MM::IQ2_XXS>("IQ2_XXS", 256, 66, 1, MM::matmul_IQ2_XXS, EM::deq_iq2_xxs);
+  test_matmul<MM::IQ2_XS>("IQ2_XS", 256, 74, 1, MM::matmul_IQ2_XS, EM::deq_iq2_xs);
+  test_matmul<MM::IQ2_S>("IQ2_S", 256, 82, 1, MM::matmul_IQ2_S, EM::deq_iq2_s);
+  test_matmul<MM::IQ3_XXS>("IQ3_XXS", 256, 98, 1, MM::matmul_IQ3_XXS, EM::deq_iq3_xxs);
+  test_matmul<MM::IQ3_S>("IQ3_S", 256, 110, 1, MM::matmul_IQ3_S, EM::deq_iq3_s);
+  test_matmul<MM::IQ1_S>("IQ1_S", 256, 50, 1, MM::matmul_IQ1_S, EM::deq_iq1_s);
+  test_matmul<MM::IQ1_M>("IQ1_M", 256, 56, 1, MM::matmul_IQ1_M, EM::deq_iq1_m);
+  test_matmul<MM::TQ1_0>("TQ1_0", 256, 54, 1, MM::matmul_TQ1_0, EM::deq_tq1_0);
+  test_matmul<MM::TQ2_0>("TQ2_0", 256, 66, 1, MM::matmul_TQ2_0, EM::deq_tq2_0);
+  test_matmul<MM::MXFP4>("MXFP4", 32, 17, 0, MM::matmul_MXFP4, EM::deq_mxfp4, [](u8 *b) { b[0] = 100 + b[0] % 50; });
+  test_matmul<MM::NVFP4>("NVFP4", 64, 36, 0, MM::matmul_NVFP4, EM::deq_nvfp4);
   test_attention(false); test_attention(true);
   test_argmax();
   test_norm_rope();
