@@ -40,8 +40,8 @@ export PROFILE=${PROFILE:-release}
 wasm="$WWW/pkg/blockdraft_wasm_bg.wasm"
 size=$(stat -c %s "$wasm")
 case "$PROFILE" in
-    dev) budget=${WASM_BUDGET:-3850000} ;;
-    release) budget=${WASM_BUDGET:-2600000} ;;
+    dev) budget=${WASM_BUDGET:-4100000} ;;
+    release) budget=${WASM_BUDGET:-2850000} ;;
     *) budget=${WASM_BUDGET:-} ;;
 esac
 echo "wasm ($PROFILE): $size bytes, $(gzip -9c "$wasm" | wc -c) gzipped; budget ${budget:-none}"

@@ -9,87 +9,124 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// Every shader file, by name, as compiled into the binary.
+/// Every shader file, by name, as compiled into the binary (without its
+/// comments and indentation: see `build.rs`).
 pub const SOURCES: &[(&str, &str)] = &[
-    ("common.wgsl", include_str!("../../../shaders/common.wgsl")),
-    ("gating.wgsl", include_str!("../../../shaders/gating.wgsl")),
+    (
+        "common.wgsl",
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/common.wgsl")),
+    ),
+    (
+        "gating.wgsl",
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/gating.wgsl")),
+    ),
     (
         "elementwise.wgsl",
-        include_str!("../../../shaders/elementwise.wgsl"),
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/elementwise.wgsl")),
     ),
     (
         "activation.wgsl",
-        include_str!("../../../shaders/activation.wgsl"),
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/activation.wgsl")),
     ),
-    ("norm.wgsl", include_str!("../../../shaders/norm.wgsl")),
-    ("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
-    ("copy.wgsl", include_str!("../../../shaders/copy.wgsl")),
+    (
+        "norm.wgsl",
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/norm.wgsl")),
+    ),
+    (
+        "rope.wgsl",
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/rope.wgsl")),
+    ),
+    (
+        "copy.wgsl",
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/copy.wgsl")),
+    ),
     (
         "copy_f16.wgsl",
-        include_str!("../../../shaders/copy_f16.wgsl"),
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/copy_f16.wgsl")),
     ),
     (
         "attention_core.wgsl",
-        include_str!("../../../shaders/attention_core.wgsl"),
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/attention_core.wgsl")),
     ),
     (
         "attention.wgsl",
-        include_str!("../../../shaders/attention.wgsl"),
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/attention.wgsl")),
     ),
     (
         "attention_f16.wgsl",
-        include_str!("../../../shaders/attention_f16.wgsl"),
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/attention_f16.wgsl")),
     ),
-    ("best.wgsl", include_str!("../../../shaders/best.wgsl")),
+    (
+        "best.wgsl",
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/best.wgsl")),
+    ),
     (
         "subgroup.wgsl",
-        include_str!("../../../shaders/subgroup.wgsl"),
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/subgroup.wgsl")),
     ),
     (
         "matmul_rows.wgsl",
-        include_str!("../../../shaders/matmul_rows.wgsl"),
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/matmul_rows.wgsl")),
     ),
-    ("argmax.wgsl", include_str!("../../../shaders/argmax.wgsl")),
-    ("conv.wgsl", include_str!("../../../shaders/conv.wgsl")),
+    (
+        "argmax.wgsl",
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/argmax.wgsl")),
+    ),
+    (
+        "conv.wgsl",
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/conv.wgsl")),
+    ),
     (
         "delta_net.wgsl",
-        include_str!("../../../shaders/delta_net.wgsl"),
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/delta_net.wgsl")),
     ),
     (
         "gated_attention.wgsl",
-        include_str!("../../../shaders/gated_attention.wgsl"),
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/gated_attention.wgsl")),
     ),
-    ("topk.wgsl", include_str!("../../../shaders/topk.wgsl")),
+    (
+        "topk.wgsl",
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/topk.wgsl")),
+    ),
     (
         "selector.wgsl",
-        include_str!("../../../shaders/selector.wgsl"),
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/selector.wgsl")),
     ),
-    ("fusion.wgsl", include_str!("../../../shaders/fusion.wgsl")),
-    ("sample.wgsl", include_str!("../../../shaders/sample.wgsl")),
+    (
+        "fusion.wgsl",
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/fusion.wgsl")),
+    ),
+    (
+        "sample.wgsl",
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/sample.wgsl")),
+    ),
     (
         "penalty.wgsl",
-        include_str!("../../../shaders/penalty.wgsl"),
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/penalty.wgsl")),
     ),
-    ("embed.wgsl", include_str!("../../../shaders/embed.wgsl")),
+    (
+        "embed.wgsl",
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/embed.wgsl")),
+    ),
     (
         "matmul_float.wgsl",
-        include_str!("../../../shaders/matmul_float.wgsl"),
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/matmul_float.wgsl")),
     ),
     (
         "quant_blocks.wgsl",
-        include_str!("../../../shaders/quant_blocks.wgsl"),
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/quant_blocks.wgsl")),
     ),
     (
         "quantize_rows.wgsl",
-        include_str!("../../../shaders/quantize_rows.wgsl"),
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/quantize_rows.wgsl")),
     ),
     (
         "quantize.wgsl",
-        include_str!("../../../shaders/quantize.wgsl"),
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/quantize.wgsl")),
     ),
     (
         "matmul_quant.wgsl",
-        include_str!("../../../shaders/matmul_quant.wgsl"),
+        include_str!(concat!(env!("OUT_DIR"), "/shaders/matmul_quant.wgsl")),
     ),
 ];
 
