@@ -17,7 +17,10 @@ use blockdraft_gguf::{GgmlType, GgufFile};
 use std::path::PathBuf;
 
 /// Types whose x86 kernels take ggml's AVX2 float sequence.
-const AVX2_SEQUENCE: [GgmlType; 10] = [
+const AVX2_SEQUENCE: [GgmlType; 13] = [
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+    GgmlType::NVFP4,
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
     GgmlType::IQ2_XXS,

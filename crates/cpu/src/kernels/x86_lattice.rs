@@ -1,6 +1,7 @@
 //! x86 kernels of the lattice types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
-//! IQ3_S, IQ1_S, IQ1_M) and MXFP4, in the float sequences of ggml's AVX2
-//! `ggml_vec_dot_*_q8_K` / `_q8_0`, so results are bit-equal to llama.cpp's.
+//! IQ3_S, IQ1_S, IQ1_M), the ternary ones (TQ1_0, TQ2_0) and MXFP4 /
+//! NVFP4, in the float sequences of ggml's AVX2 `ggml_vec_dot_*_q8_K` /
+//! `_q8_0`, so results are bit-equal to llama.cpp's.
 //!
 //! Each 32-value block becomes one vector of 32 grid magnitudes (rows looked
 //! up by index, four 8-byte or eight 4-byte rows) and a sign mask applied to
@@ -18,7 +19,7 @@
 
 macro_rules! lattice_kernels {
     ($feat:literal) => {
-        /// This build's kernel for a lattice type or MXFP4.
+        /// This build's kernel for a lattice, ternary or FP4 type.
         fn lattice_kernel(ty: GgmlType) -> Option<Kernel> {
             use GgmlType::*;
             Some(match ty {
@@ -30,6 +31,9 @@ macro_rules! lattice_kernels {
                 IQ1_S => rows!($feat, iq1_s),
                 IQ1_M => rows!($feat, iq1_m),
                 MXFP4 => rows!($feat, mxfp4),
+                NVFP4 => rows!($feat, nvfp4),
+                TQ1_0 => rows!($feat, tq1_0),
+                TQ2_0 => rows!($feat, tq2_0),
                 _ => return None,
             })
         }
@@ -285,6 +289,113 @@ macro_rules! lattice_kernels {
                     out[i] = d.mul_add(sum as f32, out[i]);
                 }
             }
+        }
+
+        /// NVFP4: per 64-block two vectors of 32 E2M1 values in order (the
+        /// nibbles' quarters reordered), each dotted with its Q8_0 block
+        /// into lanes whose halves have the parts' scales
+        /// `ue4m3(d_s) * d_x`, both multiply-added into one accumulator
+        /// (ggml's `ggml_vec_dot_nvfp4_q8_0` on AVX2).
+        #[target_feature(enable = $feat)]
+        unsafe fn nvfp4<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::fp4::{nvfp4::*, ue4m3_half, KVALUES};
+            let grid =
+                _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES.as_ptr() as *const __m128i));
+            let mut acc = [_mm256_setzero_ps(); NR];
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            for b in 0..nb {
+                let blk = w.add(b * BYTES);
+                let ds: [f32; 4] = std::array::from_fn(|s| ue4m3_half(*blk.add(D + s)));
+                // Values 0..32 of parts (2h, 2h + 1): low nibbles of bytes
+                // 16h..16h+16 are values 0..8 of both parts, high ones 8..16.
+                let q: [__m256i; 2] = std::array::from_fn(|h| {
+                    let v = _mm256_shuffle_epi8(grid, nibbles32(blk.add(QS + 16 * h)));
+                    _mm256_permute4x64_epi64::<0b11_01_10_00>(v)
+                });
+                let qa = q.map(|v| _mm256_sign_epi8(v, v));
+                for i in 0..NR {
+                    for h in 0..2 {
+                        let dy = *x[i].d.add(2 * b + h);
+                        let scales = _mm256_set_m128(
+                            _mm_set1_ps(ds[2 * h + 1] * dy),
+                            _mm_set1_ps(ds[2 * h] * dy),
+                        );
+                        let xv = load(x[i].qs.add(64 * b + 32 * h) as *const u8);
+                        let lanes = _mm256_cvtepi32_ps(dot_i8(qa[h], q[h], xv));
+                        acc[i] = _mm256_fmadd_ps(scales, lanes, acc[i]);
+                    }
+                }
+            }
+            for i in 0..NR {
+                out[i] = hsum(acc[i]);
+            }
+        }
+
+        /// The ternary types: `trits(blk, k)` gives values `32k..32k+32` of
+        /// a super-block stored + 1 (0, 1, 2). Lane sums of the unsigned
+        /// digits against the activations, less each lane's two 16-sums
+        /// (the + 1), then `fma(lanes, d_w * d_x, acc)` per super-block:
+        /// ggml's AVX2 `ggml_vec_dot_tq{1,2}_0_q8_K`, whose multiply-add the
+        /// C compiler fuses.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn ternary<const NR: usize>(
+            w: *const u8,
+            nb: usize,
+            bytes: usize,
+            d_at: usize,
+            x: &[Act],
+            out: &mut [f32],
+            trits: impl Fn(*const u8, usize) -> __m256i,
+        ) {
+            let mut acc = [_mm256_setzero_ps(); NR];
+            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
+            let ones = _mm256_set1_epi16(1);
+            for b in 0..nb {
+                let blk = w.add(b * bytes);
+                let q: [__m256i; 8] = std::array::from_fn(|k| trits(blk, k));
+                let dw = h2f(blk.add(d_at));
+                for i in 0..NR {
+                    let mut sum = _mm256_setzero_si256();
+                    for (k, &qk) in q.iter().enumerate() {
+                        let xv = load(x[i].qs.add(256 * b + 32 * k) as *const u8);
+                        sum = _mm256_add_epi32(sum, dot_u8(qk, xv));
+                    }
+                    let bs = load(x[i].bs.add(16 * b) as *const u8);
+                    let lanes = _mm256_sub_epi32(sum, _mm256_madd_epi16(bs, ones));
+                    let d = _mm256_set1_ps(*x[i].d.add(b) * dw);
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), d, acc[i]);
+                }
+            }
+            for i in 0..NR {
+                out[i] = hsum(acc[i]);
+            }
+        }
+
+        #[target_feature(enable = $feat)]
+        unsafe fn tq2_0<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::ternary::tq2_0::*;
+            let three = _mm256_set1_epi8(3);
+            ternary::<NR>(w, nb, BYTES, D, x, out, |blk, k| {
+                // Values 128j + 32l + m: bits 2l of byte 32j + m.
+                let (j, l) = (k / 4, k % 4);
+                let v = load(blk.add(QS + 32 * j));
+                let v = _mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * l as i32));
+                _mm256_and_si256(v, three)
+            })
+        }
+
+        #[target_feature(enable = $feat)]
+        unsafe fn tq1_0<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::ternary::tq1_0::*;
+            ternary::<NR>(w, nb, BYTES, D, x, out, |blk, k| {
+                let block = std::slice::from_raw_parts(blk, BYTES);
+                let t: [u8; 32] = std::array::from_fn(|m| {
+                    let (at, n) = position(32 * k + m);
+                    (digit(block[at], n) + 1) as u8
+                });
+                load(t.as_ptr())
+            })
         }
     };
 }
