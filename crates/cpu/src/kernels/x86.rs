@@ -1,6 +1,6 @@
 //! x86-64 AVX2 + FMA (+ F16C) kernels, selected at runtime.
 
-use super::x86_lattice::lattice_kernels;
+use super::x86_lattice::{four, lattice_kernels, signed_grid, ternary};
 use super::{by_nr, per_row, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use std::arch::x86_64::*;

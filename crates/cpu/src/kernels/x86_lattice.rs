@@ -38,12 +38,12 @@ macro_rules! lattice_kernels {
             })
         }
 
-        /// Four 8-value groups as one vector of their grid bytes, and their
-        /// four sign bytes as one word (byte l for group l).
+        /// Four 8-value groups (grid row, sign byte) as one vector of their
+        /// grid bytes, and their four sign bytes as one word (byte l for
+        /// group l).
         #[target_feature(enable = $feat)]
         #[inline]
-        unsafe fn grid_rows(group: impl Fn(usize) -> (u64, u8)) -> (__m256i, u32) {
-            let g: [(u64, u8); 4] = std::array::from_fn(group);
+        unsafe fn grid_rows(g: [(u64, u8); 4]) -> (__m256i, u32) {
             let q = _mm256_set_epi64x(g[3].0 as i64, g[2].0 as i64, g[1].0 as i64, g[0].0 as i64);
             let signs = u32::from_le_bytes([g[0].1, g[1].1, g[2].1, g[3].1]);
             (q, signs)
@@ -57,62 +57,49 @@ macro_rules! lattice_kernels {
             _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
         }
 
-        /// The IQ2/IQ3 super-block loop: `block(blk, ib)` gives 32-block
-        /// `ib`'s magnitudes, sign bits and scale vector; `factor` is the
-        /// format's constant (1/8 for IQ2, 1/4 for IQ3_XXS, 1 for IQ3_S).
+        /// Four 7-bit sign indices as ±1 bytes (ggml's table lookups).
         #[target_feature(enable = $feat)]
         #[inline]
-        unsafe fn signed_grid<const NR: usize>(
-            w: *const u8,
-            nb: usize,
-            bytes: usize,
-            factor: f32,
-            x: &[Act],
-            out: &mut [f32],
-            block: impl Fn(&[u8], usize) -> (__m256i, u32, __m256i),
-        ) {
-            let mut acc = [_mm256_setzero_ps(); NR];
-            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
-            let one = _mm256_set1_epi8(1);
-            for b in 0..nb {
-                let blk = std::slice::from_raw_parts(w.add(b * bytes), bytes);
-                let mut sum = [_mm256_setzero_si256(); NR];
-                for ib in 0..8 {
-                    let (q, signs, scale) = block(blk, ib);
-                    // 0xFF (negate) or 0x01 (keep) per byte, for sign_epi8.
-                    let signs = _mm256_or_si256(bits_to_bytes(signs), one);
-                    for i in 0..NR {
-                        let xv = load(x[i].qs.add(256 * b + 32 * ib) as *const u8);
-                        let p = _mm256_maddubs_epi16(q, _mm256_sign_epi8(xv, signs));
-                        sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(p, scale));
-                    }
-                }
-                let dw = h2f(blk.as_ptr());
-                for i in 0..NR {
-                    let d = _mm256_set1_ps(dw * *x[i].d.add(b));
-                    acc[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum[i]), acc[i]);
-                }
-            }
-            for i in 0..NR {
-                out[i] = factor * hsum(acc[i]);
-            }
+        unsafe fn sign_masks(i: [u32; 4]) -> __m256i {
+            use blockdraft_gguf::quants::grids::KSIGNS_MASKS as K;
+            let k = |j: usize| K[(i[j] & 127) as usize] as i64;
+            _mm256_set_epi64x(k(3), k(2), k(1), k(0))
+        }
+
+        /// Four plain sign bytes (bit j: value j negative) as ±1 bytes.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn sign_bytes(bits: u32) -> __m256i {
+            _mm256_or_si256(bits_to_bytes(bits), _mm256_set1_epi8(1))
         }
 
         #[target_feature(enable = $feat)]
         unsafe fn iq2_xxs<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::grids::IQ2XXS_GRID as G;
             use blockdraft_gguf::quants::lattice::iq2_xxs::*;
-            signed_grid::<NR>(w, nb, BYTES, 0.125, x, out, |blk, ib| {
-                let (q, signs) = grid_rows(|l| group(blk, ib, l));
-                let ls = 2 * scale(blk, ib) as i32 + 1;
+            signed_grid!(NR, w, nb, BYTES, 0.125, x, out, |blk, ib| {
+                let at = QS + 8 * ib;
+                let idx = u32::from_le_bytes(blk[at..at + 4].try_into().unwrap_unchecked());
+                let aux = u32::from_le_bytes(blk[at + 4..at + 8].try_into().unwrap_unchecked());
+                let row = |l: u32| G[(idx >> (8 * l)) as u8 as usize] as i64;
+                let q = _mm256_set_epi64x(row(3), row(2), row(1), row(0));
+                let signs = sign_masks([aux, aux >> 7, aux >> 14, aux >> 21]);
+                let ls = 2 * (aux >> 28) as i32 + 1;
                 (q, signs, scale_halves(ls, ls))
             })
         }
 
         #[target_feature(enable = $feat)]
         unsafe fn iq2_xs<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::grids::IQ2XS_GRID as G;
             use blockdraft_gguf::quants::lattice::iq2_xs::*;
-            signed_grid::<NR>(w, nb, BYTES, 0.125, x, out, |blk, ib| {
-                let (q, signs) = grid_rows(|l| group(blk, 4 * ib + l));
+            signed_grid!(NR, w, nb, BYTES, 0.125, x, out, |blk, ib| {
+                let at = QS + 8 * ib;
+                let wd: [u32; 4] =
+                    four!(|l| u16::from_le_bytes([blk[at + 2 * l], blk[at + 2 * l + 1]]) as u32);
+                let row = |l: usize| G[(wd[l] & 511) as usize] as i64;
+                let q = _mm256_set_epi64x(row(3), row(2), row(1), row(0));
+                let signs = sign_masks([wd[0] >> 9, wd[1] >> 9, wd[2] >> 9, wd[3] >> 9]);
                 let sc = blk[SCALES + ib] as i32;
                 (
                     q,
@@ -125,12 +112,12 @@ macro_rules! lattice_kernels {
         #[target_feature(enable = $feat)]
         unsafe fn iq2_s<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
             use blockdraft_gguf::quants::lattice::iq2_s::*;
-            signed_grid::<NR>(w, nb, BYTES, 0.125, x, out, |blk, ib| {
-                let (q, signs) = grid_rows(|l| group(blk, ib, l));
+            signed_grid!(NR, w, nb, BYTES, 0.125, x, out, |blk, ib| {
+                let (q, signs) = grid_rows(four!(|l| group(blk, ib, l)));
                 let sc = blk[SCALES + ib] as i32;
                 (
                     q,
-                    signs,
+                    sign_bytes(signs),
                     scale_halves(2 * (sc & 0xF) + 1, 2 * (sc >> 4) + 1),
                 )
             })
@@ -138,21 +125,52 @@ macro_rules! lattice_kernels {
 
         #[target_feature(enable = $feat)]
         unsafe fn iq3_xxs<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::grids::IQ3XXS_GRID as G;
             use blockdraft_gguf::quants::lattice::iq3_xxs::*;
-            signed_grid::<NR>(w, nb, BYTES, 0.25, x, out, |blk, ib| {
-                let (q, signs) = grid_rows(|l| group(blk, ib, l));
-                let ls = 2 * scale(blk, ib) as i32 + 1;
+            signed_grid!(NR, w, nb, BYTES, 0.25, x, out, |blk, ib| {
+                let at = SCALES_SIGNS + 4 * ib;
+                let aux = u32::from_le_bytes(blk[at..at + 4].try_into().unwrap_unchecked());
+                let qs = &blk[QS + 8 * ib..QS + 8 * ib + 8];
+                let row = |k: usize| G[qs[k] as usize] as i32;
+                let q = _mm256_set_epi32(
+                    row(7),
+                    row(6),
+                    row(5),
+                    row(4),
+                    row(3),
+                    row(2),
+                    row(1),
+                    row(0),
+                );
+                let signs = sign_masks([aux, aux >> 7, aux >> 14, aux >> 21]);
+                let ls = 2 * (aux >> 28) as i32 + 1;
                 (q, signs, scale_halves(ls, ls))
             })
         }
 
         #[target_feature(enable = $feat)]
         unsafe fn iq3_s<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::grids::IQ3S_GRID as G;
             use blockdraft_gguf::quants::lattice::iq3_s::*;
-            signed_grid::<NR>(w, nb, BYTES, 1.0, x, out, |blk, ib| {
-                let (q, signs) = grid_rows(|l| group(blk, ib, l));
+            signed_grid!(NR, w, nb, BYTES, 1.0, x, out, |blk, ib| {
+                // Index k of 8: qs[k] and bit k of the block's qh byte.
+                let qs = &blk[QS + 8 * ib..QS + 8 * ib + 8];
+                let qh = blk[QH + ib] as usize;
+                let row = |k: usize| G[qs[k] as usize | ((qh >> k) & 1) << 8] as i32;
+                let q = _mm256_set_epi32(
+                    row(7),
+                    row(6),
+                    row(5),
+                    row(4),
+                    row(3),
+                    row(2),
+                    row(1),
+                    row(0),
+                );
+                let at = SIGNS + 4 * ib;
+                let signs = u32::from_le_bytes(blk[at..at + 4].try_into().unwrap_unchecked());
                 let ls = 2 * scale(blk, ib) as i32 + 1;
-                (q, signs, scale_halves(ls, ls))
+                (q, sign_bytes(signs), scale_halves(ls, ls))
             })
         }
 
@@ -180,7 +198,7 @@ macro_rules! lattice_kernels {
                 let mut sum = [_mm256_setzero_si256(); NR];
                 let mut sum1 = [0i32; NR];
                 for ib in 0..8 {
-                    let (q, _) = grid_rows(|l| (row(blk, ib, l), 0));
+                    let (q, _) = grid_rows(four!(|l| (row(blk, ib, l), 0)));
                     let qh = qh(blk, ib);
                     let ls = 2 * ((qh >> 12) & 7) as i32 + 1;
                     let delta = if qh & 0x8000 != 0 { -1 } else { 1 };
@@ -224,10 +242,10 @@ macro_rules! lattice_kernels {
                 let mut sum2 = [_mm256_setzero_si256(); NR];
                 for ib in 0..8 {
                     // Sign bits: 0xFF in all 8 bytes of a negative group.
-                    let (q, negative) = grid_rows(|l| {
+                    let (q, negative) = grid_rows(four!(|l| {
                         let (row, neg) = group(blk, ib, l);
                         (row, if neg { 0xFF } else { 0 })
-                    });
+                    }));
                     let delta = _mm256_or_si256(bits_to_bytes(negative), one);
                     let scale = scale_halves(
                         2 * scale(blk, ib, 0) as i32 + 1,
@@ -308,11 +326,13 @@ macro_rules! lattice_kernels {
                 let ds: [f32; 4] = std::array::from_fn(|s| ue4m3_half(*blk.add(D + s)));
                 // Values 0..32 of parts (2h, 2h + 1): low nibbles of bytes
                 // 16h..16h+16 are values 0..8 of both parts, high ones 8..16.
-                let q: [__m256i; 2] = std::array::from_fn(|h| {
+                let mut q = [_mm256_setzero_si256(); 2];
+                let mut qa = [_mm256_setzero_si256(); 2];
+                for h in 0..2 {
                     let v = _mm256_shuffle_epi8(grid, nibbles32(blk.add(QS + 16 * h)));
-                    _mm256_permute4x64_epi64::<0b11_01_10_00>(v)
-                });
-                let qa = q.map(|v| _mm256_sign_epi8(v, v));
+                    q[h] = _mm256_permute4x64_epi64::<0b11_01_10_00>(v);
+                    qa[h] = _mm256_sign_epi8(q[h], q[h]);
+                }
                 for i in 0..NR {
                     for h in 0..2 {
                         let dy = *x[i].d.add(2 * b + h);
@@ -331,72 +351,137 @@ macro_rules! lattice_kernels {
             }
         }
 
-        /// The ternary types: `trits(blk, k)` gives values `32k..32k+32` of
-        /// a super-block stored + 1 (0, 1, 2). Lane sums of the unsigned
-        /// digits against the activations, less each lane's two 16-sums
-        /// (the + 1), then `fma(lanes, d_w * d_x, acc)` per super-block:
-        /// ggml's AVX2 `ggml_vec_dot_tq{1,2}_0_q8_K`, whose multiply-add the
-        /// C compiler fuses.
-        #[target_feature(enable = $feat)]
-        #[inline]
-        unsafe fn ternary<const NR: usize>(
-            w: *const u8,
-            nb: usize,
-            bytes: usize,
-            d_at: usize,
-            x: &[Act],
-            out: &mut [f32],
-            trits: impl Fn(*const u8, usize) -> __m256i,
-        ) {
-            let mut acc = [_mm256_setzero_ps(); NR];
-            let x: &[Act; NR] = x.try_into().unwrap_unchecked();
-            let ones = _mm256_set1_epi16(1);
-            for b in 0..nb {
-                let blk = w.add(b * bytes);
-                let q: [__m256i; 8] = std::array::from_fn(|k| trits(blk, k));
-                let dw = h2f(blk.add(d_at));
-                for i in 0..NR {
-                    let mut sum = _mm256_setzero_si256();
-                    for (k, &qk) in q.iter().enumerate() {
-                        let xv = load(x[i].qs.add(256 * b + 32 * k) as *const u8);
-                        sum = _mm256_add_epi32(sum, dot_u8(qk, xv));
-                    }
-                    let bs = load(x[i].bs.add(16 * b) as *const u8);
-                    let lanes = _mm256_sub_epi32(sum, _mm256_madd_epi16(bs, ones));
-                    let d = _mm256_set1_ps(*x[i].d.add(b) * dw);
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), d, acc[i]);
-                }
-            }
-            for i in 0..NR {
-                out[i] = hsum(acc[i]);
-            }
-        }
-
         #[target_feature(enable = $feat)]
         unsafe fn tq2_0<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
             use blockdraft_gguf::quants::ternary::tq2_0::*;
             let three = _mm256_set1_epi8(3);
-            ternary::<NR>(w, nb, BYTES, D, x, out, |blk, k| {
+            ternary!(NR, w, nb, BYTES, D, x, out, |blk, q| {
                 // Values 128j + 32l + m: bits 2l of byte 32j + m.
-                let (j, l) = (k / 4, k % 4);
-                let v = load(blk.add(QS + 32 * j));
-                let v = _mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * l as i32));
-                _mm256_and_si256(v, three)
+                for j in 0..2 {
+                    let v = load(blk.add(QS + 32 * j));
+                    q[4 * j] = _mm256_and_si256(v, three);
+                    q[4 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 2), three);
+                    q[4 * j + 2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), three);
+                    q[4 * j + 3] = _mm256_and_si256(_mm256_srli_epi16(v, 6), three);
+                }
             })
         }
 
         #[target_feature(enable = $feat)]
         unsafe fn tq1_0<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
             use blockdraft_gguf::quants::ternary::tq1_0::*;
-            ternary::<NR>(w, nb, BYTES, D, x, out, |blk, k| {
+            ternary!(NR, w, nb, BYTES, D, x, out, |blk, q| {
+                // Decoded digit by digit (a rare format: simple over fast).
                 let block = std::slice::from_raw_parts(blk, BYTES);
-                let t: [u8; 32] = std::array::from_fn(|m| {
-                    let (at, n) = position(32 * k + m);
-                    (digit(block[at], n) + 1) as u8
-                });
-                load(t.as_ptr())
+                let mut t = [0u8; 256];
+                for (i, v) in t.iter_mut().enumerate() {
+                    let (at, n) = position(i);
+                    *v = (digit(block[at], n) + 1) as u8;
+                }
+                for (k, qk) in q.iter_mut().enumerate() {
+                    *qk = load(t.as_ptr().add(32 * k));
+                }
             })
         }
     };
 }
 pub(crate) use lattice_kernels;
+
+/// The IQ2/IQ3 super-block loop, inline in the kernel that expands it (a
+/// closure would lose its target features, and its intrinsics their
+/// inlining): `$block` (with `$blk`, the block's bytes, and `$ib` bound)
+/// gives 32-block `$ib`'s magnitudes, sign multipliers (±1 bytes) and
+/// scale vector; `$factor`
+/// is the format's constant (1/8 for IQ2, 1/4 for IQ3_XXS, 1 for IQ3_S).
+macro_rules! signed_grid {
+    ($nr:ident, $w:expr, $nb:expr, $bytes:expr, $factor:expr, $x:expr, $out:expr,
+     |$blk:ident, $ib:ident| $block:expr) => {{
+        let mut acc = [_mm256_setzero_ps(); $nr];
+        let x: &[Act; $nr] = $x.try_into().unwrap_unchecked();
+        for b in 0..$nb {
+            let $blk = std::slice::from_raw_parts($w.add(b * $bytes), $bytes);
+            let mut sum = [_mm256_setzero_si256(); $nr];
+            for $ib in 0..8 {
+                // signs: 0xFF (negate) or 0x01 (keep) per byte, for sign_epi8.
+                let (q, signs, scale): (__m256i, __m256i, __m256i) = $block;
+                for i in 0..$nr {
+                    let xv = load(x[i].qs.add(256 * b + 32 * $ib) as *const u8);
+                    let p = _mm256_maddubs_epi16(q, _mm256_sign_epi8(xv, signs));
+                    sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(p, scale));
+                }
+            }
+            let dw = h2f($blk.as_ptr());
+            for i in 0..$nr {
+                let d = _mm256_set1_ps(dw * *x[i].d.add(b));
+                acc[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum[i]), acc[i]);
+            }
+        }
+        for i in 0..$nr {
+            $out[i] = $factor * hsum(acc[i]);
+        }
+    }};
+}
+pub(crate) use signed_grid;
+
+/// `[e(0), e(1), e(2), e(3)]`, spelled out: an array `map` with a closure
+/// is not always inlined into the target-feature kernels.
+macro_rules! four {
+    (|$l:ident| $e:expr) => {
+        [
+            {
+                let $l = 0;
+                $e
+            },
+            {
+                let $l = 1;
+                $e
+            },
+            {
+                let $l = 2;
+                $e
+            },
+            {
+                let $l = 3;
+                $e
+            },
+        ]
+    };
+}
+pub(crate) use four;
+
+/// The ternary types' super-block loop, inline as `signed_grid!`: `$fill`
+/// (with `$blk`, a pointer to the block, and `$q`, its eight vectors)
+/// writes values `32k..32k+32` stored + 1 (0, 1, 2) into `$q[k]`. Lane
+/// sums of the unsigned digits against the activations, less each lane's
+/// two 16-sums (the + 1), then `fma(lanes, d_w * d_x, acc)` per super-block:
+/// ggml's AVX2 `ggml_vec_dot_tq{1,2}_0_q8_K`, whose multiply-add the C
+/// compiler fuses.
+macro_rules! ternary {
+    ($nr:ident, $w:expr, $nb:expr, $bytes:expr, $d_at:expr, $x:expr, $out:expr,
+     |$blk:ident, $q:ident| $fill:expr) => {{
+        let mut acc = [_mm256_setzero_ps(); $nr];
+        let x: &[Act; $nr] = $x.try_into().unwrap_unchecked();
+        let ones = _mm256_set1_epi16(1);
+        for b in 0..$nb {
+            let $blk = $w.add(b * $bytes);
+            let mut $q = [_mm256_setzero_si256(); 8];
+            $fill;
+            let dw = h2f($blk.add($d_at));
+            for i in 0..$nr {
+                let mut sum = _mm256_setzero_si256();
+                for (k, &qk) in $q.iter().enumerate() {
+                    let xv = load(x[i].qs.add(256 * b + 32 * k) as *const u8);
+                    sum = _mm256_add_epi32(sum, dot_u8(qk, xv));
+                }
+                let bs = load(x[i].bs.add(16 * b) as *const u8);
+                let lanes = _mm256_sub_epi32(sum, _mm256_madd_epi16(bs, ones));
+                let d = _mm256_set1_ps(*x[i].d.add(b) * dw);
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), d, acc[i]);
+            }
+        }
+        for i in 0..$nr {
+            $out[i] = hsum(acc[i]);
+        }
+    }};
+}
+pub(crate) use ternary;

@@ -13,6 +13,7 @@ pub const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -
 
 /// An E8M0 exponent byte as `2^(e - 127) / 2` (ggml's
 /// `ggml_e8m0_to_fp32_half`; the half undoes the doubled [`KVALUES`]).
+#[inline]
 pub fn e8m0_half(e: u8) -> f32 {
     let bits = if e < 2 {
         0x0020_0000u32 << e
@@ -24,6 +25,7 @@ pub fn e8m0_half(e: u8) -> f32 {
 
 /// An unsigned E4M3 scale byte, halved (ggml's `ggml_ue4m3_to_fp32`; 0 and
 /// 0x7F, its NaN, read as 0).
+#[inline]
 pub fn ue4m3_half(x: u8) -> f32 {
     if x == 0 || x == 0x7F {
         return 0.0;

@@ -73,6 +73,25 @@ pub static IQ3S_GRID: [u32; 512] = narrow(expand::<512, 4>(
 /// bytes: 0xff, 0, 1).
 pub static IQ1S_GRID: [u64; 2048] = expand::<2048, 8>(IQ1S_HEX, &[0xff, 0x00, 0x01]);
 
+/// [`ksigns`] as the multipliers of the 8 values, one byte each: 0xFF (-1)
+/// where the value is negative, else 1 (ggml's `keven_signs_q2xs`), for
+/// SIMD kernels to apply with a byte-wise sign operation.
+pub static KSIGNS_MASKS: [u64; 128] = {
+    let mut out = [0u64; 128];
+    let mut i = 0;
+    while i < 128 {
+        let s = ksigns(i as u8);
+        let mut j = 0;
+        while j < 8 {
+            let byte: u64 = if (s >> j) & 1 != 0 { 0xFF } else { 0x01 };
+            out[i] |= byte << (8 * j);
+            j += 1;
+        }
+        i += 1;
+    }
+    out
+};
+
 /// The sign patterns of IQ2_XXS / IQ2_XS / IQ3_XXS: a 7-bit index gives
 /// the signs of 8 values (bit j set: value j negative), the eighth bit
 /// making the count of negatives even (ggml's `ksigns_iq2xs`).
@@ -344,5 +363,14 @@ mod tests {
         let first: Vec<u8> = (0..8).map(ksigns).collect();
         assert_eq!(first, [0x00, 0x81, 0x82, 0x03, 0x84, 0x05, 0x06, 0x87]);
         assert!((0..128).all(|i| ksigns(i).count_ones() % 2 == 0));
+        // ggml's keven_signs_q2xs rows 0 and 1.
+        assert_eq!(KSIGNS_MASKS[0], 0x0101010101010101);
+        assert_eq!(KSIGNS_MASKS[1], 0xff010101010101ff);
+        for i in 0..128u8 {
+            for j in 0..8 {
+                let negative = KSIGNS_MASKS[i as usize] >> (8 * j) & 0xFF == 0xFF;
+                assert_eq!(negative, ksigns(i) >> j & 1 != 0);
+            }
+        }
     }
 }

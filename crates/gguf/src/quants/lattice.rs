@@ -38,10 +38,12 @@ fn signed_row(db: f32, row: u64, signs: u8, y: &mut [f32]) {
     }
 }
 
+#[inline]
 fn u16_at(b: &[u8], i: usize) -> u16 {
     u16::from_le_bytes([b[i], b[i + 1]])
 }
 
+#[inline]
 fn u32_at(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
@@ -56,11 +58,13 @@ pub mod iq2_xxs {
     pub const QS: usize = 2;
 
     /// The 4-bit scale of 32-block `ib`.
+    #[inline]
     pub fn scale(b: &[u8], ib: usize) -> u32 {
         u32_at(b, QS + 8 * ib + 4) >> 28
     }
 
     /// Group `l` (0..4) of 32-block `ib`: its grid row and sign byte.
+    #[inline]
     pub fn group(b: &[u8], ib: usize, l: usize) -> (u64, u8) {
         let aux = u32_at(b, QS + 8 * ib + 4);
         let row = IQ2XXS_GRID[b[QS + 8 * ib + l] as usize];
@@ -90,6 +94,7 @@ pub mod iq2_xs {
     pub const SCALES: usize = 66;
 
     /// Word `k` (0..32) of `qs`: the grid row and the sign byte it gives.
+    #[inline]
     pub fn group(b: &[u8], k: usize) -> (u64, u8) {
         let w = u16_at(b, QS + 2 * k);
         (IQ2XS_GRID[(w & 511) as usize], ksigns((w >> 9) as u8))
@@ -125,6 +130,7 @@ pub mod iq2_s {
     pub const SCALES: usize = 74;
 
     /// Group `l` (0..4) of 32-block `ib`: its grid row and sign byte.
+    #[inline]
     pub fn group(b: &[u8], ib: usize, l: usize) -> (u64, u8) {
         let hi = ((b[QH + ib] as usize) << (8 - 2 * l)) & 0x300;
         (
@@ -161,6 +167,7 @@ pub mod iq3_xxs {
 
     /// The eight values of group `l` (0..4) of 32-block `ib` as one 8-byte
     /// row (two 4-value grid rows), and its sign byte.
+    #[inline]
     pub fn group(b: &[u8], ib: usize, l: usize) -> (u64, u8) {
         let aux = u32_at(b, SCALES_SIGNS + 4 * ib);
         let q = &b[QS + 8 * ib + 2 * l..];
@@ -169,6 +176,7 @@ pub mod iq3_xxs {
     }
 
     /// The 4-bit scale of 32-block `ib`.
+    #[inline]
     pub fn scale(b: &[u8], ib: usize) -> u32 {
         u32_at(b, SCALES_SIGNS + 4 * ib) >> 28
     }
@@ -198,6 +206,7 @@ pub mod iq3_s {
     pub const SCALES: usize = 106;
 
     /// Group `l` (0..4) of 32-block `ib`, as [`super::iq3_xxs::group`].
+    #[inline]
     pub fn group(b: &[u8], ib: usize, l: usize) -> (u64, u8) {
         let qh = b[QH + ib] as usize;
         let q = &b[QS + 8 * ib + 2 * l..];
@@ -207,6 +216,7 @@ pub mod iq3_s {
     }
 
     /// The 4-bit scale of 32-block `ib`.
+    #[inline]
     pub fn scale(b: &[u8], ib: usize) -> u32 {
         (b[SCALES + ib / 2] >> (4 * (ib % 2))) as u32 & 0xF
     }
@@ -247,11 +257,13 @@ pub mod iq1_s {
     pub const QH: usize = 34;
 
     /// `qh` of 32-block `ib`.
+    #[inline]
     pub fn qh(b: &[u8], ib: usize) -> u16 {
         u16_at(b, QH + 2 * ib)
     }
 
     /// The grid row of group `l` (0..4) of 32-block `ib`.
+    #[inline]
     pub fn row(b: &[u8], ib: usize, l: usize) -> u64 {
         let hi = ((qh(b, ib) >> (3 * l)) & 7) as usize;
         IQ1S_GRID[b[QS + 4 * ib + l] as usize | hi << 8]
@@ -286,11 +298,13 @@ pub mod iq1_m {
     pub const QH: usize = 32;
     pub const SCALES: usize = 48;
 
+    #[inline]
     fn word(b: &[u8], k: usize) -> u16 {
         u16_at(b, SCALES + 2 * k)
     }
 
     /// The super-block scale, assembled from the four top nibbles.
+    #[inline]
     pub fn d(b: &[u8]) -> f32 {
         let bits = (word(b, 0) >> 12)
             | ((word(b, 1) >> 8) & 0x00F0)
@@ -300,12 +314,14 @@ pub mod iq1_m {
     }
 
     /// The 3-bit scale of 16-value half `h` (0, 1) of 32-block `ib`.
+    #[inline]
     pub fn scale(b: &[u8], ib: usize, h: usize) -> u16 {
         (word(b, ib / 2) >> (6 * (ib % 2) + 3 * h)) & 7
     }
 
     /// Group `l` (0..4) of 32-block `ib`: its grid row and whether its
     /// offset is negative.
+    #[inline]
     pub fn group(b: &[u8], ib: usize, l: usize) -> (u64, bool) {
         let nib = (b[QH + 2 * ib + l / 2] >> (4 * (l % 2))) & 0xF;
         let idx = b[QS + 4 * ib + l] as usize | ((nib & 7) as usize) << 8;
