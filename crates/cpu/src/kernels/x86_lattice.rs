@@ -188,6 +188,7 @@ macro_rules! lattice_kernels {
         /// `hsum(acc) + 1/8 * acc1`.
         #[target_feature(enable = $feat)]
         unsafe fn iq1_s<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::grids::IQ1S_GRID as G;
             use blockdraft_gguf::quants::lattice::iq1_s::*;
             use blockdraft_gguf::quants::lattice::IQ1_DELTA;
             let mut acc = [_mm256_setzero_ps(); NR];
@@ -198,8 +199,11 @@ macro_rules! lattice_kernels {
                 let mut sum = [_mm256_setzero_si256(); NR];
                 let mut sum1 = [0i32; NR];
                 for ib in 0..8 {
-                    let (q, _) = grid_rows(four!(|l| (row(blk, ib, l), 0)));
-                    let qh = qh(blk, ib);
+                    let qh = u16::from_le_bytes([blk[QH + 2 * ib], blk[QH + 2 * ib + 1]]);
+                    let qs = &blk[QS + 4 * ib..QS + 4 * ib + 4];
+                    let row =
+                        |l: usize| G[qs[l] as usize | ((qh as usize >> (3 * l)) & 7) << 8] as i64;
+                    let q = _mm256_set_epi64x(row(3), row(2), row(1), row(0));
                     let ls = 2 * ((qh >> 12) & 7) as i32 + 1;
                     let delta = if qh & 0x8000 != 0 { -1 } else { 1 };
                     let scale = _mm256_set1_epi16(ls as i16);
@@ -230,6 +234,7 @@ macro_rules! lattice_kernels {
         /// `hsum(acc1) + 1/8 * hsum(acc2)`.
         #[target_feature(enable = $feat)]
         unsafe fn iq1_m<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use blockdraft_gguf::quants::grids::IQ1S_GRID as G;
             use blockdraft_gguf::quants::lattice::iq1_m::*;
             use blockdraft_gguf::quants::lattice::IQ1_DELTA;
             let mut acc1 = [_mm256_setzero_ps(); NR];
@@ -241,15 +246,29 @@ macro_rules! lattice_kernels {
                 let mut sum1 = [_mm256_setzero_si256(); NR];
                 let mut sum2 = [_mm256_setzero_si256(); NR];
                 for ib in 0..8 {
-                    // Sign bits: 0xFF in all 8 bytes of a negative group.
-                    let (q, negative) = grid_rows(four!(|l| {
-                        let (row, neg) = group(blk, ib, l);
-                        (row, if neg { 0xFF } else { 0 })
-                    }));
-                    let delta = _mm256_or_si256(bits_to_bytes(negative), one);
+                    // Group l: index qs[l] | three bits of qh nibble l, whose
+                    // fourth bit makes the group's offset negative.
+                    let qs = &blk[QS + 4 * ib..QS + 4 * ib + 4];
+                    let qh = &blk[QH + 2 * ib..QH + 2 * ib + 2];
+                    let nib = |l: usize| (qh[l / 2] >> (4 * (l % 2))) as usize;
+                    let row = |l: usize| G[qs[l] as usize | (nib(l) & 7) << 8] as i64;
+                    let q = _mm256_set_epi64x(row(3), row(2), row(1), row(0));
+                    let sign = |l: usize| {
+                        if nib(l) & 8 != 0 {
+                            -1i64
+                        } else {
+                            0x0101_0101_0101_0101
+                        }
+                    };
+                    let delta = _mm256_set_epi64x(sign(3), sign(2), sign(1), sign(0));
+                    let sc = u16::from_le_bytes([
+                        blk[SCALES + 2 * (ib / 2)],
+                        blk[SCALES + 2 * (ib / 2) + 1],
+                    ]);
+                    let sh = 6 * (ib % 2);
                     let scale = scale_halves(
-                        2 * scale(blk, ib, 0) as i32 + 1,
-                        2 * scale(blk, ib, 1) as i32 + 1,
+                        2 * ((sc >> sh) & 7) as i32 + 1,
+                        2 * ((sc >> (sh + 3)) & 7) as i32 + 1,
                     );
                     for i in 0..NR {
                         let xv = load(x[i].qs.add(256 * b + 32 * ib) as *const u8);
