@@ -86,96 +86,46 @@ fn iq(bytes: usize, scale: f32) -> SuperBlock {
     }
 }
 
-pub(crate) unsafe fn iq2_xxs(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
-    use lattice::iq2_xxs::*;
-    superblocks(w, nb, iq(BYTES, 0.125), x, out, |blk, xq| {
-        let mut bsum = 0;
-        for ib in 0..8 {
-            let ls = 2 * scale(blk, ib) as i32 + 1;
-            let mut sumi = 0;
-            for l in 0..4 {
-                let (row, signs) = group(blk, ib, l);
-                sumi += signed_dot(row, signs, &xq[32 * ib + 8 * l..]);
-            }
-            bsum += sumi * ls;
+/// The exact integer dot of an IQ2/IQ3 super-block with its activations:
+/// half `h` of 32-block `ib` has the odd scale `2 scales(ib)[h] + 1`, group
+/// `l` of it the grid row and sign byte `group(ib, l)`.
+#[inline(always)]
+fn signed_lattice_dot(
+    xq: &[i8],
+    scales: impl Fn(usize) -> [u32; 2],
+    group: impl Fn(usize, usize) -> (u64, u8),
+) -> i32 {
+    let mut bsum = 0;
+    for ib in 0..8 {
+        let ls = scales(ib).map(|s| 2 * s as i32 + 1);
+        let mut sumi = [0; 2];
+        for l in 0..4 {
+            let (row, signs) = group(ib, l);
+            sumi[l / 2] += signed_dot(row, signs, &xq[32 * ib + 8 * l..]);
         }
-        bsum
-    })
+        bsum += ls[0] * sumi[0] + ls[1] * sumi[1];
+    }
+    bsum
 }
 
-pub(crate) unsafe fn iq2_xs(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
-    use lattice::iq2_xs::*;
-    superblocks(w, nb, iq(BYTES, 0.125), x, out, |blk, xq| {
-        let mut bsum = 0;
-        for ib in 0..8 {
-            let sc = blk[SCALES + ib];
-            for (h, ls) in [2 * (sc & 0xF) as i32 + 1, 2 * (sc >> 4) as i32 + 1]
-                .into_iter()
-                .enumerate()
-            {
-                let mut sumi = 0;
-                for l in 2 * h..2 * h + 2 {
-                    let (row, signs) = group(blk, 4 * ib + l);
-                    sumi += signed_dot(row, signs, &xq[32 * ib + 8 * l..]);
-                }
-                bsum += sumi * ls;
-            }
+/// The IQ2/IQ3 kernels: module `$m` of `lattice` (its `scales` and `group`)
+/// with the format's constant factor.
+macro_rules! signed_lattice_kernel {
+    ($name:ident, $m:ident, $factor:expr) => {
+        pub(crate) unsafe fn $name(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
+            use lattice::$m::*;
+            superblocks(w, nb, iq(BYTES, $factor), x, out, |blk, xq| {
+                signed_lattice_dot(xq, |ib| scales(blk, ib), |ib, l| group(blk, ib, l))
+            })
         }
-        bsum
-    })
+    };
 }
 
-pub(crate) unsafe fn iq2_s(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
-    use lattice::iq2_s::*;
-    superblocks(w, nb, iq(BYTES, 0.125), x, out, |blk, xq| {
-        let mut bsum = 0;
-        for ib in 0..8 {
-            let sc = blk[SCALES + ib];
-            let ls = [1 + 2 * (sc & 0xF) as i32, 1 + 2 * (sc >> 4) as i32];
-            let mut sumi = [0; 2];
-            for l in 0..4 {
-                let (row, signs) = group(blk, ib, l);
-                sumi[l / 2] += signed_dot(row, signs, &xq[32 * ib + 8 * l..]);
-            }
-            bsum += ls[0] * sumi[0] + ls[1] * sumi[1];
-        }
-        bsum
-    })
-}
-
-pub(crate) unsafe fn iq3_xxs(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
-    use lattice::iq3_xxs::*;
-    superblocks(w, nb, iq(BYTES, 0.25), x, out, |blk, xq| {
-        let mut bsum = 0;
-        for ib in 0..8 {
-            let ls = 2 * scale(blk, ib) as i32 + 1;
-            let mut sumi = 0;
-            for l in 0..4 {
-                let (row, signs) = group(blk, ib, l);
-                sumi += signed_dot(row, signs, &xq[32 * ib + 8 * l..]);
-            }
-            bsum += sumi * ls;
-        }
-        bsum
-    })
-}
-
-pub(crate) unsafe fn iq3_s(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
-    use lattice::iq3_s::*;
-    superblocks(w, nb, iq(BYTES, 1.0), x, out, |blk, xq| {
-        let mut bsum = 0;
-        for ib in 0..8 {
-            let ls = 2 * scale(blk, ib) as i32 + 1;
-            let mut sumi = 0;
-            for l in 0..4 {
-                let (row, signs) = group(blk, ib, l);
-                sumi += signed_dot(row, signs, &xq[32 * ib + 8 * l..]);
-            }
-            bsum += sumi * ls;
-        }
-        bsum
-    })
-}
+signed_lattice_kernel!(iq2_xxs, iq2_xxs, 0.125);
+signed_lattice_kernel!(iq2_xs, iq2_xs, 0.125);
+signed_lattice_kernel!(iq2_s, iq2_s, 0.125);
+signed_lattice_kernel!(iq3_xxs, iq3_xxs, 0.25);
+signed_lattice_kernel!(iq3_s, iq3_s, 1.0);
 
 /// IQ1_S: `d_w d_x (sumi + 1/8 sumi1)`, sumi1 the offsets' part (the
 /// block's ±scale times its activation sum), in ggml's float order.

@@ -49,12 +49,14 @@ macro_rules! lattice_kernels {
             (q, signs)
         }
 
-        /// The scale vector of a 32-block: `lo` for its first 16 values'
-        /// i16 lanes, `hi` for the rest.
+        /// The scale vector of a 32-block from its halves' stored scales
+        /// `s`: the odd `2 s + 1` of `lo` in its first 16 values' i16 lanes,
+        /// of `hi` in the rest.
         #[target_feature(enable = $feat)]
         #[inline]
-        unsafe fn scale_halves(lo: i32, hi: i32) -> __m256i {
-            _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
+        unsafe fn odd_scales(lo: u32, hi: u32) -> __m256i {
+            let odd = |s: u32| _mm_set1_epi16(2 * s as i16 + 1);
+            _mm256_set_m128i(odd(hi), odd(lo))
         }
 
         /// Four 7-bit sign indices as ±1 bytes (ggml's table lookups).
@@ -84,8 +86,7 @@ macro_rules! lattice_kernels {
                 let row = |l: u32| G[(idx >> (8 * l)) as u8 as usize] as i64;
                 let q = _mm256_set_epi64x(row(3), row(2), row(1), row(0));
                 let signs = sign_masks([aux, aux >> 7, aux >> 14, aux >> 21]);
-                let ls = 2 * (aux >> 28) as i32 + 1;
-                (q, signs, scale_halves(ls, ls))
+                (q, signs, odd_scales(aux >> 28, aux >> 28))
             })
         }
 
@@ -100,12 +101,8 @@ macro_rules! lattice_kernels {
                 let row = |l: usize| G[(wd[l] & 511) as usize] as i64;
                 let q = _mm256_set_epi64x(row(3), row(2), row(1), row(0));
                 let signs = sign_masks([wd[0] >> 9, wd[1] >> 9, wd[2] >> 9, wd[3] >> 9]);
-                let sc = blk[SCALES + ib] as i32;
-                (
-                    q,
-                    signs,
-                    scale_halves(2 * (sc & 0xF) + 1, 2 * (sc >> 4) + 1),
-                )
+                let [s0, s1] = scales(blk, ib);
+                (q, signs, odd_scales(s0, s1))
             })
         }
 
@@ -114,12 +111,8 @@ macro_rules! lattice_kernels {
             use blockdraft_gguf::quants::lattice::iq2_s::*;
             signed_grid!(NR, w, nb, BYTES, 0.125, x, out, |blk, ib| {
                 let (q, signs) = grid_rows(four!(|l| group(blk, ib, l)));
-                let sc = blk[SCALES + ib] as i32;
-                (
-                    q,
-                    sign_bytes(signs),
-                    scale_halves(2 * (sc & 0xF) + 1, 2 * (sc >> 4) + 1),
-                )
+                let [s0, s1] = scales(blk, ib);
+                (q, sign_bytes(signs), odd_scales(s0, s1))
             })
         }
 
@@ -143,8 +136,7 @@ macro_rules! lattice_kernels {
                     row(0),
                 );
                 let signs = sign_masks([aux, aux >> 7, aux >> 14, aux >> 21]);
-                let ls = 2 * (aux >> 28) as i32 + 1;
-                (q, signs, scale_halves(ls, ls))
+                (q, signs, odd_scales(aux >> 28, aux >> 28))
             })
         }
 
@@ -169,8 +161,8 @@ macro_rules! lattice_kernels {
                 );
                 let at = SIGNS + 4 * ib;
                 let signs = u32::from_le_bytes(blk[at..at + 4].try_into().unwrap_unchecked());
-                let ls = 2 * scale(blk, ib) as i32 + 1;
-                (q, sign_bytes(signs), scale_halves(ls, ls))
+                let [s0, s1] = scales(blk, ib);
+                (q, sign_bytes(signs), odd_scales(s0, s1))
             })
         }
 
@@ -261,15 +253,7 @@ macro_rules! lattice_kernels {
                         }
                     };
                     let delta = _mm256_set_epi64x(sign(3), sign(2), sign(1), sign(0));
-                    let sc = u16::from_le_bytes([
-                        blk[SCALES + 2 * (ib / 2)],
-                        blk[SCALES + 2 * (ib / 2) + 1],
-                    ]);
-                    let sh = 6 * (ib % 2);
-                    let scale = scale_halves(
-                        2 * ((sc >> sh) & 7) as i32 + 1,
-                        2 * ((sc >> (sh + 3)) & 7) as i32 + 1,
-                    );
+                    let scale = odd_scales(scale(blk, ib, 0) as u32, scale(blk, ib, 1) as u32);
                     for i in 0..NR {
                         let xv = load(x[i].qs.add(256 * b + 32 * ib) as *const u8);
                         let p1 = _mm256_madd_epi16(signed_pairs(q, xv), scale);

@@ -38,6 +38,24 @@ fn signed_row(db: f32, row: u64, signs: u8, y: &mut [f32]) {
     }
 }
 
+/// The dequantizer the IQ2/IQ3 formats share: half `h` (16 values) of
+/// 32-block `ib` has the 4-bit scale `scales(ib)[h]`, which `db` turns into
+/// its multiplier; group `l` (8 values) is `group(ib, l)`.
+fn dequantize_signed(
+    y: &mut [f32],
+    scales: impl Fn(usize) -> [u32; 2],
+    db: impl Fn(u32) -> f32,
+    group: impl Fn(usize, usize) -> (u64, u8),
+) {
+    for ib in 0..8 {
+        let db = scales(ib).map(&db);
+        for l in 0..4 {
+            let (row, signs) = group(ib, l);
+            signed_row(db[l / 2], row, signs, &mut y[32 * ib + 8 * l..]);
+        }
+    }
+}
+
 #[inline]
 fn u16_at(b: &[u8], i: usize) -> u16 {
     u16::from_le_bytes([b[i], b[i + 1]])
@@ -57,10 +75,10 @@ pub mod iq2_xxs {
     pub const D: usize = 0;
     pub const QS: usize = 2;
 
-    /// The 4-bit scale of 32-block `ib`.
+    /// The 4-bit scales of 32-block `ib`'s two halves (one for both).
     #[inline]
-    pub fn scale(b: &[u8], ib: usize) -> u32 {
-        u32_at(b, QS + 8 * ib + 4) >> 28
+    pub fn scales(b: &[u8], ib: usize) -> [u32; 2] {
+        [u32_at(b, QS + 8 * ib + 4) >> 28; 2]
     }
 
     /// Group `l` (0..4) of 32-block `ib`: its grid row and sign byte.
@@ -73,13 +91,8 @@ pub mod iq2_xxs {
 
     pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
         let d = f16_at(b, D);
-        for ib in 0..8 {
-            let db = d * (0.5 + scale(b, ib) as f32) * 0.25;
-            for l in 0..4 {
-                let (row, signs) = group(b, ib, l);
-                signed_row(db, row, signs, &mut y[32 * ib + 8 * l..]);
-            }
-        }
+        let db = |s: u32| d * (0.5 + s as f32) * 0.25;
+        dequantize_signed(y, |ib| scales(b, ib), db, |ib, l| group(b, ib, l));
     }
 }
 
@@ -93,26 +106,25 @@ pub mod iq2_xs {
     pub const QS: usize = 2;
     pub const SCALES: usize = 66;
 
-    /// Word `k` (0..32) of `qs`: the grid row and the sign byte it gives.
+    /// The 4-bit scales of 32-block `ib`'s two halves.
     #[inline]
-    pub fn group(b: &[u8], k: usize) -> (u64, u8) {
-        let w = u16_at(b, QS + 2 * k);
+    pub fn scales(b: &[u8], ib: usize) -> [u32; 2] {
+        let sc = b[SCALES + ib] as u32;
+        [sc & 0xF, sc >> 4]
+    }
+
+    /// Group `l` (0..4) of 32-block `ib` (its `qs` word): the grid row and
+    /// the sign byte it gives.
+    #[inline]
+    pub fn group(b: &[u8], ib: usize, l: usize) -> (u64, u8) {
+        let w = u16_at(b, QS + 2 * (4 * ib + l));
         (IQ2XS_GRID[(w & 511) as usize], ksigns((w >> 9) as u8))
     }
 
     pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
         let d = f16_at(b, D);
-        for ib in 0..8 {
-            let sc = b[SCALES + ib];
-            let db = [
-                d * (0.5 + (sc & 0xF) as f32) * 0.25,
-                d * (0.5 + (sc >> 4) as f32) * 0.25,
-            ];
-            for l in 0..4 {
-                let (row, signs) = group(b, 4 * ib + l);
-                signed_row(db[l / 2], row, signs, &mut y[32 * ib + 8 * l..]);
-            }
-        }
+        let db = |s: u32| d * (0.5 + s as f32) * 0.25;
+        dequantize_signed(y, |ib| scales(b, ib), db, |ib, l| group(b, ib, l));
     }
 }
 
@@ -139,19 +151,17 @@ pub mod iq2_s {
         )
     }
 
+    /// The 4-bit scales of 32-block `ib`'s two halves.
+    #[inline]
+    pub fn scales(b: &[u8], ib: usize) -> [u32; 2] {
+        let sc = b[SCALES + ib] as u32;
+        [sc & 0xF, sc >> 4]
+    }
+
     pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
         let d = f16_at(b, D);
-        for ib in 0..8 {
-            let sc = b[SCALES + ib];
-            let db = [
-                d * (0.5 + (sc & 0xF) as f32) * 0.25,
-                d * (0.5 + (sc >> 4) as f32) * 0.25,
-            ];
-            for l in 0..4 {
-                let (row, signs) = group(b, ib, l);
-                signed_row(db[l / 2], row, signs, &mut y[32 * ib + 8 * l..]);
-            }
-        }
+        let db = |s: u32| d * (0.5 + s as f32) * 0.25;
+        dequantize_signed(y, |ib| scales(b, ib), db, |ib, l| group(b, ib, l));
     }
 }
 
@@ -175,21 +185,16 @@ pub mod iq3_xxs {
         (row, ksigns((aux >> (7 * l)) as u8 & 127))
     }
 
-    /// The 4-bit scale of 32-block `ib`.
+    /// The 4-bit scales of 32-block `ib`'s two halves (one for both).
     #[inline]
-    pub fn scale(b: &[u8], ib: usize) -> u32 {
-        u32_at(b, SCALES_SIGNS + 4 * ib) >> 28
+    pub fn scales(b: &[u8], ib: usize) -> [u32; 2] {
+        [u32_at(b, SCALES_SIGNS + 4 * ib) >> 28; 2]
     }
 
     pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
         let d = f16_at(b, D);
-        for ib in 0..8 {
-            let db = d * (0.5 + scale(b, ib) as f32) * 0.5;
-            for l in 0..4 {
-                let (row, signs) = group(b, ib, l);
-                signed_row(db, row, signs, &mut y[32 * ib + 8 * l..]);
-            }
-        }
+        let db = |s: u32| d * (0.5 + s as f32) * 0.5;
+        dequantize_signed(y, |ib| scales(b, ib), db, |ib, l| group(b, ib, l));
     }
 }
 
@@ -215,21 +220,16 @@ pub mod iq3_s {
         (lo | hi << 32, b[SIGNS + 4 * ib + l])
     }
 
-    /// The 4-bit scale of 32-block `ib`.
+    /// The 4-bit scales of 32-block `ib`'s two halves (one for both).
     #[inline]
-    pub fn scale(b: &[u8], ib: usize) -> u32 {
-        (b[SCALES + ib / 2] >> (4 * (ib % 2))) as u32 & 0xF
+    pub fn scales(b: &[u8], ib: usize) -> [u32; 2] {
+        [(b[SCALES + ib / 2] >> (4 * (ib % 2))) as u32 & 0xF; 2]
     }
 
     pub fn dequantize_block(b: &[u8], y: &mut [f32]) {
         let d = f16_at(b, D);
-        for ib in 0..8 {
-            let db = d * (1 + 2 * scale(b, ib)) as f32;
-            for l in 0..4 {
-                let (row, signs) = group(b, ib, l);
-                signed_row(db, row, signs, &mut y[32 * ib + 8 * l..]);
-            }
-        }
+        let db = |s: u32| d * (1 + 2 * s) as f32;
+        dequantize_signed(y, |ib| scales(b, ib), db, |ib, l| group(b, ib, l));
     }
 }
 
