@@ -63,9 +63,11 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     assert!(err <= tol, "{what}: relative error {err:e} > {tol:e}");
 }
 
-/// A GGUF holding one `rows x cols` weight of type `ty` (random values),
-/// so both backends load the very same bytes.
-fn weight_file(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> GgufFile {
+/// A GGUF holding one `rows x cols` weight `w` of type `ty`, so both
+/// backends load the very same bytes: quantized random values where the
+/// type has a quantizer, else random valid blocks (the read-only formats).
+/// Backends' own tests build their weights with it too.
+pub fn weight_file(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> GgufFile {
     let mut rng = Rng::new(seed);
     let bytes = if quants::can_quantize(ty) {
         let x = uniform(&mut rng, rows * cols, 1.0);

@@ -7,46 +7,12 @@
 
 use blockdraft_core::backend::prelude::*;
 use blockdraft_core::backend::{Backend, GatedActivation, Projection, WeightSource};
+use blockdraft_core::conformance::weight_file;
 use blockdraft_core::sampling::Rng;
 use blockdraft_core::testing::block_on;
 use blockdraft_cpu::CpuBackend;
-use blockdraft_gguf::{quants, GgmlType, GgufFile, GgufWriter};
+use blockdraft_gguf::{quants, GgmlType, GgufFile};
 use blockdraft_wgpu::{Gpu, WgpuBackend};
-
-/// A `rows x cols` weight of `ty`: quantized random values where the type
-/// has a quantizer, else random blocks with a small valid scale (as the op
-/// suite builds the read-only formats).
-fn weight_file(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> GgufFile {
-    let mut rng = Rng::new(seed);
-    let bytes = if quants::can_quantize(ty) {
-        let x: Vec<f32> = (0..rows * cols)
-            .map(|_| rng.next_f64() as f32 * 2.0 - 1.0)
-            .collect();
-        quants::quantize_to_vec(ty, &x).unwrap()
-    } else {
-        let n = rows * cols / ty.block_len() * ty.block_bytes();
-        let mut bytes: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
-        for b in bytes.chunks_exact_mut(ty.block_bytes()) {
-            let d = (rng.next_f64() as f32 - 0.3) * 0.05;
-            if !quants::lattice::set_scale(ty, b, d) {
-                assert_eq!(ty, GgmlType::NVFP4);
-                for s in &mut b[..4] {
-                    *s = 0x18 + (*s & 0x1F);
-                }
-            }
-        }
-        bytes
-    };
-    let mut w = GgufWriter::new();
-    w.add("general.architecture", "test");
-    let dims: Vec<u64> = if rows == 1 {
-        vec![cols as u64]
-    } else {
-        vec![cols as u64, rows as u64]
-    };
-    w.add_tensor("w", &dims, ty, bytes).unwrap();
-    GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()
-}
 
 fn source(f: &GgufFile) -> WeightSource<'_> {
     let info = f.tensor("w").unwrap();
