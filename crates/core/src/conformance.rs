@@ -75,6 +75,16 @@ pub fn weight_file(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> GgufFil
     } else {
         random_blocks(ty, rows * cols / ty.block_len(), &mut rng)
     };
+    file_of(ty, rows, cols, bytes)
+}
+
+/// A GGUF holding the F32 vector `values` as weight `w`.
+fn f32_file(values: &[f32]) -> GgufFile {
+    let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    file_of(GgmlType::F32, 1, values.len(), bytes)
+}
+
+fn file_of(ty: GgmlType, rows: usize, cols: usize, bytes: Vec<u8>) -> GgufFile {
     let mut w = GgufWriter::new();
     w.add("general.architecture", "test");
     let dims: Vec<u64> = if rows == 1 {
@@ -1169,13 +1179,21 @@ async fn delta_rule_case<B: Backend, R: Backend>(
 ) {
     let (rows, cols) = p.state_shape();
     let hv = p.n_v_heads;
-    let (dt_bias, a) = (
-        weight_file(GgmlType::F32, 1, hv, 37),
-        weight_file(GgmlType::F32, 1, hv, 38),
+    let dt_bias = weight_file(GgmlType::F32, 1, hv, 37);
+    // Decays of either sign for a few rows; a prompt's worth of rows (past
+    // a backend's chunk boundaries, where a prefill form takes over) with
+    // a real model's `a = −exp(A_log)`, as a growing state would overflow.
+    let mixed = weight_file(GgmlType::F32, 1, hv, 38);
+    let decaying = f32_file(
+        &uniform(rng, hv, 1.0)
+            .iter()
+            .map(|u| -1.5 - u)
+            .collect::<Vec<_>>(),
     );
     // A decode row in place; six rows read from another tensor (a
-    // checkpoint's), which stays as it was.
-    for (n, from_other) in [(1, false), (6, true)] {
+    // checkpoint's), which stays as it was; a prefill.
+    for (n, from_other) in [(1, false), (6, true), (150, false)] {
+        let a = if n > 6 { &decaying } else { &mixed };
         let x = uniform(rng, n * p.input_dim(), 1.0);
         let alpha = uniform(rng, n * p.n_v_heads, 2.0);
         let beta = uniform(rng, n * p.n_v_heads, 2.0);
@@ -1190,7 +1208,7 @@ async fn delta_rule_case<B: Backend, R: Backend>(
             &tensor(be, n, p.n_v_heads, &alpha),
             &tensor(be, n, p.n_v_heads, &beta),
             &load(be, &dt_bias),
-            &load(be, &a),
+            &load(be, a),
             from_other.then_some(&from),
             &mut s_got,
             &mut out,
@@ -1203,7 +1221,7 @@ async fn delta_rule_case<B: Backend, R: Backend>(
             &tensor(reference, n, p.n_v_heads, &alpha),
             &tensor(reference, n, p.n_v_heads, &beta),
             &load(reference, &dt_bias),
-            &load(reference, &a),
+            &load(reference, a),
             None,
             &mut s_want,
             &mut want,

@@ -896,6 +896,15 @@ pub fn check_hybrid_target<B: crate::Backend, R: crate::Backend>(
         err < 1e-4,
         "prefill logits differ by {err} of their largest"
     );
+    // A prompt long enough for a device's prefill form of the delta rule
+    // (wgpu's chunked one, from 64 rows).
+    let long: Vec<u32> = (0..100u32).map(|i| (i * 7 + 3) % 50).collect();
+    let (got, want) = (all_rows(&dec, &long), all_rows(&cpu, &long));
+    let err = rel_err(&got, &want);
+    assert!(
+        err < 1e-4,
+        "a 100-token prefill's logits differ by {err} of their largest"
+    );
     let n = 24;
     let want = greedy_plain(&dec, &prompt, n);
     assert_eq!(

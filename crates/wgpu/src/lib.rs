@@ -139,6 +139,10 @@ const ROPE_TABLE_POSITIONS: usize = 1024;
 /// first position asked for.
 const ROPE_TABLE_ALIGN: usize = 256;
 
+/// Rows from which `gated_delta_rule` takes the chunked form (two chunks:
+/// decode and verify passes stay on the recurrent kernel).
+const CHUNKED_ROWS: usize = 64;
+
 /// Workgroups for `n` items of `per_group` each, as a 2-D grid when one
 /// dimension is not enough (the kernels use `group_index`).
 /// The `rope.wgsl` uniform for rotating the rows of `x` with `p`, from
@@ -1506,20 +1510,63 @@ impl HybridOps for WgpuBackend {
             v_dim: u(p.v_dim),
             eps: p.eps,
         };
+        // A prefill goes in chunks of rows (the shader's CHUNK): one pass
+        // prepares every chunk at once (T·diag(β) and the masked q·k, 2·CHUNK²
+        // floats per chunk and value head, and four factors per row and
+        // value head), a second walks them in order. Where that scratch
+        // outgrows a binding, or the chunks a grid, the rows go one by one.
+        const CHUNK: usize = 32;
+        let chunks = x.rows.div_ceil(CHUNK);
+        let records = chunks * p.n_v_heads;
+        let chunked = x.rows >= CHUNKED_ROWS
+            && chunks <= 65535
+            && (records * 2 * CHUNK * CHUNK * 4) as u64 <= self.max_binding;
+        if !chunked {
+            self.dev.dispatch(
+                kernel("delta_net.wgsl", "gated_delta_rule"),
+                &params,
+                &[
+                    x.binding(),
+                    alpha.binding(),
+                    state.binding(),
+                    out.binding(),
+                    beta.binding(),
+                    dt_bias.dense_binding(),
+                    a.dense_binding(),
+                ],
+                // Workgroups of 128 value columns (the kernel's WG).
+                [u(p.n_v_heads), u(p.v_dim.div_ceil(128)), 1],
+            );
+            return;
+        }
+        let mats = self.tensor(records, 2 * CHUNK * CHUNK);
+        let factors = self.tensor(records, 4 * CHUNK);
         self.dev.dispatch(
-            kernel("delta_net.wgsl", "gated_delta_rule"),
+            kernel("delta_net.wgsl", "delta_rule_prepare"),
             &params,
             &[
                 x.binding(),
                 alpha.binding(),
-                state.binding(),
-                out.binding(),
+                mats.binding(),
+                factors.binding(),
                 beta.binding(),
                 dt_bias.dense_binding(),
                 a.dense_binding(),
             ],
-            // Workgroups of 128 value columns (the kernel's WG).
-            [u(p.n_v_heads), u(p.v_dim.div_ceil(128)), 1],
+            [u(p.n_v_heads), u(chunks), 1],
+        );
+        self.dev.dispatch(
+            kernel("delta_net.wgsl", "delta_rule_chunked"),
+            &params,
+            &[
+                x.binding(),
+                mats.binding(),
+                state.binding(),
+                out.binding(),
+                factors.binding(),
+            ],
+            // Workgroups of 32 value columns (the kernel's CW).
+            [u(p.n_v_heads), u(p.v_dim.div_ceil(32)), 1],
         );
     }
 

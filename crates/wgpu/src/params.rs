@@ -160,7 +160,8 @@ params! {
         _pad2: u32,
     }
 
-    /// `causal_conv_silu`, `gated_delta_rule`.
+    /// `causal_conv_silu`, `gated_delta_rule` (and its chunked form's
+    /// `delta_rule_prepare`, `delta_rule_chunked`).
     DeltaNet for ["delta_net.wgsl"] {
         n_rows: u32,
         channels: u32,
