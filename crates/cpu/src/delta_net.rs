@@ -2,11 +2,17 @@
 //! arithmetic of `host_ops::gated_delta_rule`, its reference, ordered for
 //! speed. A task takes a block of 64 of a head's value columns (32 KB of
 //! state for Qwen3.5's heads, which stays in L1) through every row of the
-//! pass (from a contiguous copy when there are several); the vectors run
-//! along the columns, so no dot needs a horizontal sum, and the block's
-//! four vectors are four independent FMA chains. Value heads and their
-//! column blocks are split across the pool; a narrower block (a head of
-//! fewer columns) runs zero-padded.
+//! pass, on a contiguous copy; the vectors run along the columns, so no dot
+//! needs a horizontal sum. Each row costs one pass over the block, which
+//! updates the state and sums the next row's `Sᵀk` and `Sᵀq` in
+//! independent FMA chains. Value heads and their column blocks are split
+//! across the pool; a narrower block (a head of fewer columns) runs
+//! zero-padded.
+//!
+//! This recurrent form serves prefill too: the chunked (WY) form that GPUs
+//! use for long passes costs about 1.3–1.5× its multiply-adds, and a CPU
+//! has no idle lanes for it to fill (16 heads × 2 blocks already exceed
+//! its threads).
 
 use crate::kernels::with_fma;
 use crate::ops::expf_ggml;
@@ -54,10 +60,18 @@ pub fn gated_delta_rule(
     );
     let blocks = dv.div_ceil(BLOCK);
     let (state_at, out_at) = (Shared(state.as_mut_ptr()), Shared(out.as_mut_ptr()));
+    // k·q per row and key head, for every value head's output.
+    let kq: Vec<f32> = rows
+        .k
+        .chunks_exact(dk)
+        .zip(rows.q.chunks_exact(dk))
+        .map(|(k, q)| k.iter().zip(q).map(|(k, q)| k * q).sum())
+        .collect();
     let pass = Pass {
         x,
         q: &rows.q,
         k: &rows.k,
+        kq: &kq,
         gates: &rows.gates,
         from,
         p,
@@ -75,6 +89,8 @@ struct Pass<'a> {
     x: &'a [f32],
     q: &'a [f32],
     k: &'a [f32],
+    /// `k·q` per row and key head.
+    kq: &'a [f32],
     /// `(e^g, β)` per row and value head.
     gates: &'a [(f32, f32)],
     /// The state before the pass, where it is not the one written.
@@ -131,54 +147,43 @@ fn task(pass: &Pass, h: usize, cols: std::ops::Range<usize>, state: &Shared, out
     let width = p.input_dim();
     let (kh, c0, w) = (h % hk, cols.start, cols.len());
     let head = state.at(h * dk * dv + c0);
-    // Several rows, or a partial block, run on a contiguous copy (its
-    // extra columns zero, and staying 0): the state's own rows are `dv`
-    // apart, a stride at which a block's rows share too few L1 sets to
-    // stay there from one row of the pass to the next. One row runs on the
-    // state, read from `from` where given.
-    let local = pass.n > 1 || w != BLOCK;
-    let mut padded = Vec::new();
-    let (base, stride) = if !local {
-        (head, dv)
-    } else {
-        padded = vec![0f32; dk * BLOCK];
-        for i in 0..dk {
-            let at = (h * dk + i) * dv + c0;
-            let src = match pass.from {
-                Some(from) => &from[at..at + w],
-                // SAFETY: row i of the head's state, columns `cols`: this
-                // task's.
-                None => unsafe { std::slice::from_raw_parts(state.at(at), w) },
-            };
-            padded[i * BLOCK..][..w].copy_from_slice(src);
-        }
-        (padded.as_mut_ptr(), BLOCK)
-    };
-    // SAFETY: `BLOCK` values of row i, this task's alone (or the copy's).
-    let row = |i: usize| unsafe { &mut *(base.add(i * stride) as *mut [f32; BLOCK]) };
-    // Row i as the pass starts: `from`'s (when not copied in) or the same.
-    let first_row = |i: usize| -> &[f32; BLOCK] {
-        match pass.from.filter(|_| !local) {
-            Some(from) => {
-                let at = (h * dk + i) * dv + c0;
-                from[at..at + BLOCK].try_into().expect("a whole block")
-            }
-            None => row(i),
-        }
-    };
-    for t in 0..pass.n {
-        let start = |i: usize| if t == 0 { first_row(i) } else { &*row(i) };
-        let (decay, b) = pass.gates[t * hv + h];
+    // The block runs on a contiguous copy (its extra columns zero, and
+    // staying 0): the state's own rows are `dv` apart, a stride at which a
+    // block's rows share too few L1 sets to stay there between passes.
+    let mut block = vec![[0f32; BLOCK]; dk];
+    for (i, dst) in block.iter_mut().enumerate() {
+        let at = (h * dk + i) * dv + c0;
+        let src = match pass.from {
+            Some(from) => &from[at..at + w],
+            // SAFETY: row i of the head's state, columns `cols`: this
+            // task's.
+            None => unsafe { std::slice::from_raw_parts(state.at(at), w) },
+        };
+        dst[..w].copy_from_slice(src);
+    }
+    let key = |t: usize| {
         let at = (t * hk + kh) * dk;
-        let (q, k) = (&pass.q[at..at + dk], &pass.k[at..at + dk]);
-        // (e^g·S)ᵀk = e^g·(Sᵀk).
-        let mut sk = [0f32; BLOCK];
-        for (i, &ki) in k.iter().enumerate() {
-            let r = start(i);
-            for c in 0..BLOCK {
-                sk[c] = r[c].mul_add(ki, sk[c]);
-            }
+        (&pass.q[at..at + dk], &pass.k[at..at + dk])
+    };
+    // Sᵀk and Sᵀq of the state before row t: for row 0 from a pass of
+    // their own, then from the pass that updates the state for row t − 1,
+    // in the same order, so that a row's values do not depend on where a
+    // pass starts (a verify gives a plain step's values). With
+    // (e^g·S)ᵀk = e^g·(Sᵀk), the output is
+    // (e^g·S + k·dᵀ)ᵀq = e^g·(Sᵀq) + (k·q)·d, so the update pass need not
+    // sum it: one pass over the block per row.
+    let (mut sk, mut sq) = ([0f32; BLOCK], [0f32; BLOCK]);
+    let (q0, k0) = key(0);
+    for ((r, &ki), &qi) in block.iter().zip(k0).zip(q0) {
+        for c in 0..BLOCK {
+            sk[c] = r[c].mul_add(ki, sk[c]);
+            sq[c] = r[c].mul_add(qi, sq[c]);
         }
+    }
+    for t in 0..pass.n {
+        let (decay, b) = pass.gates[t * hv + h];
+        let k = key(t).1;
+        let kq = pass.kq[t * hk + kh];
         let v = &pass.x[t * width + 2 * hk * dk + h * dv + c0..][..w];
         let d: [f32; BLOCK] = std::array::from_fn(|c| {
             if c < w {
@@ -187,28 +192,35 @@ fn task(pass: &Pass, h: usize, cols: std::ops::Range<usize>, state: &Shared, out
                 0.0
             }
         });
-        // S ← e^g·S + k·dᵀ, and Sᵀq.
-        let mut o = [0f32; BLOCK];
-        for (i, (&ki, &qi)) in k.iter().zip(q).enumerate() {
-            let r: [f32; BLOCK] = *start(i);
-            let dst = row(i);
+        for c in 0..w {
+            let o = decay.mul_add(sq[c], kq * d[c]);
+            // SAFETY: output (t, h, c0 + c) belongs to this task alone.
+            unsafe { *out.at((t * hv + h) * dv + c0 + c) = o };
+        }
+        // S ← e^g·S + k·dᵀ, summing the next row's Sᵀk and Sᵀq on the way.
+        if t + 1 == pass.n {
+            for (r, &ki) in block.iter_mut().zip(k) {
+                for c in 0..BLOCK {
+                    r[c] = r[c].mul_add(decay, ki * d[c]);
+                }
+            }
+            break;
+        }
+        let (next_q, next_k) = key(t + 1);
+        (sk, sq) = ([0f32; BLOCK], [0f32; BLOCK]);
+        for (((r, &ki), &nk), &nq) in block.iter_mut().zip(k).zip(next_k).zip(next_q) {
             for c in 0..BLOCK {
                 let e = r[c].mul_add(decay, ki * d[c]);
-                dst[c] = e;
-                o[c] = e.mul_add(qi, o[c]);
+                r[c] = e;
+                sk[c] = e.mul_add(nk, sk[c]);
+                sq[c] = e.mul_add(nq, sq[c]);
             }
         }
-        for (c, &oc) in o[..w].iter().enumerate() {
-            // SAFETY: output (t, h, c0 + c) belongs to this task alone.
-            unsafe { *out.at((t * hv + h) * dv + c0 + c) = oc };
-        }
     }
-    if local {
-        for i in 0..dk {
-            // SAFETY: as above.
-            let dst = unsafe { std::slice::from_raw_parts_mut(head.add(i * dv), w) };
-            dst.copy_from_slice(&padded[i * BLOCK..][..w]);
-        }
+    for (i, src) in block.iter().enumerate() {
+        // SAFETY: as above.
+        let dst = unsafe { std::slice::from_raw_parts_mut(head.add(i * dv), w) };
+        dst.copy_from_slice(&src[..w]);
     }
 }
 
@@ -329,7 +341,17 @@ mod tests {
                 .map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * scale)
                 .collect()
         };
-        for (hk, hv, dk, n) in [(2, 4, 32, 5), (1, 3, 20, 1), (2, 2, 128, 9), (1, 2, 128, 1)] {
+        // `a` in `center ± half`: decays of either sign; then strong ones
+        // (down to e^g = 0).
+        let (mixed, strong) = ((0.0, 1.0), (-32.5, 27.5));
+        let cases = [
+            (2, 4, 32, 5, mixed),
+            (1, 3, 20, 1, mixed),
+            (2, 2, 128, 9, mixed),
+            (1, 2, 128, 1, mixed),
+            (2, 4, 64, 40, strong),
+        ];
+        for (hk, hv, dk, n, (center, half)) in cases {
             let p = DeltaNetParams {
                 n_k_heads: hk,
                 n_v_heads: hv,
@@ -339,7 +361,8 @@ mod tests {
             };
             let x = uniform(n * p.input_dim(), 1.0);
             let (alpha, beta) = (uniform(n * hv, 2.0), uniform(n * hv, 2.0));
-            let (dt_bias, a) = (uniform(hv, 0.5), uniform(hv, 1.0));
+            let dt_bias = uniform(hv, 0.5);
+            let a: Vec<f32> = uniform(hv, half).iter().map(|u| center + u).collect();
             let state = uniform(hv * dk * dk, 0.5);
             let (mut want_s, mut want) = (state.clone(), vec![0.0; n * hv * dk]);
             host_ops::gated_delta_rule(&x, &alpha, &beta, &dt_bias, &a, &mut want_s, &mut want, p);
@@ -364,5 +387,45 @@ mod tests {
                 assert!(close(&s, &want_s), "state, dk {dk}, {threads} threads");
             }
         }
+    }
+
+    /// A row's values do not depend on the pass it is in: nine rows in one
+    /// pass give the bits of four, then five, then one by one (what makes a
+    /// verify's rows a plain step's).
+    #[test]
+    fn rows_give_the_same_bits_in_any_split() {
+        let mut rng = Rng::new(11);
+        let mut uniform =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect() };
+        let p = DeltaNetParams {
+            n_k_heads: 2,
+            n_v_heads: 4,
+            k_dim: 48,
+            v_dim: 80,
+            eps: 1e-6,
+        };
+        let (n, hv, width) = (9, 4, p.input_dim());
+        let (x, alpha, beta) = (uniform(n * width), uniform(n * hv), uniform(n * hv));
+        let (dt_bias, a) = (uniform(hv), uniform(hv));
+        let state = uniform(hv * p.k_dim * p.v_dim);
+        let pool = ThreadPool::new(2);
+        let run = |splits: &[usize]| {
+            let (mut s, mut out, mut t0) = (state.clone(), Vec::new(), 0);
+            for &rows in splits {
+                let mut o = vec![0.0; rows * hv * p.v_dim];
+                let (x, alpha, beta) = (
+                    &x[t0 * width..(t0 + rows) * width],
+                    &alpha[t0 * hv..(t0 + rows) * hv],
+                    &beta[t0 * hv..(t0 + rows) * hv],
+                );
+                gated_delta_rule(&pool, x, alpha, beta, &dt_bias, &a, None, &mut s, &mut o, p);
+                out.extend(o);
+                t0 += rows;
+            }
+            (out, s)
+        };
+        let whole = run(&[9]);
+        assert!(whole == run(&[4, 5]), "4 + 5 rows");
+        assert!(whole == run(&[1; 9]), "one row at a time");
     }
 }
