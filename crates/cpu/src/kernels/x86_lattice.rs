@@ -223,7 +223,9 @@ macro_rules! lattice_kernels {
         /// IQ1_M: grid part and offsets' part (the activations signed by
         /// each group's offset sign, summed by `maddubs` with ones) in two
         /// lane vectors scaled per 16 values; the result is
-        /// `hsum(acc1) + 1/8 * hsum(acc2)`.
+        /// `hsum(acc1) + 1/8 * hsum(acc2)`. As ggml's AVX2 kernel: the
+        /// sixteen scales expanded once per super-block, two 32-blocks per
+        /// step.
         #[target_feature(enable = $feat)]
         unsafe fn iq1_m<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
             use blockdraft_gguf::quants::grids::IQ1S_GRID as G;
@@ -233,27 +235,40 @@ macro_rules! lattice_kernels {
             let mut acc2 = [_mm256_setzero_ps(); NR];
             let x: &[Act; NR] = x.try_into().unwrap_unchecked();
             let one = _mm256_set1_epi8(1);
+            // Scale words' bits 0-2, 6-8 | 3-5, 9-11 into the four 64-bit
+            // lanes: 128-bit half 0 holds each 32-block's first 16 values'
+            // scale (word j: blocks 2j, 2j + 1), half 1 the second 16's.
+            let shifts = _mm256_set_epi64x(9, 3, 6, 0);
             for b in 0..nb {
-                let blk = std::slice::from_raw_parts(w.add(b * BYTES), BYTES);
+                let blk = w.add(b * BYTES);
+                let words = (blk.add(SCALES) as *const i64).read_unaligned();
+                let s = _mm256_srlv_epi64(_mm256_set1_epi64x(words), shifts);
+                let s = _mm256_and_si256(s, _mm256_set1_epi16(7));
+                let scales = _mm256_add_epi16(_mm256_slli_epi16(s, 1), _mm256_set1_epi16(1));
                 let mut sum1 = [_mm256_setzero_si256(); NR];
                 let mut sum2 = [_mm256_setzero_si256(); NR];
                 for ib in 0..8 {
                     // Group l: index qs[l] | three bits of qh nibble l, whose
                     // fourth bit makes the group's offset negative.
-                    let qs = &blk[QS + 4 * ib..QS + 4 * ib + 4];
-                    let qh = &blk[QH + 2 * ib..QH + 2 * ib + 2];
-                    let nib = |l: usize| (qh[l / 2] >> (4 * (l % 2))) as usize;
-                    let row = |l: usize| G[qs[l] as usize | (nib(l) & 7) << 8] as i64;
-                    let q = _mm256_set_epi64x(row(3), row(2), row(1), row(0));
-                    let sign = |l: usize| {
-                        if nib(l) & 8 != 0 {
-                            -1i64
-                        } else {
-                            0x0101_0101_0101_0101
-                        }
-                    };
-                    let delta = _mm256_set_epi64x(sign(3), sign(2), sign(1), sign(0));
-                    let scale = odd_scales(scale(blk, ib, 0) as u32, scale(blk, ib, 1) as u32);
+                    let (qs, qh) = (blk.add(QS + 4 * ib), blk.add(QH + 2 * ib));
+                    let nibbles = (qh as *const u16).read_unaligned() as usize;
+                    let index = |l: usize| *qs.add(l) as usize | (nibbles >> (4 * l) & 7) << 8;
+                    let q = _mm256_set_epi64x(
+                        G[index(3)] as i64,
+                        G[index(2)] as i64,
+                        G[index(1)] as i64,
+                        G[index(0)] as i64,
+                    );
+                    // 0xFF bytes for a negative offset, else 0x01.
+                    let negative = |l: usize| -((nibbles >> (4 * l + 3) & 1) as i64);
+                    let delta = _mm256_or_si256(
+                        _mm256_set_epi64x(negative(3), negative(2), negative(1), negative(0)),
+                        one,
+                    );
+                    // Element ib / 2 (+ 4 for an odd block) of each half, as
+                    // eight i16.
+                    let pick = 0x0100 + 0x0202 * (ib / 2) as i16 + 0x0808 * (ib % 2) as i16;
+                    let scale = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(pick));
                     for i in 0..NR {
                         let xv = load(x[i].qs.add(256 * b + 32 * ib) as *const u8);
                         let p1 = _mm256_madd_epi16(signed_pairs(q, xv), scale);
@@ -262,7 +277,7 @@ macro_rules! lattice_kernels {
                         sum2[i] = _mm256_add_epi32(sum2[i], _mm256_madd_epi16(offs, scale));
                     }
                 }
-                let dw = d(blk);
+                let dw = d(std::slice::from_raw_parts(blk, BYTES));
                 for i in 0..NR {
                     let d = _mm256_set1_ps(*x[i].d.add(b) * dw);
                     acc1[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum1[i]), acc1[i]);
