@@ -385,20 +385,48 @@ macro_rules! lattice_kernels {
             })
         }
 
+        /// Digits `(byte · 3ⁿ mod 256) · 3 >> 8` (0, 1, 2) of `bytes`, the
+        /// power given per 16-bit lane (for both of its bytes) by `pow`.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn trits(bytes: __m256i, pow: __m256i) -> __m256i {
+            let (low, three) = (_mm256_set1_epi16(0xFF), _mm256_set1_epi16(3));
+            let even = _mm256_and_si256(_mm256_mullo_epi16(_mm256_and_si256(bytes, low), pow), low);
+            let odd = _mm256_and_si256(_mm256_mullo_epi16(_mm256_srli_epi16(bytes, 8), pow), low);
+            let even = _mm256_srli_epi16(_mm256_mullo_epi16(even, three), 8);
+            let odd = _mm256_srli_epi16(_mm256_mullo_epi16(odd, three), 8);
+            _mm256_or_si256(even, _mm256_slli_epi16(odd, 8))
+        }
+
+        /// TQ1_0: values 0..160 are digit n of byte m < 32 at 32n + m,
+        /// 160..240 digit n of byte 32 + m < 48 at 160 + 16n + m, the last
+        /// 16 digit n of qh byte m at 240 + 4n + m.
         #[target_feature(enable = $feat)]
         unsafe fn tq1_0<const NR: usize>(w: *const u8, nb: usize, x: &[Act], out: &mut [f32]) {
             use blockdraft_gguf::quants::ternary::tq1_0::*;
+            let pow = [1, 3, 9, 27, 81].map(|p| _mm256_set1_epi16(p));
+            // The 16 bytes after: digits n, n + 1 in the two halves.
+            let pairs = [(1, 3), (9, 27)]
+                .map(|(lo, hi)| _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo)));
+            // qh: position 4n + m of the high half reads byte m at 3ⁿ.
+            let qh_pow = _mm256_set_epi16(27, 27, 9, 9, 3, 3, 1, 1, 81, 81, 81, 81, 81, 81, 81, 81);
+            let qh_spread = _mm_set_epi8(3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0);
             ternary!(NR, w, nb, BYTES, D, x, out, |blk, q| {
-                // Decoded digit by digit (a rare format: simple over fast).
-                let block = std::slice::from_raw_parts(blk, BYTES);
-                let mut t = [0u8; 256];
-                for (i, v) in t.iter_mut().enumerate() {
-                    let (at, n) = position(i);
-                    *v = (digit(block[at], n) + 1) as u8;
+                let head = load(blk.add(QS));
+                for (qn, &p) in q.iter_mut().zip(&pow) {
+                    *qn = trits(head, p);
                 }
-                for (k, qk) in q.iter_mut().enumerate() {
-                    *qk = load(t.as_ptr().add(32 * k));
-                }
+                let tail = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                    blk.add(QS + 32) as *const __m128i
+                ));
+                q[5] = trits(tail, pairs[0]);
+                q[6] = trits(tail, pairs[1]);
+                let qh = _mm_shuffle_epi8(
+                    _mm_cvtsi32_si128((blk.add(QH) as *const i32).read_unaligned()),
+                    qh_spread,
+                );
+                let last = _mm256_set_m128i(qh, _mm256_castsi256_si128(tail));
+                q[7] = trits(last, qh_pow);
             })
         }
     };
