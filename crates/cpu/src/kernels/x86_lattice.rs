@@ -239,6 +239,13 @@ macro_rules! lattice_kernels {
             // lanes: 128-bit half 0 holds each 32-block's first 16 values'
             // scale (word j: blocks 2j, 2j + 1), half 1 the second 16's.
             let shifts = _mm256_set_epi64x(9, 3, 6, 0);
+            // Bit 3 of nibble l in every 16-bit element of 64-bit lane l.
+            let sign_bits = _mm256_set_epi64x(
+                0x8000_8000_8000_8000u64 as i64,
+                0x0800_0800_0800_0800,
+                0x0080_0080_0080_0080,
+                0x0008_0008_0008_0008,
+            );
             for b in 0..nb {
                 let blk = w.add(b * BYTES);
                 let words = (blk.add(SCALES) as *const i64).read_unaligned();
@@ -259,12 +266,10 @@ macro_rules! lattice_kernels {
                         G[index(1)] as i64,
                         G[index(0)] as i64,
                     );
-                    // 0xFF bytes for a negative offset, else 0x01.
-                    let negative = |l: usize| -((nibbles >> (4 * l + 3) & 1) as i64);
-                    let delta = _mm256_or_si256(
-                        _mm256_set_epi64x(negative(3), negative(2), negative(1), negative(0)),
-                        one,
-                    );
+                    // 0xFF bytes for a negative offset (bit 3 of the
+                    // group's nibble), else 0x01.
+                    let signs = _mm256_and_si256(_mm256_set1_epi16(nibbles as i16), sign_bits);
+                    let delta = _mm256_or_si256(_mm256_cmpeq_epi16(signs, sign_bits), one);
                     // Element ib / 2 (+ 4 for an odd block) of each half, as
                     // eight i16.
                     let pick = 0x0100 + 0x0202 * (ib / 2) as i16 + 0x0808 * (ib % 2) as i16;
