@@ -1,13 +1,20 @@
 //! The gated delta rule on the CPU (`HybridOps::gated_delta_rule`): the
 //! arithmetic of `host_ops::gated_delta_rule`, its reference, ordered for
-//! speed. A task takes a block of 64 of a head's value columns (32 KB of
-//! state for Qwen3.5's heads, which stays in L1) through every row of the
-//! pass, on a contiguous copy; the vectors run along the columns, so no dot
-//! needs a horizontal sum. Each row costs one pass over the block, which
-//! updates the state and sums the next row's `Sᵀk` and `Sᵀq` in
-//! independent FMA chains. Value heads and their column blocks are split
-//! across the pool; a narrower block (a head of fewer columns) runs
-//! zero-padded.
+//! speed. The vectors run along the state's value columns, so no dot needs
+//! a horizontal sum, and each row costs one pass over the state, which
+//! updates it and sums the next row's `Sᵀk` and `Sᵀq` in independent FMA
+//! chains. A pass's tasks take one of two shapes, with the same operations
+//! in the same order, so a row's bits do not depend on which ran it:
+//!
+//! - short passes (decode, verify: up to 32 rows) of 128-wide heads, with
+//!   AVX-512: a head per task, on the state itself. Its rows are
+//!   contiguous, so the 1 MB or so of a layer's state, which a decode step
+//!   finds out of cache, streams through in order, and the row's sums stay
+//!   in registers;
+//! - longer passes (prefill, rollback replays), other widths, AVX2: a block
+//!   of 64 value columns per task (32 KB of Qwen3.5's state, which stays in
+//!   L1) through every row, on a contiguous copy; a narrower block runs
+//!   zero-padded.
 //!
 //! This recurrent form serves prefill too: the chunked (WY) form that GPUs
 //! use for long passes costs about 1.3–1.5× its multiply-adds, and a CPU
@@ -77,11 +84,23 @@ pub fn gated_delta_rule(
         p,
         n,
     };
+    if n <= HEAD_ROWS_MAX && dv == HEAD_WIDTH && holds_a_head_row() {
+        pool.run(hv, &|h| run_task(&pass, Job::Head(h), &state_at, &out_at));
+        return;
+    }
     pool.run(hv * blocks, &|task| {
         let (h, block) = (task / blocks, task % blocks);
         let cols = block * BLOCK..((block + 1) * BLOCK).min(dv);
-        run_task(&pass, h, cols, &state_at, &out_at);
+        run_task(&pass, Job::Block(h, cols), &state_at, &out_at);
     });
+}
+
+/// A pool task's share of a pass.
+enum Job {
+    /// Value columns of head `h` through every row of the pass.
+    Block(usize, std::ops::Range<usize>),
+    /// All of head `h` through every row of a short pass.
+    Head(usize),
 }
 
 /// What every task of one call reads.
@@ -99,83 +118,91 @@ struct Pass<'a> {
     n: usize,
 }
 
-/// Value columns `cols` of head `h` through every row of the pass, in the
-/// widest vectors the CPU has.
-fn run_task(pass: &Pass, h: usize, cols: std::ops::Range<usize>, state: &Shared, out: &Shared) {
+/// `job`, in the widest vectors the CPU has.
+fn run_task(pass: &Pass, job: Job, state: &Shared, out: &Shared) {
     #[cfg(target_arch = "x86_64")]
     {
         if crate::kernels::x86::has_avx512f() {
             // SAFETY: AVX-512 F (with AVX2 and FMA) checked at run time.
-            return unsafe { task_avx512(pass, h, cols, state, out) };
+            return unsafe { task_avx512(pass, job, state, out) };
         }
         if crate::kernels::x86::has_avx2() {
             // SAFETY: AVX2 and FMA checked at run time.
-            return unsafe { task_avx2(pass, h, cols, state, out) };
+            return unsafe { task_avx2(pass, job, state, out) };
         }
     }
-    task(pass, h, cols, state, out)
+    task(pass, job, state, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn task_avx512(
-    pass: &Pass,
-    h: usize,
-    cols: std::ops::Range<usize>,
-    state: &Shared,
-    out: &Shared,
-) {
-    task(pass, h, cols, state, out)
+unsafe fn task_avx512(pass: &Pass, job: Job, state: &Shared, out: &Shared) {
+    task(pass, job, state, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn task_avx2(
-    pass: &Pass,
-    h: usize,
-    cols: std::ops::Range<usize>,
-    state: &Shared,
-    out: &Shared,
-) {
-    task(pass, h, cols, state, out)
+unsafe fn task_avx2(pass: &Pass, job: Job, state: &Shared, out: &Shared) {
+    task(pass, job, state, out)
 }
 
 #[inline(always)]
-fn task(pass: &Pass, h: usize, cols: std::ops::Range<usize>, state: &Shared, out: &Shared) {
-    let p = pass.p;
-    let (hk, hv, dk, dv) = (p.n_k_heads, p.n_v_heads, p.k_dim, p.v_dim);
-    let width = p.input_dim();
-    let (kh, c0, w) = (h % hk, cols.start, cols.len());
-    let head = state.at(h * dk * dv + c0);
-    // The block runs on a contiguous copy (its extra columns zero, and
-    // staying 0): the state's own rows are `dv` apart, a stride at which a
-    // block's rows share too few L1 sets to stay there between passes.
-    let mut block = vec![[0f32; BLOCK]; dk];
-    for (i, dst) in block.iter_mut().enumerate() {
-        let at = (h * dk + i) * dv + c0;
-        let src = match pass.from {
-            Some(from) => &from[at..at + w],
-            // SAFETY: row i of the head's state, columns `cols`: this
-            // task's.
-            None => unsafe { std::slice::from_raw_parts(state.at(at), w) },
-        };
-        dst[..w].copy_from_slice(src);
+fn task(pass: &Pass, job: Job, state: &Shared, out: &Shared) {
+    match job {
+        Job::Block(h, cols) => block_task(pass, h, cols, state, out),
+        Job::Head(h) => head_rows(pass, h, state, out),
     }
+}
+
+/// Most rows of a pass that takes [`head_rows`]: beyond about 32, the
+/// block copy's L1 residence pays for itself (measured on Zen 4).
+const HEAD_ROWS_MAX: usize = 32;
+
+/// Whether the vector registers hold a head row's `Sᵀk`, `Sᵀq` and `d`
+/// (AVX-512's 32 × 16 lanes); with AVX2's 16 × 8 they would spill, and
+/// [`head_rows`] is slower than [`block_task`] there.
+fn holds_a_head_row() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return crate::kernels::x86::has_avx512f();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Width of the heads (Qwen3.5's, every size) whose short passes take
+/// [`head_rows`].
+const HEAD_WIDTH: usize = 128;
+
+/// Head `h` through every row of a short pass (a decode step, a verify),
+/// in [`block_task`]'s operations and order, so with its bits, on the
+/// state itself: the head's rows are contiguous, so it streams through in
+/// order, and a short pass reuses each state row too few times to pay for
+/// a block copy.
+#[inline(always)]
+fn head_rows(pass: &Pass, h: usize, state: &Shared, out: &Shared) {
+    const W: usize = HEAD_WIDTH;
+    let p = pass.p;
+    let (hk, hv, dk) = (p.n_k_heads, p.n_v_heads, p.k_dim);
+    let width = p.input_dim();
+    let (kh, head) = (h % hk, h * dk * W);
+    // Row i of the state before row t of the pass.
+    let before = |t: usize, i: usize| -> [f32; W] {
+        let at = head + i * W;
+        match pass.from {
+            Some(from) if t == 0 => padded(&from[at..at + W]),
+            // SAFETY: row i of head h, this task's alone; read by value
+            // before it is written.
+            _ => padded(unsafe { std::slice::from_raw_parts(state.at(at), W) }),
+        }
+    };
     let key = |t: usize| {
         let at = (t * hk + kh) * dk;
         (&pass.q[at..at + dk], &pass.k[at..at + dk])
     };
-    // Sᵀk and Sᵀq of the state before row t: for row 0 from a pass of
-    // their own, then from the pass that updates the state for row t − 1,
-    // in the same order, so that a row's values do not depend on where a
-    // pass starts (a verify gives a plain step's values). With
-    // (e^g·S)ᵀk = e^g·(Sᵀk), the output is
-    // (e^g·S + k·dᵀ)ᵀq = e^g·(Sᵀq) + (k·q)·d, so the update pass need not
-    // sum it: one pass over the block per row.
-    let (mut sk, mut sq) = ([0f32; BLOCK], [0f32; BLOCK]);
+    let (mut sk, mut sq) = ([0f32; W], [0f32; W]);
     let (q0, k0) = key(0);
-    for ((r, &ki), &qi) in block.iter().zip(k0).zip(q0) {
-        for c in 0..BLOCK {
+    for (i, (&ki, &qi)) in k0.iter().zip(q0).enumerate() {
+        let r = before(0, i);
+        for c in 0..W {
             sk[c] = r[c].mul_add(ki, sk[c]);
             sq[c] = r[c].mul_add(qi, sq[c]);
         }
@@ -184,43 +211,152 @@ fn task(pass: &Pass, h: usize, cols: std::ops::Range<usize>, state: &Shared, out
         let (decay, b) = pass.gates[t * hv + h];
         let k = key(t).1;
         let kq = pass.kq[t * hk + kh];
-        let v = &pass.x[t * width + 2 * hk * dk + h * dv + c0..][..w];
-        let d: [f32; BLOCK] = std::array::from_fn(|c| {
-            if c < w {
-                (v[c] - decay * sk[c]) * b
-            } else {
-                0.0
-            }
-        });
-        for c in 0..w {
-            let o = decay.mul_add(sq[c], kq * d[c]);
-            // SAFETY: output (t, h, c0 + c) belongs to this task alone.
-            unsafe { *out.at((t * hv + h) * dv + c0 + c) = o };
+        let v = &pass.x[t * width + 2 * hk * dk + h * W..][..W];
+        let mut d = [0f32; W];
+        for c in 0..W {
+            d[c] = (v[c] - decay * sk[c]) * b;
+            // SAFETY: output (t, h, c) belongs to this task alone.
+            unsafe { *out.at((t * hv + h) * W + c) = decay.mul_add(sq[c], kq * d[c]) };
         }
         // S ← e^g·S + k·dᵀ, summing the next row's Sᵀk and Sᵀq on the way.
-        if t + 1 == pass.n {
-            for (r, &ki) in block.iter_mut().zip(k) {
-                for c in 0..BLOCK {
-                    r[c] = r[c].mul_add(decay, ki * d[c]);
+        let (next_q, next_k) = key((t + 1).min(pass.n - 1));
+        let last = t + 1 == pass.n;
+        (sk, sq) = ([0f32; W], [0f32; W]);
+        for (i, &ki) in k.iter().enumerate() {
+            let r = before(t, i);
+            // SAFETY: as for `before`; row i has been read.
+            let dst = unsafe { &mut *state.at(head + i * W).cast::<[f32; W]>() };
+            if last {
+                for c in 0..W {
+                    dst[c] = r[c].mul_add(decay, ki * d[c]);
                 }
-            }
-            break;
-        }
-        let (next_q, next_k) = key(t + 1);
-        (sk, sq) = ([0f32; BLOCK], [0f32; BLOCK]);
-        for (((r, &ki), &nk), &nq) in block.iter_mut().zip(k).zip(next_k).zip(next_q) {
-            for c in 0..BLOCK {
-                let e = r[c].mul_add(decay, ki * d[c]);
-                r[c] = e;
-                sk[c] = e.mul_add(nk, sk[c]);
-                sq[c] = e.mul_add(nq, sq[c]);
+            } else {
+                let (nk, nq) = (next_k[i], next_q[i]);
+                for c in 0..W {
+                    let e = r[c].mul_add(decay, ki * d[c]);
+                    dst[c] = e;
+                    sk[c] = e.mul_add(nk, sk[c]);
+                    sq[c] = e.mul_add(nq, sq[c]);
+                }
             }
         }
     }
-    for (i, src) in block.iter().enumerate() {
-        // SAFETY: as above.
-        let dst = unsafe { std::slice::from_raw_parts_mut(head.add(i * dv), w) };
-        dst.copy_from_slice(&src[..w]);
+}
+
+#[inline(always)]
+fn block_task(pass: &Pass, h: usize, cols: std::ops::Range<usize>, state: &Shared, out: &Shared) {
+    let p = pass.p;
+    let (hk, hv, dk, dv) = (p.n_k_heads, p.n_v_heads, p.k_dim, p.v_dim);
+    let width = p.input_dim();
+    let (kh, c0, w) = (h % hk, cols.start, cols.len());
+    let head = state.at(h * dk * dv + c0);
+    // The block runs on a contiguous copy (its extra columns zero, and
+    // staying 0): the state's own rows are `dv` apart, a stride at which a
+    // block's rows share too few L1 sets to stay there between passes.
+    // The copy is made by the first pass, which also sums row 0's Sᵀk and
+    // Sᵀq, and undone by the last, which writes the state back.
+    // Taken out of its thread-local cell, not worked on in a closure: a
+    // closure would not inherit the caller's target features.
+    let mut block = BLOCK_SCRATCH.take();
+    block.clear();
+    block.resize(dk, [0f32; BLOCK]);
+    {
+        let source = |i: usize| -> &[f32] {
+            let at = (h * dk + i) * dv + c0;
+            match pass.from {
+                Some(from) => &from[at..at + w],
+                // SAFETY: row i of the head's state, columns `cols`: this
+                // task's; it is read here before the last pass writes it.
+                None => unsafe { std::slice::from_raw_parts(state.at(at), w) },
+            }
+        };
+        let key = |t: usize| {
+            let at = (t * hk + kh) * dk;
+            (&pass.q[at..at + dk], &pass.k[at..at + dk])
+        };
+        // Sᵀk and Sᵀq of the state before row t: for row 0 from the
+        // copying pass, then from the pass that updates the state for row
+        // t − 1, in the same order, so that a row's values do not depend on
+        // where a pass starts (a verify gives a plain step's values). With
+        // (e^g·S)ᵀk = e^g·(Sᵀk), the output is
+        // (e^g·S + k·dᵀ)ᵀq = e^g·(Sᵀq) + (k·q)·d, so the update pass need
+        // not sum it: one pass over the block per row.
+        let (mut sk, mut sq) = ([0f32; BLOCK], [0f32; BLOCK]);
+        let (q0, k0) = key(0);
+        for (i, ((r, &ki), &qi)) in block.iter_mut().zip(k0).zip(q0).enumerate() {
+            let row: [f32; BLOCK] = padded(source(i));
+            for c in 0..BLOCK {
+                r[c] = row[c];
+                sk[c] = row[c].mul_add(ki, sk[c]);
+                sq[c] = row[c].mul_add(qi, sq[c]);
+            }
+        }
+        for t in 0..pass.n {
+            let (decay, b) = pass.gates[t * hv + h];
+            let k = key(t).1;
+            let kq = pass.kq[t * hk + kh];
+            let v = &pass.x[t * width + 2 * hk * dk + h * dv + c0..][..w];
+            let d: [f32; BLOCK] = std::array::from_fn(|c| {
+                if c < w {
+                    (v[c] - decay * sk[c]) * b
+                } else {
+                    0.0
+                }
+            });
+            for c in 0..w {
+                let o = decay.mul_add(sq[c], kq * d[c]);
+                // SAFETY: output (t, h, c0 + c) belongs to this task alone.
+                unsafe { *out.at((t * hv + h) * dv + c0 + c) = o };
+            }
+            // S ← e^g·S + k·dᵀ, summing the next row's Sᵀk and Sᵀq on the
+            // way; after the last row, into the state itself.
+            if t + 1 == pass.n {
+                for (i, (r, &ki)) in block.iter().zip(k).enumerate() {
+                    // SAFETY: as for `source`; the copy has been read.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(head.add(i * dv), w) };
+                    match <&mut [f32; BLOCK]>::try_from(&mut *dst) {
+                        Ok(dst) => {
+                            for c in 0..BLOCK {
+                                dst[c] = r[c].mul_add(decay, ki * d[c]);
+                            }
+                        }
+                        Err(_) => {
+                            for (c, o) in dst.iter_mut().enumerate() {
+                                *o = r[c].mul_add(decay, ki * d[c]);
+                            }
+                        }
+                    }
+                }
+                break;
+            }
+            let (next_q, next_k) = key(t + 1);
+            (sk, sq) = ([0f32; BLOCK], [0f32; BLOCK]);
+            for (((r, &ki), &nk), &nq) in block.iter_mut().zip(k).zip(next_k).zip(next_q) {
+                for c in 0..BLOCK {
+                    let e = r[c].mul_add(decay, ki * d[c]);
+                    r[c] = e;
+                    sk[c] = e.mul_add(nk, sk[c]);
+                    sq[c] = e.mul_add(nq, sq[c]);
+                }
+            }
+        }
+    }
+    BLOCK_SCRATCH.set(block);
+}
+
+thread_local! {
+    /// Each pool thread's block copy, kept between tasks.
+    static BLOCK_SCRATCH: std::cell::RefCell<Vec<[f32; BLOCK]>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A state row's columns in a block row: a full one as it is (loaded in
+/// vectors, not copied by a call), a narrower one zero-padded.
+#[inline(always)]
+fn padded<const W: usize>(src: &[f32]) -> [f32; W] {
+    match <&[f32; W]>::try_from(src) {
+        Ok(full) => *full,
+        Err(_) => std::array::from_fn(|c| src.get(c).copied().unwrap_or(0.0)),
     }
 }
 
@@ -389,43 +525,53 @@ mod tests {
         }
     }
 
-    /// A row's values do not depend on the pass it is in: nine rows in one
-    /// pass give the bits of four, then five, then one by one (what makes a
-    /// verify's rows a plain step's).
+    /// A row's values do not depend on the pass it is in: `n` rows in one
+    /// pass give the bits of two passes, and of one row at a time (what
+    /// makes a verify's rows a plain step's). With heads of `HEAD_WIDTH`
+    /// columns and AVX-512, the long pass takes `block_task` and the short
+    /// ones `head_rows`.
     #[test]
     fn rows_give_the_same_bits_in_any_split() {
         let mut rng = Rng::new(11);
         let mut uniform =
             |n: usize| -> Vec<f32> { (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect() };
-        let p = DeltaNetParams {
-            n_k_heads: 2,
-            n_v_heads: 4,
-            k_dim: 48,
-            v_dim: 80,
-            eps: 1e-6,
-        };
-        let (n, hv, width) = (9, 4, p.input_dim());
-        let (x, alpha, beta) = (uniform(n * width), uniform(n * hv), uniform(n * hv));
-        let (dt_bias, a) = (uniform(hv), uniform(hv));
-        let state = uniform(hv * p.k_dim * p.v_dim);
-        let pool = ThreadPool::new(2);
-        let run = |splits: &[usize]| {
-            let (mut s, mut out, mut t0) = (state.clone(), Vec::new(), 0);
-            for &rows in splits {
-                let mut o = vec![0.0; rows * hv * p.v_dim];
-                let (x, alpha, beta) = (
-                    &x[t0 * width..(t0 + rows) * width],
-                    &alpha[t0 * hv..(t0 + rows) * hv],
-                    &beta[t0 * hv..(t0 + rows) * hv],
-                );
-                gated_delta_rule(&pool, x, alpha, beta, &dt_bias, &a, None, &mut s, &mut o, p);
-                out.extend(o);
-                t0 += rows;
-            }
-            (out, s)
-        };
-        let whole = run(&[9]);
-        assert!(whole == run(&[4, 5]), "4 + 5 rows");
-        assert!(whole == run(&[1; 9]), "one row at a time");
+        for (k_dim, v_dim, n) in [(48, 80, 9), (64, HEAD_WIDTH, HEAD_ROWS_MAX + 8)] {
+            let p = DeltaNetParams {
+                n_k_heads: 2,
+                n_v_heads: 4,
+                k_dim,
+                v_dim,
+                eps: 1e-6,
+            };
+            let (hv, width) = (4, p.input_dim());
+            let (x, alpha, beta) = (uniform(n * width), uniform(n * hv), uniform(n * hv));
+            let (dt_bias, a) = (uniform(hv), uniform(hv));
+            let state = uniform(hv * p.k_dim * p.v_dim);
+            let pool = ThreadPool::new(2);
+            let run = |splits: &[usize]| {
+                let (mut s, mut out, mut t0) = (state.clone(), Vec::new(), 0);
+                for &rows in splits {
+                    let mut o = vec![0.0; rows * hv * p.v_dim];
+                    let (x, alpha, beta) = (
+                        &x[t0 * width..(t0 + rows) * width],
+                        &alpha[t0 * hv..(t0 + rows) * hv],
+                        &beta[t0 * hv..(t0 + rows) * hv],
+                    );
+                    gated_delta_rule(&pool, x, alpha, beta, &dt_bias, &a, None, &mut s, &mut o, p);
+                    out.extend(o);
+                    t0 += rows;
+                }
+                (out, s)
+            };
+            let whole = run(&[n]);
+            assert!(
+                whole == run(&[n / 2, n - n / 2]),
+                "two passes, v_dim {v_dim}"
+            );
+            assert!(
+                whole == run(&vec![1; n]),
+                "one row at a time, v_dim {v_dim}"
+            );
+        }
     }
 }
