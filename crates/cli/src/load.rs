@@ -163,6 +163,20 @@ pub fn tokenizer(file: &GgufFile) -> Result<Tokenizer> {
 }
 
 /// Loads model and tokenizer, with a progress bar on a terminal.
+/// Loads the model at `path` with `args`' other options on `backend`, which
+/// a model is already loaded on: a second model beside the first.
+pub fn load_beside<B: Backend>(
+    args: &ModelArgs,
+    path: &Path,
+    backend: Arc<B>,
+) -> Result<Loaded<B>> {
+    let args = ModelArgs {
+        model: path.to_path_buf(),
+        ..args.clone()
+    };
+    load(&args, backend)
+}
+
 fn load<B: Backend>(args: &ModelArgs, backend: Arc<B>) -> Result<Loaded<B>> {
     let started = std::time::Instant::now();
     let file = open_gguf(&args.model)?;

@@ -1,9 +1,10 @@
 //! The `blockdraft` binary end to end: `run --json` on a real model gives
 //! the greedy text and its statistics; `run --chat` keeps role markers
 //! typed in the prompt as text (`--chat-special` parses them); `bench
-//! --json` reports what it measures, plain and speculative; a bad path is a
-//! clean error; `split` writes a set that reads as the file. (This
-//! also builds the binary that the browser test compares against.)
+//! --json` reports what it measures, plain, speculative and beside another
+//! model; a bad path is a clean error; `split` writes a set that reads as
+//! the file. (This also builds the binary that the browser test compares
+//! against.)
 
 use std::process::Command;
 
@@ -174,6 +175,53 @@ fn bench_parallel_reports_aggregate_decode_per_number_of_sequences() {
     );
     assert!(
         err.contains("--parallel") && err.contains("--draft"),
+        "{err}"
+    );
+}
+
+/// `bench --against` measures a second model in pairs with the first:
+/// SmolLM2 (135M) decodes and verifies in a fraction of Qwen2.5-Coder-0.5B's
+/// time, and each figure comes with its number of pairs.
+#[test]
+fn bench_against_measures_two_models_in_pairs() {
+    let (Some(small), Some(large)) = (
+        smollm2(),
+        blockdraft_core::testing::real_model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+    ) else {
+        return;
+    };
+    let large = large.to_str().unwrap();
+    let v = short_bench(&small, &["--verify-max", "2", "--against", large]);
+    assert_eq!(v["against"].as_str(), Some(large), "{v}");
+    let decode = &v["decode"];
+    assert_eq!(decode["pairs"].as_u64(), Some(1), "{v}");
+    let tps: Vec<f64> = (0..2)
+        .map(|i| decode["tokens_per_second"][i].as_f64().unwrap())
+        .collect();
+    let ratio = decode["time_ratio"].as_f64().unwrap();
+    assert!(tps[0] > tps[1] && ratio > 0.0 && ratio < 0.8, "{v}");
+    let verify = v["verify"].as_array().unwrap();
+    assert_eq!(u64s(verify, "k"), [1, 2], "{v}");
+    for k in verify {
+        // At least three pairs, whatever -r.
+        assert_eq!(k["pairs"].as_u64(), Some(3), "{v}");
+        let ratio = k["time_ratio"].as_f64().unwrap();
+        assert!(ratio > 0.0 && ratio < 0.8, "{v}");
+    }
+    let err = fails_with(
+        2,
+        &[
+            "bench",
+            "-m",
+            &small,
+            "--against",
+            large,
+            "--draft",
+            "ngram",
+        ],
+    );
+    assert!(
+        err.contains("--against") && err.contains("--draft"),
         "{err}"
     );
 }

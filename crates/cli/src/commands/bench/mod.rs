@@ -6,6 +6,7 @@
 
 mod gpu_model;
 mod memory;
+mod paired;
 
 use super::median;
 use crate::args::{at_least, f64_in, usize_in};
@@ -81,6 +82,13 @@ pub struct Args {
     #[arg(long = "forced-tau", requires = "draft",
           value_parser = f64_in(Bounds { lo: 1.0, hi: (MAX_DRAFT + 1) as f64 }))]
     pub forced_tau: Option<f64>,
+    /// Also benchmark this model, on the same backend and in the same run,
+    /// each decode repetition and each verify pass of -m's beside one of
+    /// its (the order alternating), and print its figures beside -m's
+    /// with the ratio of each: a comparison that drift in the machine's
+    /// speed does not skew. Measures decode and the verify curve only.
+    #[arg(long = "against", conflicts_with_all = ["draft", "depth", "parallel", "gpu_profile"])]
+    pub against: Option<std::path::PathBuf>,
     /// With --draft: the prompt to generate from.
     #[arg(
         long = "prompt-text",
@@ -134,9 +142,10 @@ pub fn run(args: Args) -> Result<()> {
 impl Job for Args {
     fn run<B: Backend>(self, loaded: Loaded<B>) -> Result<()> {
         interrupt::catch();
-        let interrupted = match &self.draft.draft {
-            Some(spec) => speculative_bench(&self, &loaded, spec)?,
-            None => bench(&self, &loaded)?,
+        let interrupted = match (&self.draft.draft, &self.against) {
+            (Some(spec), _) => speculative_bench(&self, &loaded, spec)?,
+            (None, Some(other)) => paired::bench(&self, &loaded, other)?,
+            (None, None) => bench(&self, &loaded)?,
         };
         if interrupted {
             return Err(Interrupted.into());
@@ -518,16 +527,7 @@ fn verify_curve<B: Backend>(
     for k in 1..=verify_max.min(state.logit_rows()) {
         let mut times = Vec::new();
         for _ in 0..reps.max(3) {
-            // As a speculative round does: a hybrid model's state is
-            // copied at the checkpoint, and restored at the commit.
-            let at = state.checkpoint();
-            times.push(time_forward(
-                dec,
-                state,
-                &tokens[base..base + k],
-                LogitRows::All,
-            )?);
-            state.commit(at, 0)?;
+            times.push(time_verify(dec, state, &tokens[base..base + k])?);
         }
         if interrupt::requested() {
             break;
@@ -535,6 +535,21 @@ fn verify_curve<B: Backend>(
         curve.push((k, median(&times)));
     }
     Ok(curve)
+}
+
+/// Seconds of one verify pass of `rows` after the state's context, which
+/// it leaves as it was.
+fn time_verify<B: Backend>(
+    dec: &Decoder<B>,
+    state: &mut DecoderState<B>,
+    rows: &[u32],
+) -> Result<f64> {
+    // As a speculative round does: a hybrid model's state is checkpointed,
+    // and restored at the commit.
+    let at = state.checkpoint();
+    let t = time_forward(dec, state, rows, LogitRows::All)?;
+    state.commit(at, 0)?;
+    Ok(t)
 }
 
 fn curve_json(curve: &[(usize, f64)]) -> Vec<serde_json::Value> {
