@@ -659,37 +659,45 @@ unsafe fn q6_k_group16<const NR: usize>(
                 // Values 128h + 32c + 16 half + 4m' + t (m = 4 half + m'):
                 // quarter c of word m's low (c even) or high (c odd) nibbles
                 // of `ql` and bits 2c, 2c+1 of `qh`, as in the row kernel.
-                let mut v = [[_mm512_setzero_si512(); 4]; 4];
-                for (mi, vm) in v.iter_mut().enumerate() {
-                    let m = 4 * half + mi;
-                    let qa = both32(pa, pb, Q6_QL + 32 * (16 * h + m));
-                    let qb = both32(pa, pb, Q6_QL + 32 * (16 * h + 8 + m));
-                    let qh = both32(pa, pb, Q6_QH + 32 * (8 * h + m));
-                    let hi2 = |v: __m512i| _mm512_and_si512(v, bits45);
-                    vm[0] =
-                        _mm512_or_si512(_mm512_and_si512(qa, low4), hi2(_mm512_slli_epi16(qh, 4)));
-                    vm[1] =
-                        _mm512_or_si512(_mm512_and_si512(qb, low4), hi2(_mm512_slli_epi16(qh, 2)));
-                    vm[2] =
-                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(qa, 4), low4), hi2(qh));
-                    vm[3] = _mm512_or_si512(
-                        _mm512_and_si512(_mm512_srli_epi16(qb, 4), low4),
-                        hi2(_mm512_srli_epi16(qh, 2)),
-                    );
-                }
-                for c in 0..4 {
-                    let sub = 8 * h + 2 * c + half;
-                    // The rows' i8 scales, sign-extended to their lanes.
-                    let scale = _mm512_cvtepi8_epi32(both8(pa, pb, 16 + 8 * sub));
-                    for i in 0..NR {
-                        let bsum = *x[i].bs.add(16 * blk + sub) as i32;
-                        let mut s = _mm512_set1_epi32(-32 * bsum);
-                        let xp = x[i].qs.add(256 * blk + 128 * h + 32 * c + 16 * half);
-                        for (mi, vm) in v.iter().enumerate() {
-                            let x4 = (xp.add(4 * mi) as *const i32).read_unaligned();
-                            s = _mm512_dpbusd_epi32(s, vm[c], _mm512_set1_epi32(x4));
+                // Quarters c and c + 2 come from the same `ql` bytes, so
+                // they are unpacked together: two quarters' eight vectors
+                // live at a time, not all sixteen, which leaves registers
+                // for four or more activation rows' sums. (Integer sums:
+                // their order does not change the result.)
+                for c0 in 0..2 {
+                    let mut v = [[_mm512_setzero_si512(); 4]; 2];
+                    for mi in 0..4 {
+                        let m = 4 * half + mi;
+                        let q = both32(pa, pb, Q6_QL + 32 * (16 * h + 8 * c0 + m));
+                        let qh = both32(pa, pb, Q6_QH + 32 * (8 * h + m));
+                        let hi2 = |v: __m512i| _mm512_and_si512(v, bits45);
+                        // Bits 2c, 2c + 1 of qh to bits 4, 5: c = c0 and c0 + 2.
+                        let (near, far) = if c0 == 0 {
+                            (_mm512_slli_epi16(qh, 4), qh)
+                        } else {
+                            (_mm512_slli_epi16(qh, 2), _mm512_srli_epi16(qh, 2))
+                        };
+                        v[0][mi] = _mm512_or_si512(_mm512_and_si512(q, low4), hi2(near));
+                        v[1][mi] = _mm512_or_si512(
+                            _mm512_and_si512(_mm512_srli_epi16(q, 4), low4),
+                            hi2(far),
+                        );
+                    }
+                    for (pair, vc) in v.iter().enumerate() {
+                        let c = c0 + 2 * pair;
+                        let sub = 8 * h + 2 * c + half;
+                        // The rows' i8 scales, sign-extended to their lanes.
+                        let scale = _mm512_cvtepi8_epi32(both8(pa, pb, 16 + 8 * sub));
+                        for i in 0..NR {
+                            let bsum = *x[i].bs.add(16 * blk + sub) as i32;
+                            let mut s = _mm512_set1_epi32(-32 * bsum);
+                            let xp = x[i].qs.add(256 * blk + 128 * h + 32 * c + 16 * half);
+                            for (mi, vm) in vc.iter().enumerate() {
+                                let x4 = (xp.add(4 * mi) as *const i32).read_unaligned();
+                                s = _mm512_dpbusd_epi32(s, *vm, _mm512_set1_epi32(x4));
+                            }
+                            sum[i] = _mm512_add_epi32(sum[i], _mm512_mullo_epi32(s, scale));
                         }
-                        sum[i] = _mm512_add_epi32(sum[i], _mm512_mullo_epi32(s, scale));
                     }
                 }
             }
