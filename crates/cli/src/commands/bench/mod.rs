@@ -282,7 +282,6 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
         }
     }
     let interrupted = interrupt::requested();
-    let t1 = verify.first().map(|v| v.1);
     let bytes = weight_bytes_per_token(&loaded.file);
     let gbps = decode_tps.map(|t| t * bytes as f64 / 1e9);
     let bandwidth_fraction = gbps.zip(read_gbps).map(|(d, r)| d / r);
@@ -397,10 +396,20 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
     if let Some((timings, tps)) = &kernels {
         write_kernel_timings(&mut out, timings, *tps, args.n_gen);
     }
-    if let Some(t1) = t1 {
-        let _ = writeln!(out, "verify   T(k)/T(1) at context {}:", args.verify_ctx);
-        for (k, t) in &verify {
-            let _ = writeln!(out, "  k={k:<3} {:>8.2} ms  {:>5.2}x", t * 1e3, t / t1);
+    if !verify.is_empty() {
+        let _ = writeln!(
+            out,
+            "verify   T(k)/T(1) at context {} (ratios: medians over sweeps of every k):",
+            args.verify_ctx
+        );
+        for p in &verify {
+            let _ = writeln!(
+                out,
+                "  k={:<3} {:>8.2} ms  {:>5.2}x",
+                p.k,
+                p.seconds * 1e3,
+                p.ratio
+            );
         }
     }
     if let Some(&(_, one)) = parallel.first() {
@@ -429,9 +438,8 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
                 "  {depth:<6} {:>9} tok/s",
                 tps.map_or("-".into(), |t| format!("{t:.2}"))
             );
-            let t1 = curve.first().map_or(1.0, |c| c.1);
-            for (k, t) in curve.iter().filter(|(k, _)| k.is_power_of_two() && *k > 1) {
-                let _ = write!(out, "  T({k})/T(1) {:.2}", t / t1);
+            for p in curve.iter().filter(|p| p.k.is_power_of_two() && p.k > 1) {
+                let _ = write!(out, "  T({})/T(1) {:.2}", p.k, p.ratio);
             }
             let _ = writeln!(out);
         }
@@ -512,29 +520,50 @@ fn rewind<B: Backend>(dec: &Decoder<B>, state: &mut DecoderState<B>, held: &[u32
     Ok(())
 }
 
-/// `(k, median seconds)` of verify passes of k = 1..=`verify_max` rows
-/// (fewer where the state's passes are smaller) after the state's current
-/// context, which each pass leaves as it was.
+/// A point of the verify curve.
+struct VerifyPoint {
+    /// Rows of the pass.
+    k: usize,
+    /// Median seconds of a pass.
+    seconds: f64,
+    /// Median over the sweeps of the pass's time over the same sweep's
+    /// one-row pass: T(k)/T(1).
+    ratio: f64,
+}
+
+/// The verify curve for k = 1..=`verify_max` rows (fewer where the state's
+/// passes are smaller) after the state's current context, which each pass
+/// leaves as it was. Measured in sweeps, each timing every k back to back,
+/// so that a ratio compares passes well under a second apart: measured k
+/// by k, T(1) and T(16) would be minutes apart on a machine whose speed
+/// drifts by 10–20 % in that time.
 fn verify_curve<B: Backend>(
     dec: &Decoder<B>,
     state: &mut DecoderState<B>,
     tokens: &[u32],
     verify_max: usize,
     reps: usize,
-) -> Result<Vec<(usize, f64)>> {
+) -> Result<Vec<VerifyPoint>> {
     let base = state.len();
-    let mut curve = Vec::new();
-    for k in 1..=verify_max.min(state.logit_rows()) {
-        let mut times = Vec::new();
-        for _ in 0..reps.max(3) {
-            times.push(time_verify(dec, state, &tokens[base..base + k])?);
-        }
+    let k_max = verify_max.min(state.logit_rows());
+    let mut sweeps: Vec<Vec<f64>> = Vec::new();
+    for _ in 0..reps.max(3) {
+        let sweep = (1..=k_max)
+            .map(|k| time_verify(dec, state, &tokens[base..base + k]))
+            .collect::<Result<Vec<_>>>()?;
+        sweeps.push(sweep);
         if interrupt::requested() {
             break;
         }
-        curve.push((k, median(&times)));
     }
-    Ok(curve)
+    let of = |f: &dyn Fn(&[f64]) -> f64| median(&sweeps.iter().map(|s| f(s)).collect::<Vec<_>>());
+    Ok((0..k_max)
+        .map(|i| VerifyPoint {
+            k: i + 1,
+            seconds: of(&|s| s[i]),
+            ratio: of(&|s| s[i] / s[0]),
+        })
+        .collect())
 }
 
 /// Seconds of one verify pass of `rows` after the state's context, which
@@ -552,11 +581,10 @@ fn time_verify<B: Backend>(
     Ok(t)
 }
 
-fn curve_json(curve: &[(usize, f64)]) -> Vec<serde_json::Value> {
-    let t1 = curve.first().map_or(1.0, |c| c.1);
+fn curve_json(curve: &[VerifyPoint]) -> Vec<serde_json::Value> {
     curve
         .iter()
-        .map(|&(k, t)| json!({"k": k, "seconds": t, "ratio": t / t1}))
+        .map(|p| json!({"k": p.k, "seconds": p.seconds, "ratio": p.ratio}))
         .collect()
 }
 
