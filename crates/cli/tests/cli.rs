@@ -181,7 +181,8 @@ fn bench_parallel_reports_aggregate_decode_per_number_of_sequences() {
 
 /// `bench --against` measures a second model in pairs with the first:
 /// SmolLM2 (135M) decodes and verifies in a fraction of Qwen2.5-Coder-0.5B's
-/// time, and each figure comes with its number of pairs.
+/// time, each figure comes with its number of pairs, and what it does not
+/// measure (prefill, a drafter) is refused.
 #[test]
 fn bench_against_measures_two_models_in_pairs() {
     let (Some(small), Some(large)) = (
@@ -191,7 +192,22 @@ fn bench_against_measures_two_models_in_pairs() {
         return;
     };
     let large = large.to_str().unwrap();
-    let v = short_bench(&small, &["--verify-max", "2", "--against", large]);
+    let v = json_of(&[
+        "bench",
+        "-m",
+        &small,
+        "--against",
+        large,
+        "-t",
+        "2",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "--verify-max",
+        "2",
+        "--json",
+    ]);
     assert_eq!(v["against"].as_str(), Some(large), "{v}");
     let decode = &v["decode"];
     assert_eq!(decode["pairs"].as_u64(), Some(1), "{v}");
@@ -208,22 +224,13 @@ fn bench_against_measures_two_models_in_pairs() {
         let ratio = k["time_ratio"].as_f64().unwrap();
         assert!(ratio > 0.0 && ratio < 0.8, "{v}");
     }
-    let err = fails_with(
-        2,
-        &[
-            "bench",
-            "-m",
-            &small,
-            "--against",
-            large,
-            "--draft",
-            "ngram",
-        ],
-    );
-    assert!(
-        err.contains("--against") && err.contains("--draft"),
-        "{err}"
-    );
+    // What it does not measure is refused, not ignored.
+    for other in [["--draft", "ngram"], ["--n-prompt", "16"]] {
+        let mut args = vec!["bench", "-m", &small, "--against", large];
+        args.extend(other);
+        let err = fails_with(2, &args);
+        assert!(err.contains("--against") && err.contains(other[0]), "{err}");
+    }
 }
 
 #[test]

@@ -86,8 +86,10 @@ pub struct Args {
     /// each decode repetition and each verify pass of -m's beside one of
     /// its (the order alternating), and print its figures beside -m's
     /// with the ratio of each: a comparison that drift in the machine's
-    /// speed does not skew. Measures decode and the verify curve only.
-    #[arg(long = "against", conflicts_with_all = ["draft", "depth", "parallel", "gpu_profile"])]
+    /// speed does not skew. Measures decode and the verify curve only (no
+    /// prefill: -p is refused).
+    #[arg(long = "against",
+          conflicts_with_all = ["n_prompt", "draft", "depth", "parallel", "gpu_profile"])]
     pub against: Option<std::path::PathBuf>,
     /// With --draft: the prompt to generate from.
     #[arg(
