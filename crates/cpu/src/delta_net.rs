@@ -172,36 +172,83 @@ fn holds_a_head_row() -> bool {
 /// [`head_rows`].
 const HEAD_WIDTH: usize = 128;
 
-/// Head `h` through every row of a short pass (a decode step, a verify),
-/// in [`block_task`]'s operations and order, so with its bits, on the
-/// state itself: the head's rows are contiguous, so it streams through in
-/// order, and a short pass reuses each state row too few times to pay for
-/// a block copy.
+/// Head `h` through every row of a short pass (a decode step, a verify)
+/// on the state itself: the head's rows are contiguous, so it streams
+/// through in order, and a short pass reuses each state row too few times
+/// to pay for a block copy.
 #[inline(always)]
 fn head_rows(pass: &Pass, h: usize, state: &Shared, out: &Shared) {
-    const W: usize = HEAD_WIDTH;
+    columns_task::<HEAD_WIDTH>(pass, h, 0, None, state, out);
+}
+
+/// Value columns `cols` of head `h` through every row of the pass, on a
+/// contiguous copy (its extra columns zero, and staying 0): the state's
+/// own rows are `dv` apart, a stride at which a block's rows share too few
+/// L1 sets to stay there between passes.
+#[inline(always)]
+fn block_task(pass: &Pass, h: usize, cols: std::ops::Range<usize>, state: &Shared, out: &Shared) {
+    // Taken out of its thread-local cell, not worked on in a closure: a
+    // closure would not inherit the caller's target features.
+    let mut block = BLOCK_SCRATCH.take();
+    block.clear();
+    block.resize(pass.p.k_dim, [0f32; BLOCK]);
+    columns_task::<BLOCK>(pass, h, cols.start, Some(&mut block), state, out);
+    BLOCK_SCRATCH.set(block);
+}
+
+/// Value columns `c0..c0 + W` of head `h` (fewer where the head ends, run
+/// zero-padded) through every row of the pass: on `copy`, which the first
+/// pass fills and the last writes back, or without one on the state
+/// itself (whose rows must then be `W` wide). Both task shapes run this,
+/// so a row's bits do not depend on which ran it.
+#[inline(always)]
+fn columns_task<const W: usize>(
+    pass: &Pass,
+    h: usize,
+    c0: usize,
+    mut copy: Option<&mut [[f32; W]]>,
+    state: &Shared,
+    out: &Shared,
+) {
     let p = pass.p;
-    let (hk, hv, dk) = (p.n_k_heads, p.n_v_heads, p.k_dim);
+    let (hk, hv, dk, dv) = (p.n_k_heads, p.n_v_heads, p.k_dim, p.v_dim);
     let width = p.input_dim();
-    let (kh, head) = (h % hk, h * dk * W);
-    // Row i of the state before row t of the pass.
-    let before = |t: usize, i: usize| -> [f32; W] {
-        let at = head + i * W;
+    let (kh, w) = (h % hk, W.min(dv - c0));
+    assert!(
+        copy.is_some() || w == W,
+        "an in-place task takes whole rows"
+    );
+    let at = |i: usize| (h * dk + i) * dv + c0;
+    // SAFETY (for every use): row i's columns `c0..c0 + w` of head h are
+    // this task's alone; each is read by value before it is written.
+    let state_row = |i: usize| -> [f32; W] {
+        padded(unsafe { std::slice::from_raw_parts(state.at(at(i)), w) })
+    };
+    // Row i of the state before the pass.
+    let source = |i: usize| -> [f32; W] {
         match pass.from {
-            Some(from) if t == 0 => padded(&from[at..at + W]),
-            // SAFETY: row i of head h, this task's alone; read by value
-            // before it is written.
-            _ => padded(unsafe { std::slice::from_raw_parts(state.at(at), W) }),
+            Some(from) => padded(&from[at(i)..at(i) + w]),
+            None => state_row(i),
         }
     };
     let key = |t: usize| {
         let at = (t * hk + kh) * dk;
         (&pass.q[at..at + dk], &pass.k[at..at + dk])
     };
+    // Sᵀk and Sᵀq of the state before row t: for row 0 from a pass of
+    // their own (which fills the copy), then from the pass that updates
+    // the state for row t − 1, in the same order, so that a row's values
+    // do not depend on where a pass starts (a verify gives a plain step's
+    // values). With (e^g·S)ᵀk = e^g·(Sᵀk), the output is
+    // (e^g·S + k·dᵀ)ᵀq = e^g·(Sᵀq) + (k·q)·d, so the update pass need not
+    // sum it: one pass over the state per row.
     let (mut sk, mut sq) = ([0f32; W], [0f32; W]);
     let (q0, k0) = key(0);
     for (i, (&ki, &qi)) in k0.iter().zip(q0).enumerate() {
-        let r = before(0, i);
+        let r = source(i);
+        if let Some(copy) = copy.as_deref_mut() {
+            copy[i] = r;
+        }
         for c in 0..W {
             sk[c] = r[c].mul_add(ki, sk[c]);
             sq[c] = r[c].mul_add(qi, sq[c]);
@@ -211,137 +258,54 @@ fn head_rows(pass: &Pass, h: usize, state: &Shared, out: &Shared) {
         let (decay, b) = pass.gates[t * hv + h];
         let k = key(t).1;
         let kq = pass.kq[t * hk + kh];
-        let v = &pass.x[t * width + 2 * hk * dk + h * W..][..W];
+        let v = &pass.x[t * width + 2 * hk * dk + h * dv + c0..][..w];
         let mut d = [0f32; W];
-        for c in 0..W {
+        for c in 0..w {
             d[c] = (v[c] - decay * sk[c]) * b;
-            // SAFETY: output (t, h, c) belongs to this task alone.
-            unsafe { *out.at((t * hv + h) * W + c) = decay.mul_add(sq[c], kq * d[c]) };
+            // SAFETY: output (t, h, c0 + c) belongs to this task alone.
+            unsafe { *out.at((t * hv + h) * dv + c0 + c) = decay.mul_add(sq[c], kq * d[c]) };
         }
-        // S ← e^g·S + k·dᵀ, summing the next row's Sᵀk and Sᵀq on the way.
-        let (next_q, next_k) = key((t + 1).min(pass.n - 1));
+        // S ← e^g·S + k·dᵀ, summing the next row's Sᵀk and Sᵀq on the way;
+        // after the last row, into the state itself.
         let last = t + 1 == pass.n;
+        let (next_q, next_k) = key((t + 1).min(pass.n - 1));
         (sk, sq) = ([0f32; W], [0f32; W]);
         for (i, &ki) in k.iter().enumerate() {
-            let r = before(t, i);
-            // SAFETY: as for `before`; row i has been read.
-            let dst = unsafe { &mut *state.at(head + i * W).cast::<[f32; W]>() };
+            let r = match copy.as_deref() {
+                Some(copy) => copy[i],
+                None if t == 0 => source(i),
+                None => state_row(i),
+            };
+            // SAFETY: as for `state_row`.
+            let row = unsafe { std::slice::from_raw_parts_mut(state.at(at(i)), w) };
             if last {
-                for c in 0..W {
-                    dst[c] = r[c].mul_add(decay, ki * d[c]);
-                }
-            } else {
-                let (nk, nq) = (next_k[i], next_q[i]);
-                for c in 0..W {
-                    let e = r[c].mul_add(decay, ki * d[c]);
-                    dst[c] = e;
-                    sk[c] = e.mul_add(nk, sk[c]);
-                    sq[c] = e.mul_add(nq, sq[c]);
-                }
-            }
-        }
-    }
-}
-
-#[inline(always)]
-fn block_task(pass: &Pass, h: usize, cols: std::ops::Range<usize>, state: &Shared, out: &Shared) {
-    let p = pass.p;
-    let (hk, hv, dk, dv) = (p.n_k_heads, p.n_v_heads, p.k_dim, p.v_dim);
-    let width = p.input_dim();
-    let (kh, c0, w) = (h % hk, cols.start, cols.len());
-    let head = state.at(h * dk * dv + c0);
-    // The block runs on a contiguous copy (its extra columns zero, and
-    // staying 0): the state's own rows are `dv` apart, a stride at which a
-    // block's rows share too few L1 sets to stay there between passes.
-    // The copy is made by the first pass, which also sums row 0's Sᵀk and
-    // Sᵀq, and undone by the last, which writes the state back.
-    // Taken out of its thread-local cell, not worked on in a closure: a
-    // closure would not inherit the caller's target features.
-    let mut block = BLOCK_SCRATCH.take();
-    block.clear();
-    block.resize(dk, [0f32; BLOCK]);
-    {
-        let source = |i: usize| -> &[f32] {
-            let at = (h * dk + i) * dv + c0;
-            match pass.from {
-                Some(from) => &from[at..at + w],
-                // SAFETY: row i of the head's state, columns `cols`: this
-                // task's; it is read here before the last pass writes it.
-                None => unsafe { std::slice::from_raw_parts(state.at(at), w) },
-            }
-        };
-        let key = |t: usize| {
-            let at = (t * hk + kh) * dk;
-            (&pass.q[at..at + dk], &pass.k[at..at + dk])
-        };
-        // Sᵀk and Sᵀq of the state before row t: for row 0 from the
-        // copying pass, then from the pass that updates the state for row
-        // t − 1, in the same order, so that a row's values do not depend on
-        // where a pass starts (a verify gives a plain step's values). With
-        // (e^g·S)ᵀk = e^g·(Sᵀk), the output is
-        // (e^g·S + k·dᵀ)ᵀq = e^g·(Sᵀq) + (k·q)·d, so the update pass need
-        // not sum it: one pass over the block per row.
-        let (mut sk, mut sq) = ([0f32; BLOCK], [0f32; BLOCK]);
-        let (q0, k0) = key(0);
-        for (i, ((r, &ki), &qi)) in block.iter_mut().zip(k0).zip(q0).enumerate() {
-            let row: [f32; BLOCK] = padded(source(i));
-            for c in 0..BLOCK {
-                r[c] = row[c];
-                sk[c] = row[c].mul_add(ki, sk[c]);
-                sq[c] = row[c].mul_add(qi, sq[c]);
-            }
-        }
-        for t in 0..pass.n {
-            let (decay, b) = pass.gates[t * hv + h];
-            let k = key(t).1;
-            let kq = pass.kq[t * hk + kh];
-            let v = &pass.x[t * width + 2 * hk * dk + h * dv + c0..][..w];
-            let d: [f32; BLOCK] = std::array::from_fn(|c| {
-                if c < w {
-                    (v[c] - decay * sk[c]) * b
-                } else {
-                    0.0
-                }
-            });
-            for c in 0..w {
-                let o = decay.mul_add(sq[c], kq * d[c]);
-                // SAFETY: output (t, h, c0 + c) belongs to this task alone.
-                unsafe { *out.at((t * hv + h) * dv + c0 + c) = o };
-            }
-            // S ← e^g·S + k·dᵀ, summing the next row's Sᵀk and Sᵀq on the
-            // way; after the last row, into the state itself.
-            if t + 1 == pass.n {
-                for (i, (r, &ki)) in block.iter().zip(k).enumerate() {
-                    // SAFETY: as for `source`; the copy has been read.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(head.add(i * dv), w) };
-                    match <&mut [f32; BLOCK]>::try_from(&mut *dst) {
-                        Ok(dst) => {
-                            for c in 0..BLOCK {
-                                dst[c] = r[c].mul_add(decay, ki * d[c]);
-                            }
+                match <&mut [f32; W]>::try_from(&mut *row) {
+                    Ok(dst) => {
+                        for c in 0..W {
+                            dst[c] = r[c].mul_add(decay, ki * d[c]);
                         }
-                        Err(_) => {
-                            for (c, o) in dst.iter_mut().enumerate() {
-                                *o = r[c].mul_add(decay, ki * d[c]);
-                            }
+                    }
+                    Err(_) => {
+                        for (c, o) in row.iter_mut().enumerate() {
+                            *o = r[c].mul_add(decay, ki * d[c]);
                         }
                     }
                 }
-                break;
+                continue;
             }
-            let (next_q, next_k) = key(t + 1);
-            (sk, sq) = ([0f32; BLOCK], [0f32; BLOCK]);
-            for (((r, &ki), &nk), &nq) in block.iter_mut().zip(k).zip(next_k).zip(next_q) {
-                for c in 0..BLOCK {
-                    let e = r[c].mul_add(decay, ki * d[c]);
-                    r[c] = e;
-                    sk[c] = e.mul_add(nk, sk[c]);
-                    sq[c] = e.mul_add(nq, sq[c]);
-                }
+            let dst: &mut [f32; W] = match copy.as_deref_mut() {
+                Some(copy) => &mut copy[i],
+                None => row.try_into().expect("checked: whole rows"),
+            };
+            let (nk, nq) = (next_k[i], next_q[i]);
+            for c in 0..W {
+                let e = r[c].mul_add(decay, ki * d[c]);
+                dst[c] = e;
+                sk[c] = e.mul_add(nk, sk[c]);
+                sq[c] = e.mul_add(nq, sq[c]);
             }
         }
     }
-    BLOCK_SCRATCH.set(block);
 }
 
 thread_local! {
@@ -350,7 +314,7 @@ thread_local! {
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// A state row's columns in a block row: a full one as it is (loaded in
+/// A state row's columns as a task's row: a full one as it is (loaded in
 /// vectors, not copied by a call), a narrower one zero-padded.
 #[inline(always)]
 fn padded<const W: usize>(src: &[f32]) -> [f32; W] {
