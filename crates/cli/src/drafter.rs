@@ -7,7 +7,9 @@ use blockdraft_core::backend::prelude::*;
 use blockdraft_core::model::ModelConfig;
 use blockdraft_core::sampling::Bounds;
 use blockdraft_core::speculative::{DFlashModel, PolicyConfig, SharedDrafter};
-use blockdraft_core::testing::{synthetic_dflash, SyntheticDFlash, SyntheticDims};
+use blockdraft_core::testing::{
+    synthetic_dflash, synthetic_dflash_d2t, SyntheticDFlash, SyntheticDims,
+};
 use blockdraft_gguf::{GgmlType, GgufFile};
 use std::sync::Arc;
 
@@ -16,7 +18,8 @@ use std::sync::Arc;
 pub struct DraftArgs {
     /// Drafter: a GGUF file (a DFlash drafter, or any model sharing the
     /// target's vocabulary), `ngram` for prompt lookup, or
-    /// `dflash-random[:LAYERS]` (random weights; for benchmarks only).
+    /// `dflash-random[:LAYERS[:HEAD_ROWS]]` (random weights, with a reduced
+    /// head of HEAD_ROWS rows as trained drafters have; for benchmarks only).
     #[arg(long = "draft")]
     pub draft: Option<String>,
     /// Most tokens drafted per round (1..=64).
@@ -67,15 +70,10 @@ pub fn shared<B: Backend>(args: &DraftArgs, target: &Loaded<B>) -> Result<Shared
     if spec == "ngram" {
         return Ok(SharedDrafter::Ngram);
     }
-    let drafter = if let Some(layers) = spec.strip_prefix("dflash-random") {
-        let layers = match layers.strip_prefix(':') {
-            Some(n) => n
-                .parse()
-                .with_context(|| format!("`{spec}`: expected dflash-random:LAYERS"))?,
-            None if layers.is_empty() => 1,
-            None => anyhow::bail!("unknown drafter `{spec}`"),
-        };
-        let file = random_dflash(&target.decoder.config, layers);
+    let drafter = if let Some(shape) = spec.strip_prefix("dflash-random") {
+        let shape = RandomShape::parse(shape, target.decoder.config.n_vocab)
+            .with_context(|| format!("`{spec}`: expected dflash-random[:LAYERS[:HEAD_ROWS]]"))?;
+        let file = random_dflash(&target.decoder.config, shape);
         let model = DFlashModel::load(&file, &target.decoder)?;
         SharedDrafter::DFlash {
             model: Arc::new(model),
@@ -97,16 +95,60 @@ pub fn shared<B: Backend>(args: &DraftArgs, target: &Loaded<B>) -> Result<Shared
     Ok(drafter)
 }
 
-/// A random DFlash drafter shaped like a real one for `target`: `layers`
-/// target-sized layers, five taps spread over the depth, block 16, Q8_0.
-/// Its drafts are noise; it exists to measure drafting cost (`bench
-/// --forced-tau`).
-fn random_dflash(target: &ModelConfig, layers: usize) -> GgufFile {
+/// The shape of a `dflash-random` drafter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct RandomShape {
+    layers: usize,
+    /// Rows of its own reduced head (`d2t`); `None`: the target's whole head.
+    head_rows: Option<usize>,
+}
+
+impl RandomShape {
+    /// Parses what follows `dflash-random`: empty, `:LAYERS` or
+    /// `:LAYERS:HEAD_ROWS` (1..=n_vocab rows).
+    fn parse(rest: &str, n_vocab: usize) -> Result<Self> {
+        let mut shape = RandomShape {
+            layers: 1,
+            head_rows: None,
+        };
+        if rest.is_empty() {
+            return Ok(shape);
+        }
+        let rest = rest.strip_prefix(':').context("unknown drafter")?;
+        let mut fields = rest.split(':');
+        let layers = fields.next().unwrap_or_default();
+        shape.layers = layers
+            .parse()
+            .ok()
+            .filter(|n| (1..=64).contains(n))
+            .with_context(|| format!("LAYERS `{layers}` is not within 1..=64"))?;
+        if let Some(rows) = fields.next() {
+            let n = rows
+                .parse()
+                .ok()
+                .filter(|n| (1..=n_vocab).contains(n))
+                .with_context(|| format!("HEAD_ROWS `{rows}` is not within 1..={n_vocab}"))?;
+            shape.head_rows = Some(n);
+        }
+        if let Some(extra) = fields.next() {
+            anyhow::bail!("unexpected `:{extra}`");
+        }
+        Ok(shape)
+    }
+}
+
+/// A random DFlash drafter shaped like a real one for `target`:
+/// `shape.layers` target-sized layers, five taps spread over the depth,
+/// block 16, Q8_0, and either the target's head or its own head over the
+/// first `head_rows` target ids (as the reduced vocabularies of the
+/// shipped drafters). Its drafts are noise; it exists to measure drafting
+/// cost (`bench --forced-tau`).
+fn random_dflash(target: &ModelConfig, shape: RandomShape) -> GgufFile {
     let n = target.n_layer as i32;
     let taps = (0..5).map(|i| 1 + i * (n - 3) / 4).collect();
     let spec = SyntheticDFlash {
         dims: SyntheticDims {
-            n_layer: layers,
+            n_layer: shape.layers,
             n_embd: target.n_embd,
             n_head: target.n_head,
             n_head_kv: target.n_head_kv,
@@ -120,6 +162,32 @@ fn random_dflash(target: &ModelConfig, layers: usize) -> GgufFile {
         mask_token: 0,
         matrix_type: GgmlType::Q8_0,
     };
-    GgufFile::from_bytes(synthetic_dflash(&spec, 1).bytes)
-        .expect("the synthetic drafter is valid GGUF")
+    let model = match shape.head_rows {
+        None => synthetic_dflash(&spec, 1),
+        Some(rows) => {
+            let d2t: Vec<i64> = (0..rows as i64).collect();
+            synthetic_dflash_d2t(&spec, &d2t, 1)
+        }
+    };
+    GgufFile::from_bytes(model.bytes).expect("the synthetic drafter is valid GGUF")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RandomShape;
+
+    #[test]
+    fn random_drafter_shapes_parse_and_refuse_nonsense() {
+        let shape = |s| RandomShape::parse(s, 1000);
+        let ok = |layers, head_rows| RandomShape { layers, head_rows };
+        assert_eq!(shape("").unwrap(), ok(1, None));
+        assert_eq!(shape(":2").unwrap(), ok(2, None));
+        assert_eq!(shape(":1:256").unwrap(), ok(1, Some(256)));
+        assert_eq!(shape(":1:1000").unwrap(), ok(1, Some(1000)));
+        for bad in [
+            "x", ":", ":0", ":65", ":1:0", ":1:1001", ":1:8:3", ":a:8", ":1:",
+        ] {
+            assert!(shape(bad).is_err(), "{bad} accepted");
+        }
+    }
 }

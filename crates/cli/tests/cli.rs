@@ -263,33 +263,51 @@ fn speculative_bench_at_forced_tau_matches_plain_decoding() {
     };
     // Three drafts per round (fixed: on a model this small the policy may
     // try shorter ones first), none corrupted: every round realises tau 4
-    // (bar a shorter last round), whatever the random drafter says.
-    let v = json_of(&[
-        "bench",
-        "-m",
-        &model,
-        "-t",
-        "2",
-        "-n",
-        "24",
-        "-r",
-        "1",
-        "--draft",
-        "dflash-random",
-        "--forced-tau",
-        "4",
-        "--draft-max",
-        "3",
-        "--fixed-draft",
-        "--json",
-    ]);
-    assert_eq!(v["identical_to_plain"], true, "{v}");
-    assert_eq!(v["acceptance_rate"].as_f64(), Some(1.0), "{v}");
-    let tau = v["tau"].as_f64().unwrap();
-    assert!((3.5..=4.0).contains(&tau), "{v}");
-    for k in ["speedup", "predicted_speedup", "efficiency"] {
-        assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {v}");
+    // (bar a shorter last round), whatever the random drafter says; with
+    // the target's head (drafted on the device) and with a reduced one
+    // (drafted on the host through `d2t`).
+    for drafter in ["dflash-random", "dflash-random:1:4096"] {
+        let v = json_of(&[
+            "bench",
+            "-m",
+            &model,
+            "-t",
+            "2",
+            "-n",
+            "24",
+            "-r",
+            "1",
+            "--draft",
+            drafter,
+            "--forced-tau",
+            "4",
+            "--draft-max",
+            "3",
+            "--fixed-draft",
+            "--json",
+        ]);
+        assert_eq!(v["drafter"], drafter, "{v}");
+        assert_eq!(v["identical_to_plain"], true, "{v}");
+        assert_eq!(v["acceptance_rate"].as_f64(), Some(1.0), "{v}");
+        let tau = v["tau"].as_f64().unwrap();
+        assert!((3.5..=4.0).contains(&tau), "{v}");
+        for k in ["speedup", "predicted_speedup", "efficiency"] {
+            assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {v}");
+        }
     }
+    let err = fails_with(
+        1,
+        &[
+            "bench",
+            "-m",
+            &model,
+            "--draft",
+            "dflash-random:1:0",
+            "--forced-tau",
+            "4",
+        ],
+    );
+    assert!(err.contains("HEAD_ROWS `0`"), "{err}");
 }
 
 #[test]
