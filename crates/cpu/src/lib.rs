@@ -18,12 +18,12 @@ mod ops;
 use blockdraft_core::backend::{
     AttentionMask, AttentionOps, AttentionParams, BackendError, ConvParams, DeltaNetParams, Device,
     DrafterOps, ElementwiseOps, GatedActivation, HybridOps, KvType, LinearOps, MemoryLimits,
-    RopeParams, SamplingOps, WeightSource,
+    Projection, RopeParams, SamplingOps, WeightSource,
 };
 use blockdraft_core::host_ops;
 use blockdraft_gguf::{GgmlType, TensorData};
 use half::{f16, slice::HalfFloatSliceExt};
-use kernels::{PackedWeight, WeightRef};
+use kernels::{Operand, PackedWeight, Product, WeightRef};
 use pool::ThreadPool;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -278,6 +278,37 @@ impl CpuBackend {
         Some(Resident::Copied(copy))
     }
 
+    /// `w` as a matmul of `n` activation rows reads it: packed, copied or
+    /// in the mapped file, with the kernel this backend's options choose.
+    fn operand<'w>(&self, w: &'w CpuWeight, n: usize) -> Operand<'w> {
+        let mut matrix = w.matrix();
+        if self.simd && self.packing {
+            let resident = w.resident.get_or_init(|| {
+                let r = self.make_resident(w);
+                if r.is_some() {
+                    w.data.release_pages();
+                }
+                r
+            });
+            // llama.cpp's batch order (its gemm, for whole groups of 4 rows)
+            // for Q4_K exists in the ggml layout only.
+            let gemm_rows = self.llamacpp_batches && n >= 4;
+            match resident {
+                Some(Resident::Packed(p)) if !gemm_rows || p.matches_llamacpp_batches() => {
+                    return p.operand();
+                }
+                Some(Resident::Copied(copy)) => matrix.data = copy.as_slice(),
+                _ => {}
+            }
+        }
+        let kernel = if self.simd {
+            kernels::best_kernel(w.ty)
+        } else {
+            kernels::scalar_kernel(w.ty)
+        };
+        Operand::ggml(matrix, kernel, self.llamacpp_batches)
+    }
+
     pub fn n_threads(&self) -> usize {
         self.pool.n_threads()
     }
@@ -510,38 +541,57 @@ impl LinearOps for CpuBackend {
     fn matmul(&self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) {
         debug_assert_eq!(x.cols, w.cols);
         debug_assert_eq!((out.rows, out.cols), (x.rows, w.rows));
-        let mut matrix = w.matrix();
-        if self.simd && self.packing {
-            let resident = w.resident.get_or_init(|| {
-                let r = self.make_resident(w);
-                if r.is_some() {
-                    w.data.release_pages();
-                }
-                r
-            });
-            // llama.cpp's batch order (its gemm, for whole groups of 4 rows)
-            // for Q4_K exists in the ggml layout only.
-            let gemm_rows = self.llamacpp_batches && x.rows >= 4;
-            match resident {
-                Some(Resident::Packed(p)) if !gemm_rows || p.matches_llamacpp_batches() => {
-                    return kernels::matmul_packed(&self.pool, p, x.as_slice(), out.as_mut_slice());
-                }
-                Some(Resident::Copied(copy)) => matrix.data = copy.as_slice(),
-                _ => {}
-            }
-        }
-        let kernel = if self.simd {
-            kernels::best_kernel(w.ty)
-        } else {
-            kernels::scalar_kernel(w.ty)
-        };
-        kernels::matmul_with(
+        let op = self.operand(w, x.rows);
+        let out = out.as_mut_slice();
+        kernels::matmul_many(
             &self.pool,
-            &matrix,
             x.as_slice(),
+            &mut [Product {
+                op,
+                bias: None,
+                out,
+            }],
+        );
+    }
+
+    fn matmul_many(&self, x: &CpuTensor, projections: &mut [Projection<'_, Self>]) {
+        let mut products: Vec<Product> = projections
+            .iter_mut()
+            .map(|p| Product {
+                op: self.operand(p.weight, x.rows),
+                bias: p.bias.map(|b| b.dense.as_slice()),
+                out: p.out.as_mut_slice(),
+            })
+            .collect();
+        kernels::matmul_many(&self.pool, x.as_slice(), &mut products);
+    }
+
+    fn gated_projection(
+        &self,
+        act: GatedActivation,
+        x: &CpuTensor,
+        w_gate: &CpuWeight,
+        w_up: &CpuWeight,
+        gate: &mut CpuTensor,
+        up: &mut CpuTensor,
+        out: &mut CpuTensor,
+    ) {
+        let cols = w_gate.rows;
+        kernels::matmul_pair_combined(
+            &self.pool,
+            x.as_slice(),
+            Product {
+                op: self.operand(w_gate, x.rows),
+                bias: None,
+                out: gate.as_mut_slice(),
+            },
+            Product {
+                op: self.operand(w_up, x.rows),
+                bias: None,
+                out: up.as_mut_slice(),
+            },
             out.as_mut_slice(),
-            kernel,
-            self.llamacpp_batches,
+            &|c0, g, u, o| ops::gated_span(act, cols, c0, g, u, o),
         );
     }
 

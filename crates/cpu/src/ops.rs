@@ -112,40 +112,112 @@ pub fn expf_ggml_normal(x: f32) -> f32 {
 pub fn gated(act: GatedActivation, cols: usize, gate: &[f32], up: &[f32], out: &mut [f32]) {
     with_fma(
         #[inline(always)]
-        || gated_rows(act, cols, gate, up, out),
+        || {
+            for ((o, g), u) in out
+                .chunks_exact_mut(cols)
+                .zip(gate.chunks_exact(cols))
+                .zip(up.chunks_exact(cols))
+            {
+                gated_columns(act, cols, 0, g, u, o);
+            }
+        },
+    )
+}
+
+/// [`gated`] of columns `c0..c0 + out.len()` of one row of `cols`: the
+/// same values as the whole row's there.
+pub fn gated_span(
+    act: GatedActivation,
+    cols: usize,
+    c0: usize,
+    gate: &[f32],
+    up: &[f32],
+    out: &mut [f32],
+) {
+    with_fma(
+        #[inline(always)]
+        || gated_columns(act, cols, c0, gate, up, out),
     )
 }
 
 #[inline(always)]
-fn gated_rows(act: GatedActivation, cols: usize, gate: &[f32], up: &[f32], out: &mut [f32]) {
-    for ((o, g), u) in out
-        .chunks_exact_mut(cols)
-        .zip(gate.chunks_exact(cols))
-        .zip(up.chunks_exact(cols))
-    {
-        let vec_end = cols - cols % 8;
-        for (i, ((o, &g), &u)) in o.iter_mut().zip(g).zip(u).enumerate() {
-            *o = match act {
-                GatedActivation::SwiGlu => {
-                    let e = if i < vec_end {
-                        expf_ggml(-g)
-                    } else {
-                        libm::expf(-g)
-                    };
-                    g / (1.0 + e) * u
+fn gated_columns(
+    act: GatedActivation,
+    cols: usize,
+    c0: usize,
+    gate: &[f32],
+    up: &[f32],
+    out: &mut [f32],
+) {
+    assert!(gate.len() == out.len() && up.len() == out.len() && c0 + out.len() <= cols);
+    let vec_end = cols - cols % 8;
+    let mut j = 0;
+    if act == GatedActivation::SwiGlu {
+        // Whole groups of 8 (ggml's vector loop) whose exp arguments are
+        // all within ±87, where `expf_ggml` takes no branch: one vector of
+        // `expf_ggml_normal`, the same bits.
+        let lead = (8 - c0 % 8) % 8;
+        while j < lead.min(out.len()) {
+            out[j] = swiglu(gate[j], up[j], c0 + j < vec_end);
+            j += 1;
+        }
+        while j + 8 <= out.len() && c0 + j + 8 <= vec_end {
+            let g: &[f32; 8] = gate[j..j + 8].try_into().expect("8 values");
+            let u: &[f32; 8] = up[j..j + 8].try_into().expect("8 values");
+            let o: &mut [f32; 8] = (&mut out[j..j + 8]).try_into().expect("8 values");
+            if !swiglu_8(g, u, o) {
+                for l in 0..8 {
+                    o[l] = swiglu(g[l], u[l], true);
                 }
-                GatedActivation::GeGlu => {
-                    if g <= -10.0 {
-                        0.0
-                    } else if g >= 10.0 {
-                        g * u
-                    } else {
-                        gelu_f16_table(g) * u
-                    }
-                }
-            };
+            }
+            j += 8;
         }
     }
+    for (i, ((o, &g), &u)) in out.iter_mut().zip(gate).zip(up).enumerate().skip(j) {
+        *o = match act {
+            GatedActivation::SwiGlu => swiglu(g, u, c0 + i < vec_end),
+            GatedActivation::GeGlu => {
+                if g <= -10.0 {
+                    0.0
+                } else if g >= 10.0 {
+                    g * u
+                } else {
+                    gelu_f16_table(g) * u
+                }
+            }
+        };
+    }
+}
+
+/// SwiGLU of a whole group of 8 in one vector where the CPU has one and
+/// every exp argument is within ±87 (`expf_ggml`'s branchless range):
+/// the same bits as [`swiglu`]. False, writing nothing, otherwise.
+#[inline(always)]
+fn swiglu_8(g: &[f32; 8], u: &[f32; 8], out: &mut [f32; 8]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::x86::has_avx2() {
+        // SAFETY: AVX2 and FMA checked at runtime.
+        return unsafe { crate::kernels::x86::swiglu_8(g, u, out) };
+    }
+    if !g.iter().all(|g| g.abs() <= 87.0) {
+        return false;
+    }
+    for l in 0..8 {
+        out[l] = g[l] / (1.0 + expf_ggml_normal(-g[l])) * u[l];
+    }
+    true
+}
+
+/// `g / (1 + exp(-g)) * u`, the exp being ggml's vector one (`in_vector`)
+/// or libm's (a row's last `cols % 8`).
+#[inline(always)]
+fn swiglu(g: f32, u: f32, in_vector: bool) -> f32 {
+    let e = if in_vector {
+        expf_ggml(-g)
+    } else {
+        libm::expf(-g)
+    };
+    g / (1.0 + e) * u
 }
 
 /// An entry of ggml's `ggml_table_gelu_f16`: tanh-GELU of `x` rounded to
@@ -234,5 +306,62 @@ mod tests {
         );
         let after: f32 = y.iter().map(|v| v * v).sum();
         assert!((before - after).abs() < 1e-5);
+    }
+
+    /// SwiGLU's documented sequence, element by element: ggml's `expf` on
+    /// each row's whole groups of 8, libm's on the rest. Whole rows and
+    /// spans at any offset give it bit for bit, with arguments beyond the
+    /// vector form's range (±87) inside some groups.
+    #[test]
+    fn gated_rows_and_spans_follow_the_per_element_sequence() {
+        let cols = 45;
+        let mut state = 7u32;
+        let mut gate: Vec<f32> = (0..2 * cols)
+            .map(|_| {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (state >> 8) as f32 / (1 << 24) as f32 * 16.0 - 8.0
+            })
+            .collect();
+        for (i, v) in [(3, 88.0), (17, -90.0), (30, 200.0), (50, -1e4), (41, 95.0)] {
+            gate[i] = v;
+        }
+        let up: Vec<f32> = gate.iter().rev().map(|g| g * 0.5 + 0.25).collect();
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let want: Vec<f32> = gate
+            .iter()
+            .zip(&up)
+            .enumerate()
+            .map(|(i, (&g, &u))| {
+                let e = if i % cols < 40 {
+                    expf_ggml(-g)
+                } else {
+                    libm::expf(-g)
+                };
+                g / (1.0 + e) * u
+            })
+            .collect();
+        for act in [GatedActivation::SwiGlu, GatedActivation::GeGlu] {
+            let mut rows = vec![0.0; 2 * cols];
+            gated(act, cols, &gate, &up, &mut rows);
+            if act == GatedActivation::SwiGlu {
+                assert_eq!(bits(&rows), bits(&want));
+            }
+            for (c0, c1) in [
+                (0, 45),
+                (3, 45),
+                (8, 24),
+                (13, 41),
+                (16, 17),
+                (40, 45),
+                (5, 6),
+            ] {
+                for r in 0..2 {
+                    let s = r * cols + c0..r * cols + c1;
+                    let mut span = vec![0.0; c1 - c0];
+                    gated_span(act, cols, c0, &gate[s.clone()], &up[s.clone()], &mut span);
+                    assert_eq!(bits(&span), bits(&rows[s]), "{act:?} {c0}..{c1}");
+                }
+            }
+        }
     }
 }

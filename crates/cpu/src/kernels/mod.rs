@@ -9,7 +9,10 @@
 //! family (32-blocks for Q4_0..Q8_1, 256-super-blocks for the K-quants) and the
 //! dots are integer per block, scaled once per block — the same scheme as
 //! llama.cpp's CPU path, so accuracy matches it. Float weights (F32/F16/BF16)
-//! dot the f32 activations directly.
+//! dot the f32 activations directly. The products of one input (q|k|v,
+//! gate|up: `matmul_many`, `matmul_pair_combined`) share its quantization
+//! and one parallel section, with bias adds and the gate's activation
+//! applied per chunk as it is stored.
 //!
 //! Multi-row: every kernel dots one weight row with up to `MAX_NR` activation
 //! rows at once, so a weight block is read from memory and decoded once for
@@ -365,14 +368,270 @@ pub(crate) fn matmul_with(
     kernel: Kernel,
     gemm_groups: bool,
 ) {
-    let bl = w.ty.block_len();
-    assert!(
-        w.cols > 0 && w.cols.is_multiple_of(bl),
-        "matmul: cols {} not a multiple of {bl}",
-        w.cols
+    let op = Operand::ggml(*w, kernel, gemm_groups);
+    matmul_many(
+        pool,
+        x,
+        &mut [Product {
+            op,
+            bias: None,
+            out,
+        }],
     );
-    let row_bytes = w.cols / bl * w.ty.block_bytes();
-    run(pool, w, row_bytes, 8, x, out, kernel, gemm_groups);
+}
+
+/// A weight as a matmul reads it: `w.rows` rows of `row_bytes` each in the
+/// layout `kernel` reads, tasks starting at multiples of `tile_rows`.
+#[derive(Clone, Copy)]
+pub(crate) struct Operand<'a> {
+    w: WeightRef<'a>,
+    row_bytes: usize,
+    tile_rows: usize,
+    kernel: Kernel,
+    /// The batch's whole groups of 4 rows get llama.cpp's gemm order.
+    gemm_groups: bool,
+}
+
+impl<'a> Operand<'a> {
+    /// `w` in its ggml layout, for `kernel`.
+    pub(crate) fn ggml(w: WeightRef<'a>, kernel: Kernel, gemm_groups: bool) -> Self {
+        let bl = w.ty.block_len();
+        assert!(
+            w.cols > 0 && w.cols.is_multiple_of(bl),
+            "matmul: cols {} not a multiple of {bl}",
+            w.cols
+        );
+        Operand {
+            w,
+            row_bytes: w.cols / bl * w.ty.block_bytes(),
+            tile_rows: 8,
+            kernel,
+            gemm_groups,
+        }
+    }
+
+    /// Weight rows per task for `n` activation rows on `n_threads`.
+    fn chunk_rows(&self, n: usize, n_threads: usize) -> usize {
+        let (rows, tile) = (self.w.rows, self.tile_rows);
+        // Several chunks per thread so dynamic scheduling absorbs uneven
+        // cores (the machine is shared), in whole tiles of weight rows.
+        let chunk = if n_threads == 1 {
+            rows
+        } else {
+            rows.div_ceil(n_threads * tile).next_multiple_of(tile)
+        };
+        if n <= MAX_NR {
+            return chunk.max(1);
+        }
+        // Several passes over the chunk (one per group of MAX_NR activation
+        // rows): small enough to stay in L2, so only the first pass reads
+        // DRAM.
+        const CHUNK_BYTES: usize = 192 << 10;
+        chunk
+            .min((CHUNK_BYTES / self.row_bytes).max(tile) / tile * tile)
+            .max(1)
+    }
+
+    /// Checks the shapes of `out = x · Wᵀ` for `x` of `cols`-wide rows;
+    /// returns the activation rows.
+    fn check(&self, x: &[f32], out: &[f32]) -> usize {
+        let (rows, cols) = (self.w.rows, self.w.cols);
+        assert!(
+            self.w.data.len() >= rows * self.row_bytes,
+            "matmul: weight data too short"
+        );
+        assert_eq!(x.len() % cols, 0, "matmul: x is not whole rows");
+        let n = x.len() / cols;
+        assert_eq!(out.len(), n * rows, "matmul: out has the wrong size");
+        n
+    }
+
+    /// Weight rows `o0..o1` against every activation row of `acts`, into
+    /// `out` (`acts.n` rows of `w.rows`).
+    ///
+    /// # Safety
+    /// `o0 < o1 <= w.rows`, `out` holds `acts.n * w.rows` values, no other
+    /// thread writes its columns `o0..o1`, and `acts` was prepared for this
+    /// weight's quantization from rows of `w.cols`.
+    unsafe fn run_rows(&self, acts: &Activations, o0: usize, o1: usize, out: *mut f32) {
+        let n = acts.n;
+        let nb = self.w.cols / self.w.ty.block_len();
+        let mut xs = [acts.row(0, false); MAX_NR];
+        // Group of activation rows outer (it stays in L1 across the chunk's
+        // weight rows), weight rows inner.
+        for g in (0..n).step_by(MAX_NR) {
+            let nr = (n - g).min(MAX_NR);
+            for (i, a) in xs[..nr].iter_mut().enumerate() {
+                *a = acts.row(g + i, self.gemm_groups);
+            }
+            // SAFETY: rows o0..o1 < rows and the data length was checked;
+            // the kernel reads `nb` blocks of each and `cols` activations of
+            // rows < n, all in bounds, and writes outputs (g + i, o) for o
+            // in o0..o1 alone.
+            unsafe {
+                let w0 = self.w.data.as_ptr().add(o0 * self.row_bytes);
+                let out0 = out.add(g * self.w.rows + o0);
+                (self.kernel)(
+                    w0,
+                    self.row_bytes,
+                    o1 - o0,
+                    nb,
+                    &xs[..nr],
+                    out0,
+                    self.w.rows,
+                );
+            }
+        }
+    }
+}
+
+/// One product of a shared input: `out = x · Wᵀ (+ bias)`.
+pub(crate) struct Product<'a, 'o> {
+    pub op: Operand<'a>,
+    pub bias: Option<&'a [f32]>,
+    pub out: &'o mut [f32],
+}
+
+/// The products of one input (q|k|v, gate|up): the input is quantized
+/// once where their weights take the same quantization, and every
+/// product's chunks are tasks of one parallel section; each bias is added
+/// as its chunk is stored. Results equal one `matmul` (and bias add) each.
+pub(crate) fn matmul_many(pool: &ThreadPool, x: &[f32], products: &mut [Product]) {
+    let Some(first) = products.first() else {
+        return;
+    };
+    let q = Quantization::of(first.op.w.ty);
+    let cols = first.op.w.cols;
+    if products
+        .iter()
+        .any(|p| Quantization::of(p.op.w.ty) != q || p.op.w.cols != cols)
+    {
+        for p in products {
+            matmul_many(pool, x, std::slice::from_mut(p));
+        }
+        return;
+    }
+    let mut n = 0;
+    for p in products.iter() {
+        n = p.op.check(x, p.out);
+        if let Some(b) = p.bias {
+            assert_eq!(b.len(), p.op.w.rows, "matmul: bias length");
+        }
+    }
+    if n == 0 {
+        return;
+    }
+    // (operand, bias, output, rows per chunk, first task) per product.
+    let nt = pool.n_threads();
+    let mut first_task = 0;
+    let jobs: Vec<_> = products
+        .iter_mut()
+        .map(|p| {
+            let chunk = p.op.chunk_rows(n, nt);
+            let job = (p.op, p.bias, SendPtr(p.out.as_mut_ptr()), chunk, first_task);
+            first_task += p.op.w.rows.div_ceil(chunk);
+            job
+        })
+        .collect();
+    with_quantized(pool, q, x, cols, n, |acts| {
+        pool.run(first_task, &|t| {
+            let &(op, bias, out, chunk, t0) = jobs
+                .iter()
+                .rev()
+                .find(|j| j.4 <= t)
+                .expect("task 0 is the first job's");
+            let rows = op.w.rows;
+            let o0 = (t - t0) * chunk;
+            let o1 = (o0 + chunk).min(rows);
+            // SAFETY: task t alone writes columns o0..o1 of this output,
+            // whose size `check` verified; `acts` is x quantized for `q`.
+            unsafe { op.run_rows(&acts, o0, o1, out.get()) };
+            if let Some(b) = bias {
+                for r in 0..n {
+                    // SAFETY: as above, columns o0..o1 of row r < n.
+                    let row = unsafe {
+                        std::slice::from_raw_parts_mut(out.get().add(r * rows + o0), o1 - o0)
+                    };
+                    row.iter_mut().zip(&b[o0..o1]).for_each(|(v, b)| *v += b);
+                }
+            }
+        });
+    });
+}
+
+/// `combine(c0, a, b, out)` of [`matmul_pair_combined`].
+pub(crate) type Combine<'a> = dyn Fn(usize, &[f32], &[f32], &mut [f32]) + Sync + 'a;
+
+/// `out = combine(x · Aᵀ, x · Bᵀ)` for two weights of the same shape (a
+/// gated feed-forward's gate and up): both products and their combination
+/// run chunk by chunk in one parallel section, the input quantized once.
+/// `combine(c0, a, b, out)` gets the spans of columns `c0..c0 + a.len()`
+/// of one row of each, once both are stored (spans start at multiples of
+/// 8 columns). Where the weights' layouts or quantizations differ, both
+/// products run first and `combine` then gets whole rows.
+pub(crate) fn matmul_pair_combined(
+    pool: &ThreadPool,
+    x: &[f32],
+    a: Product,
+    b: Product,
+    out: &mut [f32],
+    combine: &Combine<'_>,
+) {
+    let (ao, bo) = (a.op, b.op);
+    let same = Quantization::of(ao.w.ty) == Quantization::of(bo.w.ty)
+        && (ao.w.rows, ao.w.cols, ao.row_bytes, ao.tile_rows)
+            == (bo.w.rows, bo.w.cols, bo.row_bytes, bo.tile_rows)
+        && a.bias.is_none()
+        && b.bias.is_none();
+    let rows = ao.w.rows;
+    if !same {
+        let (a_out, b_out) = (a.out, b.out);
+        matmul_many(
+            pool,
+            x,
+            &mut [Product { out: a_out, ..a }, Product { out: b_out, ..b }],
+        );
+        assert_eq!(out.len(), a_out.len(), "matmul: combined output size");
+        for ((o, a), b) in out
+            .chunks_exact_mut(rows.max(1))
+            .zip(a_out.chunks_exact(rows.max(1)))
+            .zip(b_out.chunks_exact(rows.max(1)))
+        {
+            combine(0, a, b, o);
+        }
+        return;
+    }
+    let n = ao.check(x, a.out);
+    bo.check(x, b.out);
+    assert_eq!(out.len(), n * rows, "matmul: combined output size");
+    if n == 0 {
+        return;
+    }
+    let chunk = ao.chunk_rows(n, pool.n_threads());
+    let (ap, bp, op) = (
+        SendPtr(a.out.as_mut_ptr()),
+        SendPtr(b.out.as_mut_ptr()),
+        SendPtr(out.as_mut_ptr()),
+    );
+    with_quantized(pool, Quantization::of(ao.w.ty), x, ao.w.cols, n, |acts| {
+        pool.run(rows.div_ceil(chunk), &|t| {
+            let o0 = t * chunk;
+            let o1 = (o0 + chunk).min(rows);
+            // SAFETY: task t alone reads and writes columns o0..o1 of the
+            // three outputs, whose sizes were checked; `acts` is x quantized
+            // for both weights.
+            unsafe {
+                ao.run_rows(&acts, o0, o1, ap.get());
+                bo.run_rows(&acts, o0, o1, bp.get());
+                for r in 0..n {
+                    let at = r * rows + o0;
+                    let span =
+                        |p: SendPtr<f32>| std::slice::from_raw_parts_mut(p.get().add(at), o1 - o0);
+                    combine(o0, span(ap), span(bp), span(op));
+                }
+            }
+        });
+    });
 }
 
 /// A weight matrix re-laid out for a kernel that reads several weight rows
@@ -487,42 +746,93 @@ fn pack_for(
 
 /// `matmul` on a packed weight (same results as on the original).
 pub fn matmul_packed(pool: &ThreadPool, p: &PackedWeight, x: &[f32], out: &mut [f32]) {
-    let w = WeightRef {
-        ty: p.ty,
-        data: p.data.as_slice(),
-        rows: p.rows,
-        cols: p.cols,
-    };
-    run(pool, &w, p.row_bytes, p.tile_rows, x, out, p.kernel, false);
+    let op = p.operand();
+    matmul_many(
+        pool,
+        x,
+        &mut [Product {
+            op,
+            bias: None,
+            out,
+        }],
+    );
 }
 
-/// The matmul driver: `w.data` holds `w.rows` rows of `row_bytes` each in
-/// the layout `kernel` reads (tasks start at multiples of `tile_rows`).
-#[allow(clippy::too_many_arguments)]
-fn run(
-    pool: &ThreadPool,
-    w: &WeightRef,
-    row_bytes: usize,
-    tile_rows: usize,
-    x: &[f32],
-    out: &mut [f32],
-    kernel: Kernel,
-    gemm_groups: bool,
-) {
-    let (rows, cols) = (w.rows, w.cols);
-    let bl = w.ty.block_len();
-    assert!(
-        w.data.len() >= rows * row_bytes,
-        "matmul: weight data too short"
-    );
-    assert_eq!(x.len() % cols, 0, "matmul: x is not whole rows");
-    let n = x.len() / cols;
-    assert_eq!(out.len(), n * rows, "matmul: out has the wrong size");
-    if n == 0 || rows == 0 {
-        return;
+impl PackedWeight {
+    /// This weight as its packed kernel reads it.
+    pub(crate) fn operand(&self) -> Operand<'_> {
+        Operand {
+            w: WeightRef {
+                ty: self.ty,
+                data: self.data.as_slice(),
+                rows: self.rows,
+                cols: self.cols,
+            },
+            row_bytes: self.row_bytes,
+            tile_rows: self.tile_rows,
+            kernel: self.kernel,
+            gemm_groups: false,
+        }
     }
-    let kind = act_kind(w.ty);
+}
 
+/// How the activations are prepared for a weight type; products of one
+/// input share the prepared rows where it is equal.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Quantization {
+    kind: ActKind,
+    /// llama.cpp pairs Q4_1/Q5_1 with block_q8_1, whose sum is stored as
+    /// f16.
+    q8_1_sums: bool,
+}
+
+impl Quantization {
+    fn of(ty: GgmlType) -> Self {
+        Quantization {
+            kind: act_kind(ty),
+            q8_1_sums: matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1),
+        }
+    }
+}
+
+/// The `n` prepared rows of one input, as kernel rows.
+#[derive(Clone, Copy)]
+struct Activations {
+    base: Act,
+    kind: ActKind,
+    cols: usize,
+    n: usize,
+}
+
+impl Activations {
+    /// Activation row `r`; `gemm_groups`: a row in the batch's whole
+    /// groups of 4 is marked for llama.cpp's gemm order.
+    fn row(&self, r: usize, gemm_groups: bool) -> Act {
+        let cols = self.cols;
+        // Offsets only matter for the buffers this kind uses (the others
+        // may be empty), hence `offset`'s wrapping_add.
+        let (q_off, d_off, s_off, b_off) = match self.kind {
+            ActKind::F32 => (0, 0, 0, 0),
+            ActKind::Q8_0 => (r * cols, r * cols / 32, r * cols / 32, r * cols / 16),
+            ActKind::Q8K => (r * cols, r * cols / 256, r * cols / 32, r * cols / 16),
+        };
+        Act {
+            in_group4: gemm_groups && r < self.n - self.n % 4,
+            ..self.base.offset(q_off, d_off, s_off, b_off, r * cols)
+        }
+    }
+}
+
+/// Prepares the `n` rows of `x` (`cols` each) for `q` in this thread's
+/// scratch and runs `f` on them.
+fn with_quantized(
+    pool: &ThreadPool,
+    q: Quantization,
+    x: &[f32],
+    cols: usize,
+    n: usize,
+    f: impl FnOnce(Activations),
+) {
     SCRATCH.with(|cell| {
         // A nested matmul on this thread (not expected) gets its own scratch.
         let mut fresh = Scratch::default();
@@ -531,12 +841,12 @@ fn run(
             Ok(ref mut g) => g,
             Err(_) => &mut fresh,
         };
-        let nblk = match kind {
+        let nblk = match q.kind {
             ActKind::F32 => 0,
             ActKind::Q8_0 => cols / 32,
             ActKind::Q8K => cols / 256,
         };
-        if kind != ActKind::F32 {
+        if q.kind != ActKind::F32 {
             grow(&mut sc.qs, n * cols);
             if WIDE_ACTIVATIONS {
                 grow(&mut sc.qs16, n * cols);
@@ -544,85 +854,33 @@ fn run(
             grow(&mut sc.d, n * nblk);
             grow(&mut sc.s, n * cols / 32);
             grow(&mut sc.b32, n * cols / 32);
-            if kind == ActKind::Q8K {
+            if q.kind == ActKind::Q8K {
                 grow(&mut sc.bs, n * cols / 16);
             }
-            quantize_rows(pool, w.ty, kind, x, cols, n, sc);
+            quantize_rows(pool, q, x, cols, n, sc);
         }
-        let base = Act {
-            qs: sc.qs.as_ptr(),
-            qs16: sc.qs16.as_ptr(),
-            d: sc.d.as_ptr(),
-            s: sc.s.as_ptr(),
-            bs: sc.bs.as_ptr(),
-            b32: sc.b32.as_ptr(),
-            f: x.as_ptr(),
-            in_group4: false,
-        };
-        let act = move |r: usize| -> Act {
-            // Offsets only matter for the buffers this kind uses (the others
-            // may be empty), hence wrapping_add.
-            let (q_off, d_off, s_off, b_off) = match kind {
-                ActKind::F32 => (0, 0, 0, 0),
-                _ => (r * cols, r * nblk, r * cols / 32, r * cols / 16),
-            };
-            Act {
-                in_group4: gemm_groups && r < n - n % 4,
-                ..base.offset(q_off, d_off, s_off, b_off, r * cols)
-            }
-        };
-        let nb = cols / bl;
-        let wdata = w.data;
-        let outp = SendPtr(out.as_mut_ptr());
-
-        // Split output rows into chunks; several per thread so dynamic
-        // scheduling absorbs uneven cores (the machine is shared).
-        let nt = pool.n_threads();
-        let mut chunk = if nt == 1 {
-            rows
-        } else {
-            // Whole tiles of weight rows.
-            rows.div_ceil(nt * tile_rows).next_multiple_of(tile_rows)
-        };
-        if n > MAX_NR {
-            // Several passes over the chunk (one per group of MAX_NR
-            // activation rows): keep it small enough to stay in L2, so only
-            // the first pass reads DRAM.
-            const CHUNK_BYTES: usize = 192 << 10;
-            chunk = chunk.min((CHUNK_BYTES / row_bytes).max(tile_rows) / tile_rows * tile_rows);
-        }
-        let n_chunks = rows.div_ceil(chunk);
-        let task = |t: usize| {
-            let o0 = t * chunk;
-            let o1 = (o0 + chunk).min(rows);
-            let mut xs = [act(0); MAX_NR];
-            // Group of activation rows outer (it stays in L1 across the
-            // chunk's weight rows), weight rows inner.
-            for g in (0..n).step_by(MAX_NR) {
-                let nr = (n - g).min(MAX_NR);
-                for (i, a) in xs[..nr].iter_mut().enumerate() {
-                    *a = act(g + i);
-                }
-                // SAFETY: rows o0..o1 < rows and the data length was checked;
-                // the kernel reads `nb` blocks of each and `cols` activations
-                // of rows < n, all in bounds, and writes outputs (g + i, o)
-                // for o in this task's chunk alone.
-                unsafe {
-                    let w0 = wdata.as_ptr().add(o0 * row_bytes);
-                    let out0 = outp.get().add(g * rows + o0);
-                    kernel(w0, row_bytes, o1 - o0, nb, &xs[..nr], out0, rows);
-                }
-            }
-        };
-        pool.run(n_chunks, &task);
+        f(Activations {
+            base: Act {
+                qs: sc.qs.as_ptr(),
+                qs16: sc.qs16.as_ptr(),
+                d: sc.d.as_ptr(),
+                s: sc.s.as_ptr(),
+                bs: sc.bs.as_ptr(),
+                b32: sc.b32.as_ptr(),
+                f: x.as_ptr(),
+                in_group4: false,
+            },
+            kind: q.kind,
+            cols,
+            n,
+        });
     });
 }
 
 /// Quantize the `n` rows of `x` into the scratch (in parallel when large).
 fn quantize_rows(
     pool: &ThreadPool,
-    ty: GgmlType,
-    kind: ActKind,
+    q: Quantization,
     x: &[f32],
     cols: usize,
     n: usize,
@@ -636,8 +894,7 @@ fn quantize_rows(
         SendPtr(sc.bs.as_mut_ptr()),
         SendPtr(sc.b32.as_mut_ptr()),
     );
-    // llama.cpp pairs Q4_1/Q5_1 with block_q8_1, whose sum is stored as f16.
-    let q8_1_sums = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
+    let (kind, q8_1_sums) = (q.kind, q.q8_1_sums);
     let one = |r: usize| {
         let xr = &x[r * cols..(r + 1) * cols];
         // SAFETY: row r owns these disjoint ranges of buffers grown to n rows.

@@ -1028,3 +1028,150 @@ fn assert_avx2_packed_kernel_agrees(pool: &ThreadPool, w: &WeightRef, x: &[f32],
     }
     let _ = (pool, w, x, got);
 }
+
+/// `w` as the CPU backend reads it: packed where this CPU packs its type,
+/// in the ggml layout otherwise.
+fn operand_of<'a>(w: &WeightRef<'a>, packed: &'a Option<PackedWeight>) -> Operand<'a> {
+    match packed {
+        Some(p) => p.operand(),
+        None => Operand::ggml(*w, best_kernel(w.ty), false),
+    }
+}
+
+/// `matmul_many` equals one matmul (and bias add) per product, bit for bit,
+/// whether the products share the input's quantization (one parallel
+/// section) or not (one each), packed or not, with more activation rows
+/// than a kernel call takes.
+#[test]
+fn products_of_one_input_equal_their_matmuls() {
+    let pool = ThreadPool::new(2);
+    let cols = 512;
+    let sets: [&[(GgmlType, usize)]; 4] = [
+        &[(Q4_K, 48), (Q4_K, 16), (Q6_K, 32)],
+        &[(Q8_0, 40), (Q4_0, 24)],
+        &[(Q4_1, 16), (Q5_1, 32), (Q8_0, 8)],
+        &[(F16, 24), (Q8_0, 16)],
+    ];
+    let mut rng = Rng::new(41);
+    for set in sets {
+        let data: Vec<_> = set
+            .iter()
+            .map(|&(ty, rows)| random_weights(ty, rows, cols, &mut rng))
+            .collect();
+        let ws: Vec<_> = set
+            .iter()
+            .zip(&data)
+            .map(|(&(ty, rows), d)| WeightRef {
+                ty,
+                data: d,
+                rows,
+                cols,
+            })
+            .collect();
+        let packed: Vec<_> = ws.iter().map(|w| pack(&pool, w)).collect();
+        let biases: Vec<Vec<f32>> = set
+            .iter()
+            .map(|&(_, rows)| (0..rows).map(|_| rng.f()).collect())
+            .collect();
+        for n in [1, 3, 9, 17] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 2.0).collect();
+            let mut got: Vec<Vec<f32>> = set.iter().map(|&(_, r)| vec![f32::NAN; n * r]).collect();
+            let mut products: Vec<_> = got
+                .iter_mut()
+                .enumerate()
+                .map(|(i, out)| Product {
+                    op: operand_of(&ws[i], &packed[i]),
+                    bias: (i % 2 == 0).then_some(biases[i].as_slice()),
+                    out,
+                })
+                .collect();
+            matmul_many(&pool, &x, &mut products);
+            for (i, got) in got.iter().enumerate() {
+                let mut want = vec![0f32; got.len()];
+                match &packed[i] {
+                    Some(p) => matmul_packed(&pool, p, &x, &mut want),
+                    None => matmul(&pool, &ws[i], &x, &mut want),
+                }
+                if i % 2 == 0 {
+                    for row in want.chunks_exact_mut(ws[i].rows) {
+                        row.iter_mut().zip(&biases[i]).for_each(|(v, b)| *v += b);
+                    }
+                }
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(got), bits(&want), "{:?} n={n} product {i}", set);
+            }
+        }
+    }
+}
+
+/// `matmul_pair_combined` hands `combine` the spans of both products and
+/// equals both matmuls followed by `combine` over whole rows, bit for bit,
+/// fused (same type and layout) or not.
+#[test]
+fn paired_products_combine_like_their_matmuls() {
+    let pool = ThreadPool::new(2);
+    let (rows, cols) = (136, 256);
+    let mut rng = Rng::new(43);
+    for (ta, tb) in [(Q4_K, Q4_K), (Q8_0, Q8_0), (Q4_K, Q6_K), (Q4_1, Q8_0)] {
+        let (da, db) = (
+            random_weights(ta, rows, cols, &mut rng),
+            random_weights(tb, rows, cols, &mut rng),
+        );
+        let wa = WeightRef {
+            ty: ta,
+            data: &da,
+            rows,
+            cols,
+        };
+        let wb = WeightRef {
+            ty: tb,
+            data: &db,
+            rows,
+            cols,
+        };
+        let (pa, pb) = (pack(&pool, &wa), pack(&pool, &wb));
+        // A combination whose result shows the column it was given.
+        let combine = |c0: usize, a: &[f32], b: &[f32], o: &mut [f32]| {
+            for (j, ((o, a), b)) in o.iter_mut().zip(a).zip(b).enumerate() {
+                *o = a * b + (c0 + j) as f32;
+            }
+        };
+        for n in [1, 4, 10] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+            let (mut a, mut b, mut got) = (
+                vec![0f32; n * rows],
+                vec![0f32; n * rows],
+                vec![0f32; n * rows],
+            );
+            matmul_pair_combined(
+                &pool,
+                &x,
+                Product {
+                    op: operand_of(&wa, &pa),
+                    bias: None,
+                    out: &mut a,
+                },
+                Product {
+                    op: operand_of(&wb, &pb),
+                    bias: None,
+                    out: &mut b,
+                },
+                &mut got,
+                &combine,
+            );
+            let mut want = vec![0f32; n * rows];
+            for (w, p, out) in [(&wa, &pa, &mut a), (&wb, &pb, &mut b)] {
+                match p {
+                    Some(p) => matmul_packed(&pool, p, &x, out),
+                    None => matmul(&pool, w, &x, out),
+                }
+            }
+            for r in 0..n {
+                let s = r * rows..(r + 1) * rows;
+                combine(0, &a[s.clone()], &b[s.clone()], &mut want[s]);
+            }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{ta}/{tb} n={n}");
+        }
+    }
+}

@@ -1167,3 +1167,42 @@ pub(crate) mod avx512 {
     use super::*;
     matmul_kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", yes);
 }
+
+/// SwiGLU of 8 values, `g / (1 + exp(-g)) * u` with `ops::expf_ggml`'s float
+/// sequence, where every `|g| <= 87` (its branchless range); returns false,
+/// writing nothing, otherwise.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn swiglu_8(g: &[f32; 8], u: &[f32; 8], out: &mut [f32; 8]) -> bool {
+    let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
+    // SAFETY: 8 values each.
+    let (g, u) = unsafe { (_mm256_loadu_ps(g.as_ptr()), _mm256_loadu_ps(u.as_ptr())) };
+    let abs = _mm256_andnot_ps(_mm256_set1_ps(-0.0), g);
+    // Ordered compare: a NaN fails it too.
+    if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(abs, _mm256_set1_ps(87.0))) != 0xff {
+        return false;
+    }
+    let x = _mm256_sub_ps(_mm256_setzero_ps(), g);
+    let r = c(0x4b40_0000);
+    let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), r);
+    let n = _mm256_sub_ps(z, r);
+    let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
+    let k = _mm256_castsi256_ps(_mm256_add_epi32(
+        _mm256_slli_epi32::<23>(_mm256_castps_si256(z)),
+        _mm256_castps_si256(_mm256_set1_ps(1.0)),
+    ));
+    let b2 = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+        b2,
+        _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+    );
+    let j = _mm256_fmadd_ps(j, b2, _mm256_mul_ps(c(0x3f7f_fff6), b));
+    let e = _mm256_fmadd_ps(k, j, k);
+    let y = _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0), e)), u);
+    // SAFETY: 8 values.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), y) };
+    true
+}
