@@ -156,6 +156,24 @@ impl Job for Args {
     }
 }
 
+/// A sequence of room for `needed` positions (`what` names the options
+/// that asked for them) and as many random tokens, after one warm-up pass:
+/// the weights paged in (the CPU backend packs them then), the pool awake.
+fn warmed_up<B: Backend>(
+    dec: &Decoder<B>,
+    needed: usize,
+    what: &str,
+) -> Result<(DecoderState<B>, Vec<u32>)> {
+    let n_ctx = dec
+        .config
+        .context_size(needed, None)
+        .with_context(|| what.to_string())?;
+    let mut state = dec.try_new_state(n_ctx, MAX_BATCH)?;
+    let tokens = random_tokens(n_ctx, dec.config.n_vocab, 42);
+    time_forward(dec, &mut state, &tokens[..1], LogitRows::Last)?;
+    Ok((state, tokens))
+}
+
 /// The plain benchmark; returns whether Ctrl-C cut it short (what was
 /// measured is printed either way).
 fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
@@ -165,16 +183,12 @@ fn bench<B: Backend>(args: &Args, loaded: &Loaded<B>) -> Result<bool> {
     let needed = (args.n_prompt.max(args.n_gen + 1))
         .max(args.verify_ctx + args.verify_max)
         .max(deepest + (args.n_gen + 1).max(args.verify_max));
-    let n_ctx = cfg
-        .context_size(needed, None)
-        .context("the benchmark's -p, -n, --verify-ctx + --verify-max or --depth")?;
-    let mut state = dec.try_new_state(n_ctx, MAX_BATCH)?;
-    let tokens = random_tokens(n_ctx, cfg.n_vocab, 42);
-
-    // Warm-up: page the weights in (the CPU backend packs them then) and
-    // spin up the pool.
     progress("warming up (the first pass pages the weights in)");
-    time_forward(dec, &mut state, &tokens[..1], LogitRows::Last)?;
+    let (mut state, tokens) = warmed_up(
+        dec,
+        needed,
+        "the benchmark's -p, -n, --verify-ctx + --verify-max or --depth",
+    )?;
 
     // Decoding on the host streams the weights from memory: each decode
     // repetition is paired with a read-bandwidth probe, so the fraction of

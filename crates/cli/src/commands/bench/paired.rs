@@ -5,11 +5,11 @@
 //! pair alike, so the median of the per-pair ratios holds where a ratio of
 //! two separate runs' medians does not.
 
-use super::{decode_rate, progress, random_tokens, time_forward, time_verify, Args, MAX_BATCH};
+use super::{decode_rate, progress, time_forward, time_verify, warmed_up, Args};
 use crate::commands::median;
 use crate::interrupt;
 use crate::load::{load_beside, Loaded};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use blockdraft_core::backend::prelude::*;
 use blockdraft_core::model::{Decoder, DecoderState, LogitRows};
 use serde_json::json;
@@ -25,13 +25,8 @@ struct Side<'a, B: Backend> {
 
 impl<'a, B: Backend> Side<'a, B> {
     fn new(dec: &'a Decoder<B>, needed: usize, what: &str) -> Result<Self> {
-        let n_ctx = dec.config.context_size(needed, None).with_context(|| {
-            format!("{what}: the benchmark's -n or --verify-ctx + --verify-max")
-        })?;
-        let mut state = dec.try_new_state(n_ctx, MAX_BATCH)?;
-        let tokens = random_tokens(n_ctx, dec.config.n_vocab, 42);
-        // As the plain benchmark's warm-up: weights paged in, pool awake.
-        time_forward(dec, &mut state, &tokens[..1], LogitRows::Last)?;
+        let why = format!("{what}: the benchmark's -n or --verify-ctx + --verify-max");
+        let (state, tokens) = warmed_up(dec, needed, &why)?;
         Ok(Side { dec, state, tokens })
     }
 }
