@@ -538,10 +538,24 @@ fn simd_quantizers_match_scalar() {
             assert_eq!(n as i32, want, "block {b}");
         }
     }
+    // Super-blocks whose largest magnitude appears with both signs (the
+    // first occurrence sets the scale's sign), in either order and in
+    // different lanes, and one of zeros.
+    let mut x = x;
+    x[256 + 37] = -9.0;
+    x[256 + 200] = 9.0;
+    x[512 + 3] = 9.0;
+    x[512 + 4] = -9.0;
+    x[768 + 255] = -9.5;
+    x[1024..1280].fill(0.0);
     let (mut b1, mut b2) = (vec![0i16; 96], vec![0i16; 96]);
     scalar::quantize_q8_k(&x, &mut q1, &mut d1[..6], &mut b1);
     quantize_q8_k(&x, &mut q2, &mut d2[..6], &mut b2);
     assert_eq!((&q1, &d1, &b1), (&q2, &d2, &b2));
+    assert!(
+        d1[1] > 0.0 && d1[2] < 0.0 && d1[3] > 0.0 && d1[4] == 0.0,
+        "{d1:?}"
+    );
 }
 
 #[test]

@@ -159,6 +159,35 @@ unsafe fn amax8(p: *const f32, n8: usize) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// The first of the 256 values at `p` whose magnitude is the largest
+/// (the scalar fold's `|v| > |max|` rule, NaNs passed over; 0 when all are
+/// zero): the magnitude by vector maxima, then its first occurrence.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn signed_max256(p: *const f32) -> f32 {
+    let sign = _mm256_set1_ps(-0.0);
+    let abs = |i: usize| _mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(8 * i)));
+    // A NaN lane of the first operand yields the second: NaNs never enter.
+    let mut m = _mm256_setzero_ps();
+    for i in 0..32 {
+        m = _mm256_max_ps(abs(i), m);
+    }
+    let s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    let amax = _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+    if amax == 0.0 {
+        return 0.0;
+    }
+    let target = _mm256_set1_ps(amax);
+    for i in 0..32 {
+        let hits = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(abs(i), target));
+        if hits != 0 {
+            return *p.add(8 * i + hits.trailing_zeros() as usize);
+        }
+    }
+    unreachable!("the largest magnitude is one of the values")
+}
+
 /// Round `32` floats times `id` to i8 at `q`; returns the 32 quants as a vector.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
@@ -221,10 +250,7 @@ pub(crate) unsafe fn quantize_q8_k(x: &[f32], qs: &mut [i8], d: &mut [f32], bs: 
         let p = x.as_ptr().add(256 * b);
         // llama.cpp's rule (see the scalar path): scale from the signed value
         // of largest magnitude; |iscale * x| <= 127 so no clamp is needed.
-        let xb = std::slice::from_raw_parts(p, 256);
-        let max = xb
-            .iter()
-            .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let max = signed_max256(p);
         let iscale = if max != 0.0 { -127.0 / max } else { 0.0 };
         for k in 0..8 {
             let v = round32(p.add(32 * k), iscale, qs.as_mut_ptr().add(256 * b + 32 * k));
