@@ -542,16 +542,7 @@ impl LinearOps for CpuBackend {
         debug_assert_eq!(x.cols, w.cols);
         debug_assert_eq!((out.rows, out.cols), (x.rows, w.rows));
         let op = self.operand(w, x.rows);
-        let out = out.as_mut_slice();
-        kernels::matmul_many(
-            &self.pool,
-            x.as_slice(),
-            &mut [Product {
-                op,
-                bias: None,
-                out,
-            }],
-        );
+        kernels::matmul_operand(&self.pool, op, x.as_slice(), out.as_mut_slice());
     }
 
     fn matmul_many(&self, x: &CpuTensor, projections: &mut [Projection<'_, Self>]) {

@@ -110,18 +110,13 @@ pub fn expf_ggml_normal(x: f32) -> f32 {
 ///   rounded to f16, GELU of that rounded to f16; 0 below -10, identity
 ///   above 10.
 pub fn gated(act: GatedActivation, cols: usize, gate: &[f32], up: &[f32], out: &mut [f32]) {
-    with_fma(
-        #[inline(always)]
-        || {
-            for ((o, g), u) in out
-                .chunks_exact_mut(cols)
-                .zip(gate.chunks_exact(cols))
-                .zip(up.chunks_exact(cols))
-            {
-                gated_columns(act, cols, 0, g, u, o);
-            }
-        },
-    )
+    for ((o, g), u) in out
+        .chunks_exact_mut(cols)
+        .zip(gate.chunks_exact(cols))
+        .zip(up.chunks_exact(cols))
+    {
+        gated_span(act, cols, 0, g, u, o);
+    }
 }
 
 /// [`gated`] of columns `c0..c0 + out.len()` of one row of `cols`: the

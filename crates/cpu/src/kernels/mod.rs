@@ -368,16 +368,7 @@ pub(crate) fn matmul_with(
     kernel: Kernel,
     gemm_groups: bool,
 ) {
-    let op = Operand::ggml(*w, kernel, gemm_groups);
-    matmul_many(
-        pool,
-        x,
-        &mut [Product {
-            op,
-            bias: None,
-            out,
-        }],
-    );
+    matmul_operand(pool, Operand::ggml(*w, kernel, gemm_groups), x, out);
 }
 
 /// A weight as a matmul reads it: `w.rows` rows of `row_bytes` each in the
@@ -486,6 +477,19 @@ impl<'a> Operand<'a> {
             }
         }
     }
+}
+
+/// `out = x · Wᵀ` for a weight as its kernel reads it.
+pub(crate) fn matmul_operand(pool: &ThreadPool, op: Operand, x: &[f32], out: &mut [f32]) {
+    matmul_many(
+        pool,
+        x,
+        &mut [Product {
+            op,
+            bias: None,
+            out,
+        }],
+    );
 }
 
 /// One product of a shared input: `out = x · Wᵀ (+ bias)`.
@@ -749,16 +753,7 @@ fn pack_for(
 
 /// `matmul` on a packed weight (same results as on the original).
 pub fn matmul_packed(pool: &ThreadPool, p: &PackedWeight, x: &[f32], out: &mut [f32]) {
-    let op = p.operand();
-    matmul_many(
-        pool,
-        x,
-        &mut [Product {
-            op,
-            bias: None,
-            out,
-        }],
-    );
+    matmul_operand(pool, p.operand(), x, out);
 }
 
 impl PackedWeight {
