@@ -1,7 +1,11 @@
 //! A persistent thread pool for data-parallel kernels.
 //!
-//! `run(n_tasks, f)` hands out task indices through one atomic counter; the
-//! calling thread works too. Workers spin briefly after a job (consecutive
+//! `run(n_tasks, f)` gives each thread (the caller too) a contiguous share
+//! of the task indices, which it runs in order; a thread that runs out takes
+//! tasks from the end of another's share. Consecutive tasks are usually
+//! consecutive weight rows, so each thread streams one run of memory, whose
+//! prefetches (`kernels::x86::prefetch_ahead`) run on into its next task,
+//! and only the last tasks move between threads to even out uneven cores. Workers spin briefly after a job (consecutive
 //! matmuls in a forward pass arrive microseconds apart) and then sleep on a
 //! condvar, so an idle pool costs no CPU. With one thread (and always on
 //! wasm32) there are no workers and `run` is a plain loop.
@@ -20,9 +24,10 @@ struct Job {
     /// Lifetime-erased; only called for a claimed task, and every claimed
     /// task finishes before `run` returns.
     f: *const (dyn Fn(usize) + Sync),
-    n_tasks: usize,
-    /// Next task index to hand out.
-    next: AtomicUsize,
+    /// Each thread's share of the tasks still unclaimed, `[front, back)`
+    /// packed as `front << 32 | back`: its owner claims the front, others
+    /// the back.
+    shares: Vec<AtomicU64>,
     /// Tasks not finished yet.
     pending: AtomicUsize,
     panicked: AtomicBool,
@@ -80,7 +85,7 @@ impl ThreadPool {
                 let s = shared.clone();
                 std::thread::Builder::new()
                     .name(format!("blockdraft-cpu-{i}"))
-                    .spawn(move || worker(&s))
+                    .spawn(move || worker(&s, i))
                     .expect("spawn pool worker")
             })
             .collect();
@@ -121,10 +126,19 @@ impl ThreadPool {
         // SAFETY (lifetime erasure): see `Job::f`; we wait for `pending == 0`.
         let f: *const (dyn Fn(usize) + Sync) =
             unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), _>(f) };
+        assert!(
+            u32::try_from(n_tasks).is_ok(),
+            "thread pool: {n_tasks} tasks in one run"
+        );
+        let n_threads = self.n_threads as u64;
         let job = Arc::new(Job {
             f,
-            n_tasks,
-            next: AtomicUsize::new(0),
+            shares: (0..n_threads)
+                .map(|t| {
+                    let n = n_tasks as u64;
+                    AtomicU64::new(share(t * n / n_threads, (t + 1) * n / n_threads))
+                })
+                .collect(),
             pending: AtomicUsize::new(n_tasks),
             panicked: AtomicBool::new(false),
         });
@@ -135,7 +149,7 @@ impl ThreadPool {
             s.wake.notify_all();
         }
 
-        work(s, &job);
+        work(s, &job, 0);
 
         // Wait for the tasks other threads claimed.
         let start = std::time::Instant::now();
@@ -160,13 +174,40 @@ impl ThreadPool {
     }
 }
 
-/// Claim and run tasks of `job` until none are left.
-fn work(s: &Shared, job: &Job) {
+/// `[front, back)` as a [`Job::shares`] entry.
+fn share(front: u64, back: u64) -> u64 {
+    front << 32 | back
+}
+
+/// Claims the first unclaimed task of a share (`from_back`: the last).
+fn claim(share_of: &AtomicU64, from_back: bool) -> Option<usize> {
+    let mut v = share_of.load(Ordering::Relaxed);
     loop {
-        let i = job.next.fetch_add(1, Ordering::Relaxed);
-        if i >= job.n_tasks {
-            break;
+        let (front, back) = (v >> 32, v & 0xFFFF_FFFF);
+        if front >= back {
+            return None;
         }
+        let (task, next) = if from_back {
+            (back - 1, share(front, back - 1))
+        } else {
+            (front, share(front + 1, back))
+        };
+        match share_of.compare_exchange_weak(v, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return Some(task as usize),
+            Err(now) => v = now,
+        }
+    }
+}
+
+/// Claim and run tasks of `job` until none are left: thread `me`'s own
+/// share first, then the others' from their ends.
+fn work(s: &Shared, job: &Job, me: usize) {
+    let n = job.shares.len();
+    let next = || {
+        claim(&job.shares[me], false)
+            .or_else(|| (1..n).find_map(|d| claim(&job.shares[(me + d) % n], true)))
+    };
+    while let Some(i) = next() {
         // SAFETY: task i is claimed and unfinished, so `run` is still waiting
         // and `f` is alive.
         let f = unsafe { &*job.f };
@@ -182,7 +223,7 @@ fn work(s: &Shared, job: &Job) {
     }
 }
 
-fn worker(s: &Shared) {
+fn worker(s: &Shared, me: usize) {
     let mut seen = 0u64;
     loop {
         // Wait for a new generation: spin, then sleep.
@@ -210,7 +251,7 @@ fn worker(s: &Shared) {
         }
         let job = s.job.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(job) = job {
-            work(s, &job);
+            work(s, &job, me);
         }
     }
 }
@@ -248,6 +289,59 @@ mod tests {
                 assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
             }
         }
+    }
+
+    /// Each thread runs its own share front to back and takes others' tasks
+    /// from their ends: the tasks it ran in its share rise, those it took
+    /// from another's fall. Share 1's tasks are slow, so the others take
+    /// some of them.
+    #[test]
+    fn threads_run_their_shares_in_order_and_take_from_the_ends() {
+        let (threads, n_tasks) = (3, 60);
+        let pool = ThreadPool::new(threads);
+        let share_of = |task: usize| {
+            (0..threads)
+                .find(|&t| task < (t + 1) * n_tasks / threads)
+                .unwrap()
+        };
+        let ran = Mutex::new(Vec::new());
+        pool.run(n_tasks, &|i| {
+            if share_of(i) == 1 {
+                std::thread::sleep(std::time::Duration::from_micros(300));
+            }
+            let me = std::thread::current()
+                .name()
+                .and_then(|n| n.strip_prefix("blockdraft-cpu-"))
+                .map_or(0, |i| i.parse().unwrap());
+            ran.lock().unwrap().push((me, i));
+        });
+        let ran = ran.into_inner().unwrap();
+        let mut all: Vec<usize> = ran.iter().map(|&(_, i)| i).collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..n_tasks).collect::<Vec<_>>());
+        let mut taken = 0;
+        for me in 0..threads {
+            for share in 0..threads {
+                let tasks: Vec<usize> = ran
+                    .iter()
+                    .filter(|&&(t, i)| t == me && share_of(i) == share)
+                    .map(|&(_, i)| i)
+                    .collect();
+                if share == me {
+                    assert!(
+                        tasks.windows(2).all(|w| w[0] < w[1]),
+                        "thread {me}'s own: {tasks:?}"
+                    );
+                } else {
+                    assert!(
+                        tasks.windows(2).all(|w| w[0] > w[1]),
+                        "thread {me} from {share}: {tasks:?}"
+                    );
+                    taken += tasks.len();
+                }
+            }
+        }
+        assert!(taken > 0, "no thread took another's tasks: {ran:?}");
     }
 
     #[test]
