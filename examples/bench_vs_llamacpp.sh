@@ -7,6 +7,11 @@
 #   verify   T(k)/T(1) for k = 1, 2, 4, 8, 16 rows after a 64-token context
 #            (llama-bench -p k -n 0 -d 64). blockdraft computes logits for all
 #            k rows, as a verify needs; llama-bench only for the last one.
+#   paired   tg64 again in PAIRED rounds that alternate the two runtimes
+#            (3 repetitions each, the order swapped every round): the median
+#            of the per-round ratios, which the machine's drift between the
+#            blocks of measurements above does not move (on a shared VM the
+#            tg64 ratio of the blocks swung by 0.15 between runs)
 #   depth    tg64 after D tokens of context, for each D of DEPTHS
 #            (llama-bench -n 64 -d D; blockdraft bench --depth D), and
 #            blockdraft's T(8)/T(1) there (llama-bench would refill the
@@ -23,6 +28,7 @@
 # Environment: LLAMA_BENCH (default: ../llama.cpp/build/bin/llama-bench beside
 #              the project; llama-batched-bench is looked for beside it),
 #              THREADS (default: "1 2"), REPS (default: 3),
+#              PAIRED (default: 4; 0 skips the paired rounds),
 #              DEPTHS (default: "4096"; "" skips them, e.g. "4096 16384";
 #              each must fit every model's context: SmolLM2 has 8192),
 #              PARALLEL (default: "1 2 4 8"; "" skips them).
@@ -36,6 +42,7 @@ cd "$(dirname "$0")/.."
 LLAMA_BENCH="${LLAMA_BENCH:-../llama.cpp/build/bin/llama-bench}"
 THREADS="${THREADS:-1 2}"
 REPS="${REPS:-3}"
+PAIRED="${PAIRED:-4}"
 DEPTHS="${DEPTHS-4096}"
 PARALLEL="${PARALLEL-1 2 4 8}"
 LLAMA_BATCHED="$(dirname "$LLAMA_BENCH")/llama-batched-bench"
@@ -53,6 +60,18 @@ out=$(mktemp -d)
 # Kept when a step fails, so that what was measured is not lost.
 trap 'if [ $? -eq 0 ]; then rm -rf "$out"; else echo "measurements so far: $out" >&2; fi' EXIT
 
+# tg64 of each runtime for one paired round, in tokens/s: the median of 3
+# repetitions (a single llama-bench repetition, right after its one-token
+# warm-up, read about 10 % slow).
+paired_ours() {
+    "$bd" bench -m "$1" -t "$2" -p 0 -n 64 -r 3 --verify-max 0 --json 2>/dev/null |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["decode_tokens_per_second"])'
+}
+paired_llama() {
+    "$LLAMA_BENCH" -m "$1" -t "$2" -p 0 -n 64 -r 3 -o json 2>/dev/null |
+        python3 -c 'import json, statistics, sys; print(statistics.median(json.load(sys.stdin)[0]["samples_ts"]))'
+}
+
 for key in "${models[@]}"; do
     m=$(tests/fetch_models.sh "$key")
     for t in $THREADS; do
@@ -63,6 +82,14 @@ for key in "${models[@]}"; do
             >"$out/$key.$t.ll.json" 2>/dev/null
         "$LLAMA_BENCH" -m "$m" -t "$t" -p "$KS" -n 0 -d 64 -r "$REPS" -o json \
             >"$out/$key.$t.llv.json" 2>/dev/null
+        for round in $(seq "$PAIRED"); do
+            if [ $((round % 2)) -eq 1 ]; then
+                a=$(paired_ours "$m" "$t") && b=$(paired_llama "$m" "$t")
+            else
+                b=$(paired_llama "$m" "$t") && a=$(paired_ours "$m" "$t")
+            fi
+            echo "$a $b" >>"$out/$key.$t.paired"
+        done
         if [ -n "$DEPTHS" ]; then
             "$bd" bench -m "$m" -t "$t" -p 0 -n 64 -r "$REPS" --depth "${DEPTHS// /,}" --json \
                 >"$out/$key.$t.bdd.json"
@@ -131,6 +158,15 @@ for key in models:
                 rows.append((f"par {n} t/s", bdp[n]["decode_tokens_per_second"], ll_n))
         for name, a, b in rows:
             print(f"{key:8} {t:>3} {name:10} {a:11.2f} {b:10.2f} {a / b:6.2f}")
+        paired = f"{out}/{key}.{t}.paired"
+        if __import__("os").path.exists(paired):
+            pairs = [tuple(map(float, line.split())) for line in open(paired)]
+            ratios = sorted(a / b for a, b in pairs)
+            print(
+                f"{key:8} {t:>3} {'tg64 pair':10} {statistics.median(a for a, _ in pairs):11.2f} "
+                f"{statistics.median(b for _, b in pairs):10.2f} {statistics.median(ratios):6.2f}"
+                f"   median of {len(pairs)} alternating rounds' ratios (range {ratios[0]:.2f}-{ratios[-1]:.2f})"
+            )
         for name, a in rows_own:
             print(f"{key:8} {t:>3} {name:10} {a:11.2f} {'-':>10} {'':>6}")
         gbs, read = bd["decode_gb_per_second"], bd["memory_read_gb_per_second"]
