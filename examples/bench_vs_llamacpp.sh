@@ -60,16 +60,14 @@ out=$(mktemp -d)
 # Kept when a step fails, so that what was measured is not lost.
 trap 'if [ $? -eq 0 ]; then rm -rf "$out"; else echo "measurements so far: $out" >&2; fi' EXIT
 
-# tg64 of each runtime for one paired round, in tokens/s: the median of 3
-# repetitions (a single llama-bench repetition, right after its one-token
-# warm-up, read about 10 % slow).
+# tg64 of each runtime for one paired round (JSON to $3): 3 repetitions, the
+# median taken below (a single llama-bench repetition, right after its
+# one-token warm-up, read about 10 % slow).
 paired_ours() {
-    "$bd" bench -m "$1" -t "$2" -p 0 -n 64 -r 3 --verify-max 0 --json 2>/dev/null |
-        python3 -c 'import json, sys; print(json.load(sys.stdin)["decode_tokens_per_second"])'
+    "$bd" bench -m "$1" -t "$2" -p 0 -n 64 -r 3 --verify-max 0 --json >"$3" 2>/dev/null
 }
 paired_llama() {
-    "$LLAMA_BENCH" -m "$1" -t "$2" -p 0 -n 64 -r 3 -o json 2>/dev/null |
-        python3 -c 'import json, statistics, sys; print(statistics.median(json.load(sys.stdin)[0]["samples_ts"]))'
+    "$LLAMA_BENCH" -m "$1" -t "$2" -p 0 -n 64 -r 3 -o json >"$3" 2>/dev/null
 }
 
 for key in "${models[@]}"; do
@@ -83,12 +81,13 @@ for key in "${models[@]}"; do
         "$LLAMA_BENCH" -m "$m" -t "$t" -p "$KS" -n 0 -d 64 -r "$REPS" -o json \
             >"$out/$key.$t.llv.json" 2>/dev/null
         for round in $(seq "$PAIRED"); do
+            ours=(paired_ours "$m" "$t" "$out/$key.$t.pair$round.bd.json")
+            theirs=(paired_llama "$m" "$t" "$out/$key.$t.pair$round.ll.json")
             if [ $((round % 2)) -eq 1 ]; then
-                a=$(paired_ours "$m" "$t") && b=$(paired_llama "$m" "$t")
+                "${ours[@]}" && "${theirs[@]}"
             else
-                b=$(paired_llama "$m" "$t") && a=$(paired_ours "$m" "$t")
+                "${theirs[@]}" && "${ours[@]}"
             fi
-            echo "$a $b" >>"$out/$key.$t.paired"
         done
         if [ -n "$DEPTHS" ]; then
             "$bd" bench -m "$m" -t "$t" -p 0 -n 64 -r "$REPS" --depth "${DEPTHS// /,}" --json \
@@ -108,9 +107,10 @@ for key in "${models[@]}"; do
     done
 done
 
-python3 - "$out" "$KS" "$DEPTHS" "$PARALLEL" "${models[@]}" <<'EOF'
+python3 - "$out" "$KS" "$DEPTHS" "$PARALLEL" "$PAIRED" "${models[@]}" <<'EOF'
 import json, statistics, sys
-out, ks, models = sys.argv[1], [int(k) for k in sys.argv[2].split(",")], sys.argv[5:]
+out, ks, models = sys.argv[1], [int(k) for k in sys.argv[2].split(",")], sys.argv[6:]
+paired_rounds = int(sys.argv[5])
 depths = [int(d) for d in sys.argv[3].split()]
 parallel = [int(n) for n in sys.argv[4].split()]
 threads = sorted({int(f.split(".")[1]) for f in __import__("os").listdir(out)})
@@ -158,17 +158,20 @@ for key in models:
                 rows.append((f"par {n} t/s", bdp[n]["decode_tokens_per_second"], ll_n))
         for name, a, b in rows:
             print(f"{key:8} {t:>3} {name:10} {a:11.2f} {b:10.2f} {a / b:6.2f}")
-        paired = f"{out}/{key}.{t}.paired"
-        if __import__("os").path.exists(paired):
-            pairs = [tuple(map(float, line.split())) for line in open(paired)]
+        pairs = [
+            (
+                json.load(open(f"{out}/{key}.{t}.pair{r}.bd.json"))["decode_tokens_per_second"],
+                llama_tps(json.load(open(f"{out}/{key}.{t}.pair{r}.ll.json")), 0, 64),
+            )
+            for r in range(1, paired_rounds + 1)
+        ]
+        if pairs:
             ratios = sorted(a / b for a, b in pairs)
             print(
                 f"{key:8} {t:>3} {'tg64 pair':10} {statistics.median(a for a, _ in pairs):11.2f} "
                 f"{statistics.median(b for _, b in pairs):10.2f} {statistics.median(ratios):6.2f}"
                 f"   median of {len(pairs)} alternating rounds' ratios (range {ratios[0]:.2f}-{ratios[-1]:.2f})"
             )
-        for name, a in rows_own:
-            print(f"{key:8} {t:>3} {name:10} {a:11.2f} {'-':>10} {'':>6}")
         gbs, read = bd["decode_gb_per_second"], bd["memory_read_gb_per_second"]
         print(f"{key:8} {t:>3} {'GB/s dec':10} {gbs:11.2f} {'':>10} {'':>6}   peak RSS {bd['peak_rss_bytes'] / 1e6:.0f} MB")
         print(f"{key:8} {t:>3} {'GB/s read':10} {read:11.2f} {'':>10} {'':>6}   decode at {100 * gbs / read:.0f} % of it")

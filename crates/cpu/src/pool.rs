@@ -5,9 +5,10 @@
 //! tasks from the end of another's share. Consecutive tasks are usually
 //! consecutive weight rows, so each thread streams one run of memory, whose
 //! prefetches (`kernels::x86::prefetch_ahead`) run on into its next task,
-//! and only the last tasks move between threads to even out uneven cores. Workers spin briefly after a job (consecutive
-//! matmuls in a forward pass arrive microseconds apart) and then sleep on a
-//! condvar, so an idle pool costs no CPU. With one thread (and always on
+//! and only the last tasks move between threads to even out uneven cores.
+//! Workers spin briefly after a job (consecutive matmuls in a forward pass
+//! arrive microseconds apart) and then sleep on a condvar, so an idle pool
+//! costs no CPU. With one thread (and always on
 //! wasm32) there are no workers and `run` is a plain loop.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -130,14 +131,11 @@ impl ThreadPool {
             u32::try_from(n_tasks).is_ok(),
             "thread pool: {n_tasks} tasks in one run"
         );
-        let n_threads = self.n_threads as u64;
+        let (n, n_threads) = (n_tasks as u64, self.n_threads as u64);
         let job = Arc::new(Job {
             f,
             shares: (0..n_threads)
-                .map(|t| {
-                    let n = n_tasks as u64;
-                    AtomicU64::new(share(t * n / n_threads, (t + 1) * n / n_threads))
-                })
+                .map(|t| AtomicU64::new(share(t * n / n_threads, (t + 1) * n / n_threads)))
                 .collect(),
             pending: AtomicUsize::new(n_tasks),
             panicked: AtomicBool::new(false),

@@ -404,11 +404,12 @@ impl<'a> Operand<'a> {
     /// Weight rows per task for `n` activation rows on `n_threads`.
     fn chunk_rows(&self, n: usize, n_threads: usize) -> usize {
         let (rows, tile) = (self.w.rows, self.tile_rows);
-        // Four chunks per thread, in whole tiles of weight rows: enough for
-        // dynamic scheduling to absorb uneven cores (the machine is shared),
-        // few enough that each thread streams long runs of weights. On
-        // Qwen2.5-Coder-0.5B and 1.5B at 2 threads, against four: two were
-        // 7 % slower (imbalance), sixteen 3–8 % slower at every verify size.
+        // Four chunks per thread, in whole tiles of weight rows: the units
+        // the pool moves from a slow thread's share to a fast one (the
+        // machine is shared). On Qwen2.5-Coder-0.5B and 1.5B at 2 threads,
+        // against four: two were 7 % slower (imbalance); sixteen 3–8 %
+        // slower when threads drew chunks from one counter, and still
+        // 0–4 % slower with contiguous shares.
         let chunk = if n_threads == 1 {
             rows
         } else {
