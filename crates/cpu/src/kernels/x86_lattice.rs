@@ -187,6 +187,7 @@ macro_rules! lattice_kernels {
             let mut acc1 = [0f32; NR];
             let x: &[Act; NR] = x.try_into().unwrap_unchecked();
             for b in 0..nb {
+                prefetch_ahead(w.add(b * BYTES), BYTES, 0, 1);
                 let blk = std::slice::from_raw_parts(w.add(b * BYTES), BYTES);
                 let mut sum = [_mm256_setzero_si256(); NR];
                 let mut sum1 = [0i32; NR];
@@ -248,6 +249,7 @@ macro_rules! lattice_kernels {
             );
             for b in 0..nb {
                 let blk = w.add(b * BYTES);
+                prefetch_ahead(blk, BYTES, 0, 1);
                 let words = (blk.add(SCALES) as *const i64).read_unaligned();
                 let s = _mm256_srlv_epi64(_mm256_set1_epi64x(words), shifts);
                 let s = _mm256_and_si256(s, _mm256_set1_epi16(7));
@@ -308,6 +310,7 @@ macro_rules! lattice_kernels {
             let paired = nb / 2 * 2;
             for b in 0..paired {
                 let blk = w.add(b * BYTES);
+                prefetch_ahead(blk, BYTES, 0, 1);
                 let dw = _mm256_set1_ps(e8m0_half(*blk.add(E)));
                 let q = _mm256_shuffle_epi8(grid, nibbles32(blk.add(QS)));
                 let qa = _mm256_sign_epi8(q, q);
@@ -346,6 +349,7 @@ macro_rules! lattice_kernels {
             let x: &[Act; NR] = x.try_into().unwrap_unchecked();
             for b in 0..nb {
                 let blk = w.add(b * BYTES);
+                prefetch_ahead(blk, BYTES, 0, 1);
                 let ds: [f32; 4] = std::array::from_fn(|s| ue4m3_half(*blk.add(D + s)));
                 // Values 0..32 of parts (2h, 2h + 1): low nibbles of bytes
                 // 16h..16h+16 are values 0..8 of both parts, high ones 8..16.
@@ -450,6 +454,7 @@ macro_rules! signed_grid {
         let mut acc = [_mm256_setzero_ps(); $nr];
         let x: &[Act; $nr] = $x.try_into().unwrap_unchecked();
         for b in 0..$nb {
+            prefetch_ahead($w.add(b * $bytes), $bytes, 0, 1);
             let $blk = std::slice::from_raw_parts($w.add(b * $bytes), $bytes);
             let mut sum = [_mm256_setzero_si256(); $nr];
             for $ib in 0..8 {
@@ -515,6 +520,7 @@ macro_rules! ternary {
         let ones = _mm256_set1_epi16(1);
         for b in 0..$nb {
             let $blk = $w.add(b * $bytes);
+            prefetch_ahead($blk, $bytes, 0, 1);
             let mut $q = [_mm256_setzero_si256(); 8];
             $fill;
             let dw = h2f($blk.add($d_at));
