@@ -13,8 +13,9 @@ import { join } from 'node:path';
 export const NEAR_TIE = 0.25;
 
 // cliJson: the CLI's `run --json` output (its prompt_tokens and text);
-// kvType: the cache type it ran with. Returns { ok, how }.
-export function agreesWithCli({ model, cliJson, text, kvType = 'f16' }) {
+// kvType: the cache type it ran with; repeatPenalty: the one it sampled
+// with (its margins are those of the penalized logits). Returns { ok, how }.
+export function agreesWithCli({ model, cliJson, text, kvType = 'f16', repeatPenalty = 1 }) {
   const want = JSON.parse(cliJson);
   if (text === want.text) return { ok: true, how: 'identical' };
   const cli = process.env.CLI;
@@ -25,7 +26,8 @@ export function agreesWithCli({ model, cliJson, text, kvType = 'f16' }) {
   const dir = mkdtempSync(join(tmpdir(), 'bd-score-'));
   try {
     writeFileSync(join(dir, 'ids.json'), JSON.stringify(ids));
-    const { positions } = run('score', '-m', model, '--kv-type', kvType, '--tokens', join(dir, 'ids.json'));
+    const { positions } = run('score', '-m', model, '--kv-type', kvType,
+      '--repeat-penalty', String(repeatPenalty), '--tokens', join(dir, 'ids.json'));
     // positions[i] predicts ids[i + 1]: the generated ones from the prompt's last.
     const margins = positions.slice(promptIds.length - 1).map((p) => p.argmax_logprob - p.logprob);
     const worst = Math.max(...margins);

@@ -174,7 +174,12 @@ try {
   check(first.source === 'network', `demo: first load downloads the model (${first.source})`);
   const reply = await chatInUi(page);
   console.log(`  reply in ${secs(reply.ms)}: tok/s ${reply.tps}, acceptance ${reply.acceptance}, τ ${reply.tau}`);
-  check(reply.text === expected, `demo: streamed chat reply equals the CLI's (${JSON.stringify(reply.text)})`);
+  // The CLI's text up to near ties (wasm simd128 sums in other orders than
+  // AVX2 or AVX-512); every later reply in the browser runs the same wasm
+  // kernels and must be this one exactly.
+  const agree = agreesWithCli({ model, cliJson: expectedJson, text: reply.text, repeatPenalty: 1.1 });
+  check(agree.ok, `demo: streamed chat reply is the CLI's up to near ties (${agree.how}: ${JSON.stringify(reply.text)})`);
+  const browserText = reply.text;
   check(reply.state === expectedFinish, `demo: finish reason ${reply.state}, the CLI's is ${cliRun.stats.stop_reason}`);
   // Under the demo's penalty the policy may make no draft in so short a
   // reply; then the panel must say so rather than show 0 % and τ 0.
@@ -191,7 +196,7 @@ try {
       plain: document.querySelector('#compare-result pre')?.textContent };
   });
   console.log(`  compare: ${cmp?.text ?? await page.textContent('#compare-result')}`);
-  check(cmp?.same === 'true' && cmp.plain === `Plain: ${expected}` && cmp.speedup > 0,
+  check(cmp?.same === 'true' && cmp.plain === `Plain: ${browserText}` && cmp.speedup > 0,
     'demo: compare runs plain and speculative, same text, reports a speedup');
 
   mkdirSync(artifacts, { recursive: true });
@@ -267,7 +272,7 @@ try {
     check(codes.includes(r.load) && !r.afterLoad, `cache: a load of a ${name} download fails (${r.load}) and caches nothing`);
     check(codes.includes(r.add) && !r.afterAdd, `cache: add() of a ${name} download fails (${r.add}) and caches nothing`);
   }
-  check(broken.flaky.first === 'bad_gguf' && !broken.flaky.firstCached && broken.flaky.text === expected && broken.flaky.cached,
+  check(broken.flaky.first === 'bad_gguf' && !broken.flaky.firstCached && broken.flaky.text === browserText && broken.flaky.cached,
     `cache: an empty first answer is not cached; once the server is fixed the model loads and is cached (${JSON.stringify(broken.flaky)})`);
 
   // A cached copy that cannot load (a failed download an older version
@@ -321,7 +326,7 @@ try {
   console.log(`  load: ArrayBuffer ${secs(r.buffer.ms)}, from Cache Storage ${secs(r.cacheStorage.ms)}`);
   check(!r.gpu && r.opfs === 'undefined', 'bare page: no navigator.gpu, no OPFS');
   check(r.buffer.backend === 'cpu', `backend auto without WebGPU ends on ${r.buffer.backend}`);
-  check(r.buffer.text === expected, `ArrayBuffer model, auto→cpu, in-page engine: same text (${JSON.stringify(r.buffer.text)})`);
+  check(r.buffer.text === browserText, `ArrayBuffer model, auto→cpu, in-page engine: the demo's text (${JSON.stringify(r.buffer.text)})`);
   if (process.env.INJECT) {
     // The CLI's --chat (and --chat-special) on the same message: the same
     // prompt tokens, and its text up to near ties (agreement.mjs).
@@ -342,7 +347,7 @@ try {
   }
   check(r.abortedAdd === 'aborted' && !r.abortedListed, `Cache Storage fallback: an aborted add() leaves no entry (${r.abortedAdd})`);
   check(r.added.cached === false && r.listed?.bytes === modelBytes, 'Cache Storage fallback: add() stores the model, list() shows its bytes');
-  check(r.cacheStorage.text === expected && r.cacheStorage.cachedFlags.join() === 'true',
+  check(r.cacheStorage.text === browserText && r.cacheStorage.cachedFlags.join() === 'true',
     `Cache Storage fallback: the model loads from it (progress cached: ${r.cacheStorage.cachedFlags}) with the same text`);
   check(r.deleted === true && r.afterDelete === false, 'Cache Storage fallback: delete() removes the entry');
 
@@ -356,12 +361,12 @@ try {
   console.log(`  load (offline, from the cache): ${secs(again.ms)}: ${again.status}`);
   check(again.source === 'cache' && /model cache/.test(again.status), `offline reload: the model comes from the model cache (${again.source})`);
   const offline = await chatInUi(page);
-  check(offline.text === expected, `offline reload: same text (${JSON.stringify(offline.text)})`);
+  check(offline.text === browserText, `offline reload: the demo's text (${JSON.stringify(offline.text)})`);
 
   const fromFile = await loadInUi(page, { file: model });
   const fileReply = await chatInUi(page);
   console.log(`  load (File): ${secs(fromFile.ms)}`);
-  check(fileReply.text === expected, `File (Blob) model through the demo's file input: same text (${JSON.stringify(fileReply.text)})`);
+  check(fileReply.text === browserText, `File (Blob) model through the demo's file input: the demo's text (${JSON.stringify(fileReply.text)})`);
 
   // Delete from the demo's cache table; then the URL cannot load offline.
   await page.click(`#cache-table tr[data-url="${modelUrl}"] button`);

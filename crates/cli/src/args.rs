@@ -5,7 +5,7 @@
 //! negative numbers as values, so that `--temp -1` reaches this check
 //! instead of clap reading `-1` as a flag.
 
-use blockdraft_core::sampling::Bounds;
+use blockdraft_core::sampling::{limits, Bounds};
 
 /// A parser of `f32` values within `b`.
 pub fn f32_in(b: Bounds<f32>) -> impl Fn(&str) -> Result<f32, String> + Clone + Send + Sync {
@@ -35,6 +35,31 @@ pub fn at_least(lo: usize) -> impl Fn(&str) -> Result<usize, String> + Clone + S
 
 fn not_a_number(s: &str) -> String {
     format!("{s:?} is not a number")
+}
+
+/// The penalties on recent tokens, as `run` samples with them and `score`
+/// scores under them.
+#[derive(clap::Args, Clone, Debug)]
+pub struct PenaltyArgs {
+    /// Penalty of tokens among the last --repeat-last-n, 1..=2; 1 disables
+    /// (1.1 keeps small models from looping).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0,
+          value_parser = f32_in(limits::REPEAT_PENALTY))]
+    pub repeat_penalty: f32,
+    /// Subtracted once from the logit of every token among the last
+    /// --repeat-last-n, -2..=2 (OpenAI's presence penalty); 0 disables.
+    #[arg(long = "presence-penalty", default_value_t = 0.0,
+          value_parser = f32_in(limits::PRESENCE_PENALTY), allow_hyphen_values = true)]
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit per occurrence among the last
+    /// --repeat-last-n, -2..=2 (OpenAI's frequency penalty); 0 disables.
+    #[arg(long = "frequency-penalty", default_value_t = 0.0,
+          value_parser = f32_in(limits::FREQUENCY_PENALTY), allow_hyphen_values = true)]
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at.
+    #[arg(long = "repeat-last-n", default_value_t = 64,
+          value_parser = usize_in(limits::REPEAT_LAST_N))]
+    pub repeat_last_n: usize,
 }
 
 #[cfg(test)]

@@ -632,6 +632,78 @@ fn score_checks_the_context_and_shows_progress() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Item: `score --repeat-penalty` scores the logits `run --temp 0` picks
+/// from under that penalty: each token `run` generated is the argmax there,
+/// while without the penalty some of them are not.
+#[test]
+fn score_under_a_penalty_is_what_greedy_run_picks_from() {
+    let Some(model) = smollm2() else {
+        return;
+    };
+    let prompt = "List the days of the week, then list them again.";
+    let out = output(&[
+        "run",
+        "-m",
+        &model,
+        "-p",
+        prompt,
+        "-n",
+        "40",
+        "--temp",
+        "0",
+        "--repeat-penalty",
+        "1.5",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let prompt_ids = run["prompt_tokens"].as_array().unwrap();
+    let mut ids = prompt_ids.clone();
+    ids.extend(run["tokens"].as_array().unwrap().iter().cloned());
+    let dir = scratch("score-penalty");
+    let path = dir.join("ids.json");
+    std::fs::write(&path, serde_json::to_string(&ids).unwrap()).unwrap();
+    let p = path.to_str().unwrap();
+    // positions[i] scores ids[i + 1]: the generated ones from the prompt's last.
+    let argmax_misses = |penalty: &str| {
+        let out = output(&[
+            "score",
+            "-m",
+            &model,
+            "--repeat-penalty",
+            penalty,
+            "--tokens",
+            p,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let positions = v["positions"].as_array().unwrap();
+        positions[prompt_ids.len() - 1..]
+            .iter()
+            .zip(&ids[prompt_ids.len()..])
+            .filter(|(pos, id)| pos["argmax"] != **id)
+            .count()
+    };
+    assert_eq!(
+        argmax_misses("1.5"),
+        0,
+        "run's tokens are the penalized argmax"
+    );
+    assert!(
+        argmax_misses("1") > 0,
+        "the penalty changed what run picked"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Item: every numeric flag is range-checked, in either flag form.
 #[test]
 fn numeric_flags_are_range_checked() {

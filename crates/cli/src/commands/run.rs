@@ -1,7 +1,7 @@
 //! `blockdraft run`: streamed generation.
 
 use super::median;
-use crate::args::{at_least, f32_in, usize_in};
+use crate::args::{at_least, f32_in, PenaltyArgs};
 use crate::drafter::DraftArgs;
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use anyhow::{bail, Context, Result};
@@ -36,25 +36,8 @@ pub struct Args {
     /// Drop tokens less likely than this fraction of the likeliest, 0..=1.
     #[arg(long = "min-p", default_value_t = 0.05, value_parser = f32_in(limits::MIN_P))]
     pub min_p: f32,
-    /// Penalty of tokens among the last --repeat-last-n, 1..=2; 1 disables
-    /// (1.1 keeps small models from looping).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0,
-          value_parser = f32_in(limits::REPEAT_PENALTY))]
-    pub repeat_penalty: f32,
-    /// Subtracted once from the logit of every token among the last
-    /// --repeat-last-n, -2..=2 (OpenAI's presence penalty); 0 disables.
-    #[arg(long = "presence-penalty", default_value_t = 0.0,
-          value_parser = f32_in(limits::PRESENCE_PENALTY), allow_hyphen_values = true)]
-    pub presence_penalty: f32,
-    /// Subtracted from a token's logit per occurrence among the last
-    /// --repeat-last-n, -2..=2 (OpenAI's frequency penalty); 0 disables.
-    #[arg(long = "frequency-penalty", default_value_t = 0.0,
-          value_parser = f32_in(limits::FREQUENCY_PENALTY), allow_hyphen_values = true)]
-    pub frequency_penalty: f32,
-    /// How many recent tokens the penalties look at.
-    #[arg(long = "repeat-last-n", default_value_t = 64,
-          value_parser = usize_in(limits::REPEAT_LAST_N))]
-    pub repeat_last_n: usize,
+    #[command(flatten)]
+    pub penalties: PenaltyArgs,
     /// RNG seed (default: from the clock; printed in --json stats).
     #[arg(long = "seed")]
     pub seed: Option<u64>,
@@ -154,10 +137,10 @@ fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
         top_k: args.top_k,
         top_p: args.top_p,
         min_p: args.min_p,
-        repeat_penalty: args.repeat_penalty,
-        presence_penalty: args.presence_penalty,
-        frequency_penalty: args.frequency_penalty,
-        repeat_last_n: args.repeat_last_n,
+        repeat_penalty: args.penalties.repeat_penalty,
+        presence_penalty: args.penalties.presence_penalty,
+        frequency_penalty: args.penalties.frequency_penalty,
+        repeat_last_n: args.penalties.repeat_last_n,
         seed,
     };
     // Loaded and warmed up once: every timed run gets a fresh sequence.

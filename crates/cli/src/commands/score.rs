@@ -1,10 +1,12 @@
 //! `blockdraft score`: forced decoding of given token ids.
 
+use crate::args::PenaltyArgs;
 use crate::load::{with_backend, Job, Loaded, ModelArgs};
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
 use blockdraft_core::backend::prelude::*;
 use blockdraft_core::model::LogitRows;
+use blockdraft_core::sampling::{Sampler, SamplingParams};
 use serde_json::json;
 
 #[derive(clap::Args)]
@@ -15,6 +17,10 @@ pub struct Args {
     /// trained context; `blockdraft tokenize -m M "text" > ids.json` makes one.
     #[arg(long = "tokens")]
     pub tokens: std::path::PathBuf,
+    /// Score under `run`'s penalties: each row's log-probs are those of the
+    /// penalized logits `run --temp 0` picks from after the same tokens.
+    #[command(flatten)]
+    pub penalties: PenaltyArgs,
 }
 
 /// Log-softmax of `logits` at `id`, computed in f64.
@@ -36,18 +42,29 @@ pub fn run(args: Args) -> Result<()> {
     if ids.len() < 2 {
         bail!("at least two tokens are needed to score, got {}", ids.len());
     }
-    with_backend(&args.model, Score(ids))
+    let p = &args.penalties;
+    let sampler = Sampler::new(SamplingParams {
+        repeat_penalty: p.repeat_penalty,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        repeat_last_n: p.repeat_last_n,
+        ..SamplingParams::greedy()
+    });
+    with_backend(&args.model, Score { ids, sampler })
 }
 
-struct Score(Vec<u32>);
+struct Score {
+    ids: Vec<u32>,
+    sampler: Sampler,
+}
 
 impl Job for Score {
     fn run<B: Backend>(self, loaded: Loaded<B>) -> Result<()> {
-        score(&self.0, loaded)
+        score(&self.ids, &self.sampler, loaded)
     }
 }
 
-fn score<B: Backend>(ids: &[u32], loaded: Loaded<B>) -> Result<()> {
+fn score<B: Backend>(ids: &[u32], sampler: &Sampler, loaded: Loaded<B>) -> Result<()> {
     let dec = &loaded.decoder;
     let n_vocab = dec.config.n_vocab;
     if let Some(bad) = ids.iter().find(|&&t| t as usize >= n_vocab) {
@@ -67,11 +84,15 @@ fn score<B: Backend>(ids: &[u32], loaded: Loaded<B>) -> Result<()> {
         (ids.len() > 4 * batch).then(|| Progress::new("scoring", "tokens", ids.len() as u64));
     for (c, chunk) in ids.chunks(batch).enumerate() {
         dec.forward(&mut state, chunk, LogitRows::All, true, None)?;
-        let logits = pollster::block_on(dec.backend.read(state.logits()));
-        for (r, row) in logits.chunks_exact(n_vocab).enumerate() {
-            let Some(&next) = ids.get(c * batch + r + 1) else {
+        let mut logits = pollster::block_on(dec.backend.read(state.logits()));
+        for (r, row) in logits.chunks_exact_mut(n_vocab).enumerate() {
+            let at = c * batch + r;
+            let Some(&next) = ids.get(at + 1) else {
                 break;
             };
+            if sampler.params.penalizes() {
+                sampler.penalize(row, &ids[..=at]);
+            }
             let lp = log_prob(row, next as usize);
             nll -= lp;
             let argmax = blockdraft_core::sampling::argmax(row);
