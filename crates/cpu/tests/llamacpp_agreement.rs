@@ -4,7 +4,8 @@
 //! - forced decoding of llama.cpp's greedy continuation: our argmax equals
 //!   llama.cpp's top-1 at >= 99 % of positions (positions where llama.cpp's
 //!   top-2 log-probs are within 0.05 are excluded as ties);
-//! - free greedy generation reproduces llama.cpp's first 32 tokens.
+//! - free greedy generation reproduces llama.cpp's first 32 tokens, in the
+//!   configurations meant to be bit-equal to llama.cpp's.
 //!
 //! Two sets of fixtures: llama.cpp's precise configuration (no flash
 //! attention, f32 KV cache; `greedy-<model>.json`), which an f32 KV cache
@@ -177,8 +178,11 @@ fn check_model_on(kernels: Kernels, key: &str, traces: Traces, kv: KvType, floor
             }
         }
 
-        if let Some(at) = free_generation_mismatch(&dec, &batches, &tokens, top) {
-            free_mismatches.push(format!("{name} at token {at}"));
+        // Only where it is asserted: it costs a third of the test's time.
+        if bit_equal {
+            if let Some(at) = free_generation_mismatch(&dec, &batches, &tokens, top) {
+                free_mismatches.push(format!("{name} at token {at}"));
+            }
         }
     }
     let rate = agree as f64 / compared as f64;
@@ -195,14 +199,10 @@ fn check_model_on(kernels: Kernels, key: &str, traces: Traces, kv: KvType, floor
         rate * 100.0,
         floor * 100.0
     );
-    if bit_equal {
-        assert!(
-            free_mismatches.is_empty(),
-            "{key}: free greedy generation differs from llama.cpp: {free_mismatches:?}"
-        );
-    } else if !free_mismatches.is_empty() {
-        eprintln!("{key}: free greedy generation leaves llama.cpp's at {free_mismatches:?}");
-    }
+    assert!(
+        free_mismatches.is_empty(),
+        "{key}: free greedy generation differs from llama.cpp: {free_mismatches:?}"
+    );
 }
 
 /// Free greedy generation on llama-server's schedule: the first token

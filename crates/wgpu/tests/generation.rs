@@ -463,10 +463,11 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 /// therefore the CPU's own noise floor, measured in the same run: on the
 /// wgpu continuation (teacher-forced), wgpu's logits are within twice the
 /// scalar-vs-SIMD distance of the SIMD CPU's, and every token wgpu chose is
-/// the CPU's argmax or within that distance of it.
+/// the CPU's argmax or within that distance of it. 64 tokens of SmolLM2,
+/// 32 of Qwen2.5-Coder-0.5B (lavapipe decodes it at about 0.5 tokens/s).
 #[test]
 fn real_models_generate_what_the_cpu_backend_generates() {
-    for (name, prompts) in [(SMOLLM2, &PROMPTS[..1]), (QWEN05, &PROMPTS[..1])] {
+    for (name, prompts, n) in [(SMOLLM2, &PROMPTS[..1], 64), (QWEN05, &PROMPTS[..1], 32)] {
         let Some(path) = real_model(name) else {
             return;
         };
@@ -476,8 +477,8 @@ fn real_models_generate_what_the_cpu_backend_generates() {
         let s = load(&file, Arc::new(CpuBackend::scalar(2)));
         let n_vocab = c.config.n_vocab;
         for &prompt in prompts {
-            let got = greedy_plain(&g, prompt, 64);
-            let want = greedy_plain(&c, prompt, 64);
+            let got = greedy_plain(&g, prompt, n);
+            let want = greedy_plain(&c, prompt, n);
             let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
             let seq: Vec<u32> = prompt.iter().chain(&got).copied().collect();
             let (lg, lc, ls) = (
@@ -487,7 +488,7 @@ fn real_models_generate_what_the_cpu_backend_generates() {
             );
             let (gpu_dist, floor) = (max_abs_diff(&lg, &lc), max_abs_diff(&ls, &lc));
             eprintln!(
-                "{name} {prompt:?}: identical for {same} of 64 tokens; max logit distance \
+                "{name} {prompt:?}: identical for {same} of {n} tokens; max logit distance \
                  wgpu-cpu {gpu_dist:.3}, cpu scalar-simd {floor:.3}"
             );
             assert!(gpu_dist <= 2.0 * floor + 0.05, "{name} {prompt:?}");
