@@ -27,10 +27,21 @@ mark clippy
 cargo clippy --workspace --all-targets -- -D warnings
 mark the workspace tests
 cargo test --workspace --no-fail-fast
+mark the kernels with debug assertions
+# The CPU kernels' and attention's own tests with debug assertions and
+# overflow checks, which the test profile leaves out of blockdraft-cpu for
+# speed (Cargo.toml): the standard library's checks of unsafe preconditions
+# (pointer offsets, unchecked indexing) run in every SIMD loop. Then the
+# AVX2 builds, which machines without AVX-512 (Zen 3) take, on this machine
+# too; and below, the wasm32 and aarch64 builds, with the same checks.
+checked=(--config 'profile.dev.package.blockdraft-cpu.debug-assertions=true'
+    --config 'profile.dev.package.blockdraft-cpu.overflow-checks=true')
+# (The first run is the AVX2 one on a machine with neither AVX-512 nor AVX-VNNI.)
+if grep -qwE 'avx512f|avx_vnni' /proc/cpuinfo; then
+    cargo test "${checked[@]}" -p blockdraft-cpu --lib -- kernels:: attention::
+fi
 mark the AVX2 kernels
-# The AVX2 builds of the CPU kernels and attention, which machines without
-# AVX-512 (Zen 3) take, on this machine too.
-BLOCKDRAFT_NO_AVX512=1 cargo test -p blockdraft-cpu --lib -- kernels:: attention::
+BLOCKDRAFT_NO_AVX512=1 cargo test "${checked[@]}" -p blockdraft-cpu --lib -- kernels:: attention::
 mark the OpenAI-client server test
 # `blockdraft serve` under the official OpenAI client, with load and
 # disconnecting clients (tests/serve_openai.py).
@@ -47,13 +58,13 @@ mark the wasm32 simd128 kernels
 simd_tests=(kernels::tests::simd kernels::tests::results_independent kernels::tests::float
     kernels::wasm kernels::neon libm::tests attention::)
 CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $PWD/tests/wasi/run.mjs" \
-    cargo test -p blockdraft-cpu --lib --target wasm32-wasip1 -- "${simd_tests[@]}"
+    cargo test "${checked[@]}" -p blockdraft-cpu --lib --target wasm32-wasip1 -- "${simd_tests[@]}"
 mark the aarch64 NEON kernels
 # qemu's `max` CPU has sdot, so the NEON kernels take their dotprod build
 # (checked) and are compared with the baseline build as well.
 QEMU_CPU=max BLOCKDRAFT_EXPECT_DOTPROD=1 \
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" \
-    cargo test -p blockdraft-cpu --lib --target aarch64-unknown-linux-gnu -- "${simd_tests[@]}"
+    cargo test "${checked[@]}" -p blockdraft-cpu --lib --target aarch64-unknown-linux-gnu -- "${simd_tests[@]}"
 mark the wgpu backend in Chromium
 # The browser (headless Chromium, WebGPU on SwiftShader): the wgpu backend
 # under wasm-bindgen-test, then the npm package end to end with Playwright
