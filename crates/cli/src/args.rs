@@ -5,7 +5,7 @@
 //! negative numbers as values, so that `--temp -1` reaches this check
 //! instead of clap reading `-1` as a flag.
 
-use blockdraft_core::sampling::{limits, Bounds};
+use blockdraft_core::sampling::{limits, Bounds, SamplingParams};
 
 /// A parser of `f32` values within `b`.
 pub fn f32_in(b: Bounds<f32>) -> impl Fn(&str) -> Result<f32, String> + Clone + Send + Sync {
@@ -60,6 +60,19 @@ pub struct PenaltyArgs {
     #[arg(long = "repeat-last-n", default_value_t = 64,
           value_parser = usize_in(limits::REPEAT_LAST_N))]
     pub repeat_last_n: usize,
+}
+
+impl PenaltyArgs {
+    /// `base` with these penalties.
+    pub fn apply(&self, base: SamplingParams) -> SamplingParams {
+        SamplingParams {
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repeat_last_n: self.repeat_last_n,
+            ..base
+        }
+    }
 }
 
 #[cfg(test)]

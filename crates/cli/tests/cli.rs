@@ -641,7 +641,7 @@ fn score_under_a_penalty_is_what_greedy_run_picks_from() {
         return;
     };
     let prompt = "List the days of the week, then list them again.";
-    let out = output(&[
+    let run = json_of(&[
         "run",
         "-m",
         &model,
@@ -655,12 +655,6 @@ fn score_under_a_penalty_is_what_greedy_run_picks_from() {
         "1.5",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let run: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let prompt_ids = run["prompt_tokens"].as_array().unwrap();
     let mut ids = prompt_ids.clone();
     ids.extend(run["tokens"].as_array().unwrap().iter().cloned());
@@ -670,7 +664,7 @@ fn score_under_a_penalty_is_what_greedy_run_picks_from() {
     let p = path.to_str().unwrap();
     // positions[i] scores ids[i + 1]: the generated ones from the prompt's last.
     let argmax_misses = |penalty: &str| {
-        let out = output(&[
+        let v = json_of(&[
             "score",
             "-m",
             &model,
@@ -679,12 +673,6 @@ fn score_under_a_penalty_is_what_greedy_run_picks_from() {
             "--tokens",
             p,
         ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let positions = v["positions"].as_array().unwrap();
         positions[prompt_ids.len() - 1..]
             .iter()

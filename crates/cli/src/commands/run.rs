@@ -132,17 +132,14 @@ fn generate_text<B: Backend>(args: Args, loaded: Loaded<B>) -> Result<()> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
     });
-    let params = SamplingParams {
+    let params = args.penalties.apply(SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
         top_p: args.top_p,
         min_p: args.min_p,
-        repeat_penalty: args.penalties.repeat_penalty,
-        presence_penalty: args.penalties.presence_penalty,
-        frequency_penalty: args.penalties.frequency_penalty,
-        repeat_last_n: args.penalties.repeat_last_n,
         seed,
-    };
+        ..SamplingParams::default()
+    });
     // Loaded and warmed up once: every timed run gets a fresh sequence.
     let drafter = match &args.draft.draft {
         Some(_) => Some(crate::drafter::shared(&args.draft, &loaded)?),

@@ -42,14 +42,7 @@ pub fn run(args: Args) -> Result<()> {
     if ids.len() < 2 {
         bail!("at least two tokens are needed to score, got {}", ids.len());
     }
-    let p = &args.penalties;
-    let sampler = Sampler::new(SamplingParams {
-        repeat_penalty: p.repeat_penalty,
-        presence_penalty: p.presence_penalty,
-        frequency_penalty: p.frequency_penalty,
-        repeat_last_n: p.repeat_last_n,
-        ..SamplingParams::greedy()
-    });
+    let sampler = Sampler::new(args.penalties.apply(SamplingParams::greedy()));
     with_backend(&args.model, Score { ids, sampler })
 }
 
