@@ -322,6 +322,21 @@ fn a_missing_model_is_an_error_not_a_panic() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// The shipped drafter given as the model (`-m` where `--draft` belongs):
+/// the error says what the file is and where it goes, not which tensor a
+/// model would need.
+#[test]
+fn a_drafter_given_as_the_model_says_where_it_goes() {
+    let drafter =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../drafters/smollm2-dflash.gguf");
+    let err = fails_with(1, &["run", "-m", drafter.to_str().unwrap(), "-p", "hi"]);
+    assert!(
+        err.contains("is a DFlash block drafter, not a model"),
+        "{err}"
+    );
+    assert!(err.contains("--draft"), "{err}");
+}
+
 /// `--backend cuda` starts the backend before opening the model: without a
 /// CUDA driver or device that is a plain error (never cudarc's panic), with
 /// one the missing model is.

@@ -11,6 +11,10 @@ pub enum ModelError {
     Backend(#[from] BackendError),
     #[error("unsupported architecture `{0}` (supported: llama, qwen2, qwen3, gemma3, qwen35)")]
     UnsupportedArchitecture(String),
+    /// A block drafter's file where a model belongs: it has no embeddings
+    /// or head of its own and runs only beside its target.
+    #[error("this file is a DFlash block drafter, not a model: load its target model and give this file as the drafter (`--draft` on the CLI, `drafter` in the npm package)")]
+    DrafterAsModel,
     #[error("metadata `{key}`: {reason}")]
     InvalidMetadata { key: String, reason: String },
     #[error("tensor `{name}` is missing")]

@@ -14,8 +14,8 @@ use blockdraft_core::speculative::{
     PolicyConfig, SharedDrafter,
 };
 use blockdraft_core::testing::{
-    block_on, synthetic_decoder, synthetic_dflash, synthetic_qwen35, SyntheticDFlash,
-    SyntheticDims, SyntheticHybrid,
+    block_on, synthetic_block_drafters, synthetic_decoder, synthetic_dflash, synthetic_qwen35,
+    SyntheticDFlash, SyntheticDims, SyntheticHybrid,
 };
 use blockdraft_core::ModelError;
 use blockdraft_cpu::CpuBackend;
@@ -318,6 +318,23 @@ fn shared_drafters_load_from_gguf_by_kind() {
         }
         Err(e) => panic!("wrong error: {e}"),
         Ok(d) => panic!("a {} drafter of another vocabulary loaded", d.kind()),
+    }
+}
+
+/// A block drafter's file where a model belongs (`run -m drafter.gguf`, the
+/// npm package's `model`) is a typed error that says where it goes, for
+/// every variant (their loading as drafters: the drafter tests).
+#[test]
+fn a_drafter_given_as_the_model_says_where_it_goes() {
+    for (kind, bytes) in synthetic_block_drafters(64) {
+        let file = GgufFile::from_bytes(bytes).unwrap();
+        match Decoder::load(&file, Arc::new(CpuBackend::new(1)), &mut |_| {}) {
+            Err(e @ ModelError::DrafterAsModel) => {
+                assert!(e.to_string().contains("--draft"), "{kind}: {e}")
+            }
+            Err(e) => panic!("{kind}: wrong error: {e}"),
+            Ok(_) => panic!("a {kind} drafter loaded as a model"),
+        }
     }
 }
 

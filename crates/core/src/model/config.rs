@@ -118,7 +118,13 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// A model's config; a drafter's file is refused
+    /// ([`ModelError::DrafterAsModel`]: it runs only beside its target, see
+    /// [`Self::from_metadata_with_vocab`]).
     pub fn from_metadata(md: &Metadata) -> Result<Self, ModelError> {
+        if md.get_str("general.architecture")? == Architecture::DFlash.name() {
+            return Err(ModelError::DrafterAsModel);
+        }
         Self::parse(md, None)
     }
 
