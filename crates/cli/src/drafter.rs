@@ -1,7 +1,7 @@
 //! `--draft`: building a drafter from a file or a name.
 
 use crate::args::{f32_in, usize_in};
-use crate::load::{open_gguf, Loaded};
+use crate::load::Loaded;
 use anyhow::{Context, Result};
 use blockdraft_core::backend::prelude::*;
 use blockdraft_core::model::ModelConfig;
@@ -83,7 +83,9 @@ pub fn shared<B: Backend>(args: &DraftArgs, target: &Loaded<B>) -> Result<Shared
         if !(0.0..=1.0).contains(&args.p_min) {
             anyhow::bail!("--p-min must be within 0..=1, got {}", args.p_min);
         }
-        let file = open_gguf(std::path::Path::new(spec))?;
+        let file = GgufFile::open(std::path::Path::new(spec)).context(
+            "cannot load drafter (`--draft` takes a drafter or draft-model GGUF, `ngram` or `dflash-random`)",
+        )?;
         let mut drafter = SharedDrafter::from_gguf(&file, &target.decoder)
             .with_context(|| format!("cannot load drafter {spec}"))?;
         if let SharedDrafter::DFlash { p_min, .. } = &mut drafter {

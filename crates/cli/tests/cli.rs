@@ -324,7 +324,8 @@ fn a_missing_model_is_an_error_not_a_panic() {
 
 /// The shipped drafter given as the model (`-m` where `--draft` belongs):
 /// the error says what the file is and where it goes, not which tensor a
-/// model would need.
+/// model would need; a `--draft` path that fails names the drafter, not the
+/// model.
 #[test]
 fn a_drafter_given_as_the_model_says_where_it_goes() {
     let drafter =
@@ -335,6 +336,20 @@ fn a_drafter_given_as_the_model_says_where_it_goes() {
         "{err}"
     );
     assert!(err.contains("--draft"), "{err}");
+    // And a `--draft` that names no file says it is the drafter that failed.
+    let Some(model) = smollm2() else { return };
+    let args = [
+        "run",
+        "-m",
+        &model,
+        "-p",
+        "hi",
+        "--draft",
+        "/nonexistent/d.gguf",
+    ];
+    let err = fails_with(1, &args);
+    assert!(err.contains("cannot load drafter"), "{err}");
+    assert!(err.contains("/nonexistent/d.gguf"), "{err}");
 }
 
 /// `--backend cuda` starts the backend before opening the model: without a
