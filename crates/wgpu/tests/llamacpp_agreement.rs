@@ -8,15 +8,19 @@
 //! wgpu sums in other orders than llama.cpp's CPU kernels, so it is not
 //! bit-equal; the continuation is forced in one batch per prompt (the
 //! prompt, then the continuation's rows with every row's logits), which
-//! keeps lavapipe's time in CI small. Measured: Qwen2.5-Coder-0.5B 100 %,
-//! Gemma 3 270M 99.37 %; SmolLM2 97.78 % (7 of 316), short of the 99 %
+//! keeps lavapipe's time in CI small. Measured: Qwen2.5-Coder-0.5B 99.68 %
+//! with the f16 cache (100 % with f32), Gemma 3 270M 99.37 %; SmolLM2 97.78 % (7 of 316), short of the 99 %
 //! goal: its quantized activations amplify last-bit differences most (see
 //! generation.rs), and batching alone costs llama.cpp itself agreement on
 //! it; its floor is 97.5 %, just below that, so a regression still fails.
 //! Qwen2.5-Coder-1.5B is left to the CPU test: on lavapipe it alone would
-//! take a large share of CI. The f16 KV cache is checked on
-//! Qwen2.5-Coder-0.5B against llama.cpp's default configuration (f16
-//! cache, flash attention), as the CPU test does for every model.
+//! take a large share of CI. Qwen2.5-Coder-0.5B is checked in the
+//! configuration users run by default, the f16 KV cache, against llama.cpp's
+//! default one (f16 cache, flash attention), as the CPU test does for every
+//! model; the f32 cache is checked on the other two (and was 100 % on Qwen
+//! too, but lavapipe computes about 0.5 G multiply-adds a second and each
+//! forced row of Qwen's is ~0.5 G with its 151,936-row head: one
+//! configuration of it takes ~4.3 of CI's minutes).
 
 use blockdraft_core::backend::prelude::*;
 use blockdraft_core::backend::KvType;
@@ -114,7 +118,6 @@ fn smollm2_agrees_with_llamacpp() {
 
 #[test]
 fn qwen2_5_coder_0_5b_agrees_with_llamacpp() {
-    check_model("qwen05", KvType::F32, 0.99);
     check_model("qwen05-default", KvType::F16, 0.99);
 }
 
