@@ -157,9 +157,10 @@ impl CpuBackend {
     /// Its float sequences are llama.cpp's (AVX2 build) for one token, for
     /// every row of a forward pass: a row's logits do not depend on how the
     /// sequence was split into passes (speculative decoding relies on this).
-    /// Except on AVX-512 VNNI, where Q6_K, Q4_1, Q5_0, Q8_0 and IQ4_NL matrices run packed
-    /// kernels with their own sequence (about 2x the speed; equal to
-    /// llama.cpp's to rounding, still independent of the batch), and for an
+    /// Except where Q4_1, Q5_0, Q8_0 and IQ4_NL matrices (x86 AVX2) and
+    /// Q6_K ones (AVX-512 VNNI) run packed kernels with their own sequence
+    /// (about 2x the speed; equal to llama.cpp's to rounding, still
+    /// independent of the batch), and for an
     /// f16 KV cache, whose attention is the tiled kernel's
     /// (`attention::tiled_attention_f16`: f32 accumulators, verify rows
     /// sharing each key; several times faster at depth): for llama.cpp's

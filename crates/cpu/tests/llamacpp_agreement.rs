@@ -80,9 +80,9 @@ enum Traces {
 enum Kernels {
     /// `CpuBackend::matching_llamacpp_batches`: llama.cpp's float sequences.
     LlamaCpp,
-    /// `CpuBackend::new`, what users run: on AVX-512 VNNI, packed Q6_K,
-    /// Q4_1, Q5_0 and Q8_0 kernels with their own sequences (elsewhere the
-    /// same as `LlamaCpp` for one row).
+    /// `CpuBackend::new`, what users run: on x86, packed Q4_1, Q5_0 and
+    /// Q8_0 kernels (and Q6_K on AVX-512 VNNI) with their own sequences,
+    /// and the tiled attention for an f16 cache.
     Default,
 }
 

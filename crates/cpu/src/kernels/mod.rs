@@ -4,7 +4,8 @@
 //! where a packed layout pays for itself: on x86 AVX2, Q4_K matrices are
 //! re-laid out eight rows at a time on first use (`pack`, `x86_packed`),
 //! with bit-identical results at about twice the speed, and so are Q4_0
-//! matrices (in llama.cpp's repacked-Q4_0 float sequence). The
+//! matrices (in llama.cpp's repacked-Q4_0 float sequence) and Q4_1, Q5_0,
+//! Q8_0 and IQ4_NL ones (in that sequence too: their own). The
 //! activations are quantized once per call to 8-bit blocks matching the weight
 //! family (32-blocks for Q4_0..Q8_1, 256-super-blocks for the K-quants) and the
 //! dots are integer per block, scaled once per block — the same scheme as
@@ -675,17 +676,17 @@ impl PackedWeight {
 
 /// Whether `ty`'s packed kernel on this CPU keeps llama.cpp's float sequence
 /// for single rows (Q4_K: bit-identical to the ggml-layout kernel; Q4_0:
-/// llama.cpp's repacked one). Q6_K, Q4_1, Q5_0, Q8_0 and IQ4_NL, packed on AVX-512 VNNI,
-/// have their own (`x86_packed`): faster, equal to llama.cpp's only to
-/// rounding.
+/// llama.cpp's repacked one). Q6_K (packed on AVX-512 VNNI), Q4_1, Q5_0,
+/// Q8_0 and IQ4_NL have their own (`x86_packed`): faster, equal to
+/// llama.cpp's only to rounding.
 pub fn packed_follows_llamacpp(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_K | GgmlType::Q4_0)
 }
 
 /// The packed form of `w`, where this CPU has a packed kernel for its type
-/// and shape (x86: Q4_K and Q4_0 on AVX2 and AVX-512 VNNI, Q6_K, Q4_1, Q5_0, IQ4_NL and
-/// Q8_0 on AVX-512 VNNI, with whole groups of 8 rows). Packing runs on the
-/// pool.
+/// and shape (x86: Q4_K, Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL on AVX2 and
+/// AVX-512 VNNI, Q6_K on AVX-512 VNNI, with whole groups of 8 rows).
+/// Packing runs on the pool.
 pub fn pack(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
     #[cfg(target_arch = "x86_64")]
     if let Some(layout) = x86_packed::layout(w.ty) {

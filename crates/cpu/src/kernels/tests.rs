@@ -774,13 +774,13 @@ fn results_independent_of_batch_and_tiling() {
 }
 
 /// `pack(w)`, which packs exactly where this CPU has packed kernels (x86:
-/// Q4_K and Q4_0 on AVX2 and AVX-512 VNNI; Q6_K, Q4_1, Q5_0 and Q8_0 on
-/// AVX-512 VNNI only).
+/// Q4_K, Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL on AVX2 and AVX-512 VNNI; Q6_K
+/// on AVX-512 VNNI only).
 fn packed_where_supported(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
     let packed = pack(pool, w);
     let supported = cfg!(target_arch = "x86_64")
         && match w.ty {
-            Q6_K | Q4_1 | Q5_0 | Q8_0 | IQ4_NL => simd_level() == "avx512+vnni",
+            Q6_K => simd_level() == "avx512+vnni",
             _ => simd_level().starts_with("avx"),
         };
     if !supported {
@@ -852,7 +852,7 @@ fn packed_weights_match_the_ggml_layout_bit_for_bit() {
 
 /// The float sequence of packed 32-value blocks with one scale (Q4_0, as
 /// llama.cpp's repacked kernels run it, its AVX2 gemv and gemm alike; Q4_1,
-/// Q5_0, Q8_0 and IQ4_NL, packed on AVX-512 VNNI) for one output: `acc = fma(sum_b,
+/// Q5_0, Q8_0 and IQ4_NL, packed) for one output: `acc = fma(sum_b,
 /// d_w * d_x, acc)` over the blocks, `sum_b` the block's exact integer dot;
 /// Q4_1's mins as llama.cpp takes them, `acc_min = fma(m, s_x, acc_min)`
 /// (`sx`: the activation blocks' stored sums), added at the end.
