@@ -138,6 +138,8 @@ pub unsafe fn expf8_avx512(x: &mut [f32; 8]) {
 /// `(sin(x), cos(x))` as glibc's `sinf` and `cosf` (one evaluation serves
 /// both): `x = n·π/2 + r`, then a degree-7 odd and degree-10 even
 /// polynomial in `r`, swapped and signed by the quadrant `n`.
+// Inlined, so that rope's FMA build runs its `mul_add`s as instructions.
+#[inline(always)]
 pub fn sincosf(x: f32) -> (f32, f32) {
     // |x| < π/4: no reduction.
     if abs_top12(x) < abs_top12(f32::from_bits(0x3f49_0fdb)) {

@@ -25,6 +25,17 @@ pub fn rms_norm(x: &[f32], weight: &[f32], group: usize, eps: f32, out: &mut [f3
 /// compiles ggml's `x0*cos - x1*sin`, `x0*sin + x1*cos` (checked against
 /// ggml's output: `fma(x0, cos, -(x1*sin))`, `fma(x0, sin, x1*cos)`).
 pub fn rope(x: &mut [f32], cols: usize, pos0: usize, p: RopeParams) {
+    // Compiled for FMA where the CPU has it: its `mul_add`s (and sincosf's)
+    // were libm calls, which took a verify pass of SmolLM2 about 1 % of its
+    // time on a thread the other waits for.
+    with_fma(
+        #[inline(always)]
+        || rope_rows(x, cols, pos0, p),
+    )
+}
+
+#[inline(always)]
+fn rope_rows(x: &mut [f32], cols: usize, pos0: usize, p: RopeParams) {
     let theta_scale = p.base.powf(-2.0 / p.n_rot as f32);
     let half = p.n_rot / 2;
     let mut cos_sin = vec![(0.0f32, 0.0f32); half];
