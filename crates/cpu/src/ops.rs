@@ -26,8 +26,8 @@ pub fn rms_norm(x: &[f32], weight: &[f32], group: usize, eps: f32, out: &mut [f3
 /// ggml's output: `fma(x0, cos, -(x1*sin))`, `fma(x0, sin, x1*cos)`).
 pub fn rope(x: &mut [f32], cols: usize, pos0: usize, p: RopeParams) {
     // Compiled for FMA where the CPU has it: its `mul_add`s (and sincosf's)
-    // were libm calls, which took a verify pass of SmolLM2 about 1 % of its
-    // time on a thread the other waits for.
+    // were libm calls, about 3 % of a SmolLM2 verify pass's samples on the
+    // thread the other waits for.
     with_fma(
         #[inline(always)]
         || rope_rows(x, cols, pos0, p),

@@ -753,17 +753,12 @@ unsafe fn block32_group16<const NR: usize>(
         match ty {
             Block32::Q8_0 => {
                 for (k, qk) in q.iter_mut().enumerate() {
-                    *qk = _mm512_xor_si512(both32(pa, pb, 16 + 32 * k), sign);
+                    *qk = _mm512_xor_si512(both32(pa, pb, ty.quants_at() + 32 * k), sign);
                 }
             }
             Block32::Q4_0 | Block32::Q4_1 | Block32::Q5_0 | Block32::Iq4Nl => {
-                let nibbles = match ty {
-                    Block32::Q4_0 | Block32::Iq4Nl => 16,
-                    Block32::Q4_1 => 32,
-                    _ => 48,
-                };
                 for c in 0..4 {
-                    let v = both32(pa, pb, nibbles + 32 * c);
+                    let v = both32(pa, pb, ty.quants_at() + 32 * c);
                     q[c] = _mm512_and_si512(v, low4);
                     q[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
                 }
@@ -827,6 +822,16 @@ impl Block32 {
             Block32::Q8_0 => Q8_0_GROUP_BLOCK,
         }
     }
+
+    /// Where a packed block's quants start (after the scales, Q4_1's mins
+    /// and Q5_0's fifth bits): 32 bytes per quarter (nibbles) or word.
+    fn quants_at(self) -> usize {
+        match self {
+            Block32::Q4_0 | Block32::Iq4Nl | Block32::Q8_0 => 16,
+            Block32::Q4_1 => 32,
+            Block32::Q5_0 => 48,
+        }
+    }
 }
 
 /// [`block32_group16`] on AVX2, for one packed group: the same exact
@@ -881,13 +886,12 @@ unsafe fn block32_group<const NR: usize>(
         prefetch_ahead(blk, block_bytes, 0, 1);
         let d = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
         // q[k]: values 4k..4k+4 of each row, in its lane.
+        let quants = blk.add(ty.quants_at());
         let mut q = match ty {
             Block32::Q8_0 => {
-                std::array::from_fn(|k| _mm256_loadu_si256(blk.add(16 + 32 * k) as *const __m256i))
+                std::array::from_fn(|k| _mm256_loadu_si256(quants.add(32 * k) as *const __m256i))
             }
-            Block32::Q4_0 | Block32::Iq4Nl => unpack_block(blk.add(16)),
-            Block32::Q4_1 => unpack_block(blk.add(32)),
-            Block32::Q5_0 => unpack_block(blk.add(48)),
+            Block32::Q4_0 | Block32::Q4_1 | Block32::Q5_0 | Block32::Iq4Nl => unpack_block(quants),
         };
         if ty == Block32::Iq4Nl {
             for qk in q.iter_mut() {
