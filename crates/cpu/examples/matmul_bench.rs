@@ -1,7 +1,8 @@
 //! Matmul throughput: median GB/s of weight bytes per call, and the cost of
 //! n activation rows relative to one (what speculative verify pays). Types
 //! with a packed layout on this CPU (`kernels::pack`) are timed in both
-//! layouts, side by side (`x8` rows; `ggml/x8` is the speedup).
+//! layouts, call by call in turn (`x8` rows; `ggml/x8` is the speedup, the
+//! median of the pairs' ratios).
 //!
 //! cargo run --release -p blockdraft-cpu --example matmul_bench [-- TYPES THREADS NS]
 //! e.g. `-- Q4_K,Q6_K 1,2 1,2,4,8,16` (these are the defaults).
@@ -70,18 +71,29 @@ fn thread_cpu_ns() -> Option<u64> {
     s.split_whitespace().next()?.parse().ok()
 }
 
-/// (median, fastest) of repeated calls.
-fn median_time(mut f: impl FnMut()) -> (Duration, Duration) {
-    f(); // warm up (page in, grow scratch)
-    let mut times = Vec::new();
-    let start = Instant::now();
-    while times.len() < 5 || (start.elapsed() < Duration::from_millis(300) && times.len() < 200) {
-        let t = Instant::now();
+/// Per-call times of each of `fs`, called in turn (a, b, a, b, ...), so
+/// that both layouts see the same machine: on a shared VM the speed
+/// drifts within a second. Each is warmed up first (page in, grow scratch).
+fn interleaved_times(fs: &mut [&mut dyn FnMut()]) -> Vec<Vec<Duration>> {
+    for f in fs.iter_mut() {
         f();
-        times.push(t.elapsed());
     }
-    times.sort();
-    (times[times.len() / 2], times[0])
+    let mut times = vec![Vec::new(); fs.len()];
+    let budget = Duration::from_millis(300) * fs.len() as u32;
+    let start = Instant::now();
+    while times[0].len() < 5 || (start.elapsed() < budget && times[0].len() < 200) {
+        for (f, t) in fs.iter_mut().zip(&mut times) {
+            let t0 = Instant::now();
+            f();
+            t.push(t0.elapsed());
+        }
+    }
+    times
+}
+
+fn median<T: PartialOrd + Copy>(mut v: Vec<T>) -> T {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
 }
 
 fn list<T: std::str::FromStr>(s: Option<String>, default: &str) -> Vec<T> {
@@ -125,7 +137,8 @@ fn main() {
 
     for &t in &threads {
         let pool = ThreadPool::new(t);
-        let (med, best) = median_time(|| pool.run(t * 4, &|_| {}));
+        let times = interleaved_times(&mut [&mut || pool.run(t * 4, &|_| {})]).remove(0);
+        let (med, best) = (median(times.clone()), *times.iter().min().unwrap());
         println!(
             "pool.run overhead, {t} threads: median {:.2} us, best {:.2} us",
             med.as_secs_f64() * 1e6,
@@ -148,39 +161,50 @@ fn main() {
             for &t in &threads {
                 let pool = ThreadPool::new(t);
                 let packed = pack(&pool, &w);
-                let layouts = if packed.is_some() { 2 } else { 1 };
                 let mut t1 = [None; 2];
                 for &n in &ns {
                     let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
-                    let mut out = vec![0f32; n * rows];
-                    let mut ms = [0f64; 2];
-                    for (l, t1) in t1.iter_mut().enumerate().take(layouts) {
-                        let mut calls = 0u64;
-                        let cpu0 = thread_cpu_ns();
-                        let (dt, best) = median_time(|| {
-                            match (l, &packed) {
-                                (1, Some(p)) => matmul_packed(&pool, p, &x, &mut out),
-                                _ => matmul(&pool, &w, &x, &mut out),
-                            }
-                            calls += 1;
-                        });
-                        let cpu_gbs = match (cpu0, thread_cpu_ns()) {
-                            (Some(a), Some(b)) if t == 1 => {
-                                format!(
-                                    "{:9.2}",
-                                    (data.len() as u64 * calls) as f64 / (b - a) as f64
-                                )
-                            }
-                            _ => "        -".into(),
-                        };
-                        let secs = dt.as_secs_f64();
-                        ms[l] = secs;
+                    let (mut out, mut out_packed) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+                    let mut calls = 0u64;
+                    let cpu0 = thread_cpu_ns();
+                    let mut ggml = || {
+                        matmul(&pool, &w, &x, &mut out);
+                        calls += 1;
+                    };
+                    let times = match &packed {
+                        Some(p) => interleaved_times(&mut [&mut ggml, &mut || {
+                            matmul_packed(&pool, p, &x, &mut out_packed)
+                        }]),
+                        None => interleaved_times(&mut [&mut ggml]),
+                    };
+                    // Thread CPU time per byte, for the ggml layout alone
+                    // where it ran alone (1 thread, no packed layout).
+                    let cpu_gbs = match (cpu0, thread_cpu_ns()) {
+                        (Some(a), Some(b)) if t == 1 && packed.is_none() => {
+                            format!(
+                                "{:9.2}",
+                                (data.len() as u64 * calls) as f64 / (b - a) as f64
+                            )
+                        }
+                        _ => "        -".into(),
+                    };
+                    // The paired speedup: the median of each pair's ratio.
+                    let speedup = (times.len() == 2).then(|| {
+                        let pairs = times[0].iter().zip(&times[1]);
+                        median(
+                            pairs
+                                .map(|(a, b)| a.as_secs_f64() / b.as_secs_f64())
+                                .collect(),
+                        )
+                    });
+                    for (l, (lt, t1)) in times.iter().zip(t1.iter_mut()).enumerate() {
+                        let secs = median(lt.clone()).as_secs_f64();
+                        let best = lt.iter().min().unwrap().as_secs_f64();
                         let base = *t1.get_or_insert(secs);
                         let name = format!("{}{}", ty.name(), if l == 1 { "x8" } else { "" });
-                        let ratio = if l == 1 {
-                            format!("{:8.2}", ms[0] / ms[1])
-                        } else {
-                            String::new()
+                        let ratio = match speedup {
+                            Some(r) if l == 1 => format!("{r:8.2}"),
+                            _ => String::new(),
                         };
                         println!(
                             "{:6} {:6} x {:5} {:4} {:3} {:10.3} {:7.2} {:9.2}  {:9.2}  {} {}",
@@ -192,7 +216,7 @@ fn main() {
                             secs * 1e3,
                             data.len() as f64 / secs / 1e9,
                             secs / base,
-                            data.len() as f64 / best.as_secs_f64() / 1e9,
+                            data.len() as f64 / best / 1e9,
                             cpu_gbs,
                             ratio
                         );
