@@ -28,8 +28,8 @@ pub struct ModelArgs {
     pub backend: BackendKind,
     /// CPU: keep every weight in place in the memory map instead of moving
     /// each matrix into huge-page memory on first use, packed for the
-    /// faster x86 kernels where they exist (Q4_K, Q4_0, Q4_1, Q5_0, Q8_0;
-    /// Q6_K with AVX-512 VNNI): a one-time cost of under a second per GB;
+    /// faster x86 kernels where they exist (Q4_K, Q4_0, Q4_1, Q5_0, Q8_0,
+    /// IQ4_NL, Q6_K): a one-time cost of under a second per GB;
     /// memory use is about the same either way. Packed Q4_1, Q5_0, Q8_0 and
     /// Q6_K round differently from llama.cpp (its tokens bit for bit need
     /// this flag).

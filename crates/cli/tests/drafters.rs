@@ -25,26 +25,25 @@ const SHIPPED: &[Shipped] = &[
         drafter: "smollm2-dflash.gguf",
         target: "smollm2-135m-instruct-q4_1.gguf",
         prompts: CHAT,
-        // Measured 1.383, 1.331 (AVX2); 1.356, 1.423 (AVX-512 VNNI's packed
-        // kernels, which round Q4_1 and Q8_0 differently); with the tiled f16
-        // attention, on AVX-512 VNNI, f16: 1.355.
+        // Measured 1.356, 1.355 (x86's packed kernels, the same bits on AVX2
+        // and AVX-512 VNNI, and the tiled f16 attention); 1.383 with
+        // llama.cpp's kernels.
         tau_floor: [("f32", 1.33), ("f16", 1.28)],
     },
     Shipped {
         drafter: "qwen05-dflash.gguf",
         target: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         prompts: CODE,
-        // Measured 1.793, 1.793 (AVX2); 1.748, 1.786 (AVX-512 VNNI); with the
-        // tiled f16 attention, f16: 1.831 on AVX-512 VNNI, 1.724 on AVX2
-        // (Zen 3), f32 1.780 there.
+        // Measured 1.748, 1.831 (x86's packed kernels, tiled f16 attention);
+        // 1.793 with llama.cpp's kernels.
         tau_floor: [("f32", 1.73), ("f16", 1.68)],
     },
     Shipped {
         drafter: "qwen05-dfly.gguf",
         target: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         prompts: CODE,
-        // Measured 1.931, 1.872 (AVX-512 VNNI, tiled f16 attention); 1.969,
-        // 1.908 (AVX2, Zen 3).
+        // Measured 1.931, 1.872 (x86's packed kernels, tiled f16 attention);
+        // 1.969, 1.908 with llama.cpp's kernels.
         tau_floor: [("f32", 1.88), ("f16", 1.82)],
     },
 ];

@@ -71,9 +71,9 @@ impl CpuTensor {
 ///
 /// On its first matmul a matrix moves into huge-page memory
 /// ([`WeightBuffer`]), where decoding streams it faster: re-laid out if this
-/// CPU has a packed kernel for it (`kernels::pack`: Q4_K and Q4_0 on x86,
-/// in llama.cpp's float sequence for them, and Q6_K, Q4_1, Q5_0, Q8_0 and IQ4_NL on
-/// AVX-512 VNNI, in their own; about twice as fast), copied as it is
+/// CPU has a packed kernel for it (`kernels::pack`, x86: Q4_K and Q4_0 in
+/// llama.cpp's float sequence for them, Q6_K, Q4_1, Q5_0, Q8_0 and IQ4_NL
+/// in their own; up to twice as fast), copied as it is
 /// otherwise. The copy replaces the mapped pages in memory, which are
 /// released. Tables that are only embedded from stay in the map.
 pub struct CpuWeight {
@@ -157,9 +157,9 @@ impl CpuBackend {
     /// Its float sequences are llama.cpp's (AVX2 build) for one token, for
     /// every row of a forward pass: a row's logits do not depend on how the
     /// sequence was split into passes (speculative decoding relies on this).
-    /// Except where Q4_1, Q5_0, Q8_0 and IQ4_NL matrices (x86 AVX2) and
-    /// Q6_K ones (AVX-512 VNNI) run packed kernels with their own sequence
-    /// (about 2x the speed; equal to llama.cpp's to rounding, still
+    /// Except where Q4_1, Q5_0, Q8_0, IQ4_NL and Q6_K matrices (x86) run
+    /// packed kernels with their own sequence (up to 2x the speed; the
+    /// same bits on AVX2 and AVX-512 VNNI; equal to llama.cpp's to rounding, still
     /// independent of the batch), and for an
     /// f16 KV cache, whose attention is the tiled kernel's
     /// (`attention::tiled_attention_f16`: f32 accumulators, verify rows

@@ -80,9 +80,9 @@ enum Traces {
 enum Kernels {
     /// `CpuBackend::matching_llamacpp_batches`: llama.cpp's float sequences.
     LlamaCpp,
-    /// `CpuBackend::new`, what users run: on x86, packed Q4_1, Q5_0 and
-    /// Q8_0 kernels (and Q6_K on AVX-512 VNNI) with their own sequences,
-    /// and the tiled attention for an f16 cache.
+    /// `CpuBackend::new`, what users run: on x86, packed Q6_K, Q4_1, Q5_0
+    /// and Q8_0 kernels with their own sequences, and the tiled attention
+    /// for an f16 cache.
     Default,
 }
 
@@ -253,12 +253,12 @@ fn free_generation_mismatch(
 // llama.cpp's two configurations differ from each other (measured:
 // SmolLM2 96.84 %, Qwen2.5-Coder-0.5B 99.68 %, 1.5B 99.05 %, Gemma 3 270M
 // 98.75 %); those floors sit just under the figure, so a regression still
-// fails. The default backend (its tiled f16 attention, and on AVX-512 VNNI
-// its packed Q6_K, Q4_1, Q5_0 and Q8_0 kernels, have their own float
+// fails. The default backend (its tiled f16 attention, and on x86 its
+// packed Q6_K, Q4_1, Q5_0 and Q8_0 kernels, have their own float
 // sequences) against llama-server's defaults, as a user compares them out
 // of the box: measured SmolLM2 97.11 %, Qwen2.5-Coder-0.5B 100 %, 1.5B
-// 99.05 %, Gemma 3 270M 98.11 % (before the tiled attention: 97.75, 99.35,
-// 99.37, 98.42 %), as far from llama.cpp as llama.cpp's own two
+// 99.05 %, Gemma 3 270M 98.11 %, on AVX2 and AVX-512 VNNI alike (before
+// the tiled attention: 97.75, 99.35, 99.37, 98.42 %), as far from llama.cpp as llama.cpp's own two
 // configurations are from each other on SmolLM2 (96.84 %), 1.5B (99.05 %)
 // and Gemma (98.75 %); with llama.cpp's kernels (`--no-repack`) 100 % for
 // all four, above.

@@ -676,25 +676,27 @@ impl PackedWeight {
 
 /// Whether `ty`'s packed kernel on this CPU keeps llama.cpp's float sequence
 /// for single rows (Q4_K: bit-identical to the ggml-layout kernel; Q4_0:
-/// llama.cpp's repacked one). Q6_K (packed on AVX-512 VNNI), Q4_1, Q5_0,
-/// Q8_0 and IQ4_NL have their own (`x86_packed`): faster, equal to
+/// llama.cpp's repacked one). Q6_K, Q4_1, Q5_0, Q8_0 and IQ4_NL have their
+/// own (`x86_packed`): faster, equal to
 /// llama.cpp's only to rounding.
 pub fn packed_follows_llamacpp(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_K | GgmlType::Q4_0)
 }
 
 /// The packed form of `w`, where this CPU has a packed kernel for its type
-/// and shape (x86: Q4_K, Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL on AVX2 and
-/// AVX-512 VNNI, Q6_K on AVX-512 VNNI, with whole groups of 8 rows).
+/// and shape (x86: Q4_K, Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL and Q6_K on AVX2 and
+/// AVX-512 VNNI, with whole groups of 8 rows).
 /// Packing runs on the pool.
 pub fn pack(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
     #[cfg(target_arch = "x86_64")]
     if let Some(layout) = x86_packed::layout(w.ty) {
         // The AVX-512 kernels read groups in pairs, laid out interleaved.
-        let (kernel, tile_groups) = match (layout.kernel_avx512, layout.kernel) {
-            (Some(wide), _) if x86::has_avx512_vnni() => (wide, 2),
-            (_, Some(avx2)) if x86::has_avx2() => (avx2, 1),
-            _ => return None,
+        let (kernel, tile_groups) = if x86::has_avx512_vnni() {
+            (layout.kernel_avx512, 2)
+        } else if x86::has_avx2() {
+            (layout.kernel, 1)
+        } else {
+            return None;
         };
         return pack_for(pool, w, layout, kernel, tile_groups);
     }

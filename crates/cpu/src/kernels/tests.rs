@@ -774,15 +774,10 @@ fn results_independent_of_batch_and_tiling() {
 }
 
 /// `pack(w)`, which packs exactly where this CPU has packed kernels (x86:
-/// Q4_K, Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL on AVX2 and AVX-512 VNNI; Q6_K
-/// on AVX-512 VNNI only).
+/// Q4_K, Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL and Q6_K on AVX2 and AVX-512 VNNI).
 fn packed_where_supported(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
     let packed = pack(pool, w);
-    let supported = cfg!(target_arch = "x86_64")
-        && match w.ty {
-            Q6_K => simd_level() == "avx512+vnni",
-            _ => simd_level().starts_with("avx"),
-        };
+    let supported = cfg!(target_arch = "x86_64") && simd_level().starts_with("avx");
     if !supported {
         eprintln!(
             "skipped: no packed {} kernel on this CPU ({})",
@@ -945,8 +940,8 @@ fn packed_q6_k_follows_its_documented_sequence() {
 /// sequence, from a weight row and a quantized activation row: quants,
 /// scales, and the block sums llama.cpp stores with them) bit for bit,
 /// for every shape, batch size `n` and thread count; within rounding of
-/// the ggml-layout kernels; and, where the layout has an AVX2 kernel too,
-/// bit-identical to it. Skips visibly where this CPU does not pack `ty`.
+/// the ggml-layout kernels; and, on AVX-512 VNNI, bit-identical to the
+/// AVX2 kernel. Skips visibly where this CPU does not pack `ty`.
 fn check_packed_sequence(
     ty: GgmlType,
     seed: u64,
@@ -1020,15 +1015,15 @@ fn check_packed_sequence(
     }
 }
 
-/// Where `w`'s packed layout has an AVX2 kernel beside the one that ran
-/// (`got`), that kernel on `w` packed for it gives `got` bit for bit.
+/// Where the packed kernel that ran (`got`) was the AVX-512 one, the AVX2
+/// kernel on `w` packed for it gives `got` bit for bit.
 fn assert_avx2_packed_kernel_agrees(pool: &ThreadPool, w: &WeightRef, x: &[f32], got: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(avx2) = super::x86_packed::layout(w.ty).unwrap().kernel {
+    if super::x86::has_avx512_vnni() {
         // Packed again: the AVX-512 kernels' layout interleaves pairs of
         // groups, the AVX2 kernel's does not.
         let layout = super::x86_packed::layout(w.ty).unwrap();
-        let alone = super::pack_for(pool, w, layout, avx2, 1).unwrap();
+        let alone = super::pack_for(pool, w, layout, layout.kernel, 1).unwrap();
         let mut base = vec![f32::NAN; got.len()];
         super::matmul_packed(pool, &alone, x, &mut base);
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();

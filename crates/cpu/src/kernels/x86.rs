@@ -88,6 +88,16 @@ pub(crate) unsafe fn prefetch_ahead(p: *const u8, bytes: usize, part: usize, par
     }
 }
 
+/// Asks for cache lines `first..first + n` of the bytes at
+/// `PREFETCH_DISTANCE` past `p`: [`prefetch_ahead`] where the part is not
+/// a constant, without its division and loop (`n` is).
+#[inline(always)]
+pub(crate) unsafe fn prefetch_lines(p: *const u8, first: usize, n: usize) {
+    for line in first..first + n {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_DISTANCE + 64 * line) as *const i8);
+    }
+}
+
 /// How far ahead of use the kernels ask for weights.
 const PREFETCH_DISTANCE: usize = 8192;
 

@@ -1,6 +1,5 @@
 //! Weights re-laid out eight rows at a time, and their kernels: Q4_K,
-//! Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL on AVX2 and AVX-512 VNNI; Q6_K on
-//! AVX-512 VNNI.
+//! Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL and Q6_K on AVX2 and AVX-512 VNNI.
 //!
 //! In ggml's layout one 32-byte vector holds 64 values of one weight row, so
 //! every 32-value (sub-)block, which has its own scale, costs one `maddubs`
@@ -14,7 +13,12 @@
 //! 17, which is what makes a verify batch of 8 rows cheap. The 32-value
 //! block types gain the same way (`block32_group`): on one Zen 3 core
 //! their matmuls ran 2-3.5x (Q4_1), 2.1-2.4x (Q5_0) and 1.3-1.9x (Q8_0)
-//! as fast as in ggml's layout, for 1 to 8 activation rows.
+//! as fast as in ggml's layout, for 1 to 8 activation rows. Q6_K's 6-bit
+//! products fit two, not eight, to an i16 sum (`q6_k_group`): 13 multiplies
+//! per (256 values, activation row) instead of 16, the same speed for one
+//! row and 1.1-1.4x for 2 to 8. Multiplies are what an AVX2 verify batch
+//! waits on: on Zen 3 both layouts top out near one vector multiply per
+//! cycle.
 //!
 //! On AVX-512 VNNI every packed type takes two groups side by side (16
 //! rows, one per i32 lane of a 512-bit vector, `x16_kernel!`; the pair's
@@ -35,7 +39,7 @@
 //! to llama.cpp's eight-lane ones to rounding. A type's AVX2 and AVX-512
 //! kernels give the same bits.
 
-use super::x86::{k4_scales, prefetch_ahead};
+use super::x86::{k4_scales, prefetch_ahead, prefetch_lines};
 use super::{tile_kernel, Act, Kernel};
 use blockdraft_gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -52,11 +56,10 @@ pub(crate) struct Layout {
     /// at `b * stride` (`group_block_bytes` for a group alone, twice that
     /// for a group interleaved with its pair).
     pub pack_group: fn(src: &[u8], nb: usize, out: &mut [u8], stride: usize),
-    /// The AVX2 kernel, where the layout has one (packing needs a kernel
-    /// for the CPU it runs on).
-    pub kernel: Option<Kernel>,
-    /// The same float sequence on AVX-512 VNNI, where there is one.
-    pub kernel_avx512: Option<Kernel>,
+    /// The AVX2 kernel.
+    pub kernel: Kernel,
+    /// The same float sequence on AVX-512 VNNI (pairs of groups).
+    pub kernel_avx512: Kernel,
     /// The kernel's float sequence is also llama.cpp's for batches of 4 or
     /// more rows (its gemm), not only for single rows (its gemv).
     pub llamacpp_gemm_order: bool,
@@ -137,8 +140,8 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         src_block_bytes: 144,
         group_block_bytes: Q4_K_GROUP_BLOCK,
         pack_group: pack_q4_k_group,
-        kernel: Some(x8_kernel!(q4_k_group)),
-        kernel_avx512: Some(x16_kernel!(q4_k_group16, Q4_K_GROUP_BLOCK)),
+        kernel: x8_kernel!(q4_k_group),
+        kernel_avx512: x16_kernel!(q4_k_group16, Q4_K_GROUP_BLOCK),
         llamacpp_gemm_order: false,
     };
     static Q4_0: Layout = Layout {
@@ -146,23 +149,17 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         src_block_bytes: 18,
         group_block_bytes: Q4_0_GROUP_BLOCK,
         pack_group: pack_q4_0_group,
-        kernel: Some(x8_kernel!(block32_group, Block32::Q4_0)),
-        kernel_avx512: Some(x16_kernel!(
-            block32_group16,
-            Q4_0_GROUP_BLOCK,
-            Block32::Q4_0
-        )),
+        kernel: x8_kernel!(block32_group, Block32::Q4_0),
+        kernel_avx512: x16_kernel!(block32_group16, Q4_0_GROUP_BLOCK, Block32::Q4_0),
         llamacpp_gemm_order: true,
     };
-    // AVX-512 VNNI only: on AVX2 a packed Q6_K saves no instructions (its
-    // 6-bit products overflow the i16 sums that make packed Q4_K cheap).
     static Q6_K: Layout = Layout {
         block_len: 256,
         src_block_bytes: 210,
         group_block_bytes: Q6_K_GROUP_BLOCK,
         pack_group: pack_q6_k_group,
-        kernel: None,
-        kernel_avx512: Some(x16_kernel!(q6_k_group16, Q6_K_GROUP_BLOCK)),
+        kernel: x8_kernel!(q6_k_group),
+        kernel_avx512: x16_kernel!(q6_k_group16, Q6_K_GROUP_BLOCK),
         llamacpp_gemm_order: false,
     };
     static Q5_0: Layout = Layout {
@@ -170,12 +167,8 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         src_block_bytes: 22,
         group_block_bytes: Q5_0_GROUP_BLOCK,
         pack_group: pack_q5_0_group,
-        kernel: Some(x8_kernel!(block32_group, Block32::Q5_0)),
-        kernel_avx512: Some(x16_kernel!(
-            block32_group16,
-            Q5_0_GROUP_BLOCK,
-            Block32::Q5_0
-        )),
+        kernel: x8_kernel!(block32_group, Block32::Q5_0),
+        kernel_avx512: x16_kernel!(block32_group16, Q5_0_GROUP_BLOCK, Block32::Q5_0),
         llamacpp_gemm_order: false,
     };
     static Q4_1: Layout = Layout {
@@ -183,12 +176,8 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         src_block_bytes: 20,
         group_block_bytes: Q4_1_GROUP_BLOCK,
         pack_group: pack_q4_1_group,
-        kernel: Some(x8_kernel!(block32_group, Block32::Q4_1)),
-        kernel_avx512: Some(x16_kernel!(
-            block32_group16,
-            Q4_1_GROUP_BLOCK,
-            Block32::Q4_1
-        )),
+        kernel: x8_kernel!(block32_group, Block32::Q4_1),
+        kernel_avx512: x16_kernel!(block32_group16, Q4_1_GROUP_BLOCK, Block32::Q4_1),
         llamacpp_gemm_order: false,
     };
     static Q8_0: Layout = Layout {
@@ -196,12 +185,8 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         src_block_bytes: 34,
         group_block_bytes: Q8_0_GROUP_BLOCK,
         pack_group: pack_q8_0_group,
-        kernel: Some(x8_kernel!(block32_group, Block32::Q8_0)),
-        kernel_avx512: Some(x16_kernel!(
-            block32_group16,
-            Q8_0_GROUP_BLOCK,
-            Block32::Q8_0
-        )),
+        kernel: x8_kernel!(block32_group, Block32::Q8_0),
+        kernel_avx512: x16_kernel!(block32_group16, Q8_0_GROUP_BLOCK, Block32::Q8_0),
         llamacpp_gemm_order: false,
     };
     // IQ4_NL's blocks are Q4_0's bytes (an f16 scale, 16 bytes of nibble
@@ -211,12 +196,8 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         src_block_bytes: 18,
         group_block_bytes: Q4_0_GROUP_BLOCK,
         pack_group: pack_q4_0_group,
-        kernel: Some(x8_kernel!(block32_group, Block32::Iq4Nl)),
-        kernel_avx512: Some(x16_kernel!(
-            block32_group16,
-            Q4_0_GROUP_BLOCK,
-            Block32::Iq4Nl
-        )),
+        kernel: x8_kernel!(block32_group, Block32::Iq4Nl),
+        kernel_avx512: x16_kernel!(block32_group16, Q4_0_GROUP_BLOCK, Block32::Iq4Nl),
         llamacpp_gemm_order: false,
     };
     match ty {
@@ -505,7 +486,10 @@ unsafe fn q4_k_group<const NR: usize>(w: *const u8, nb: usize, x: &[Act; NR]) ->
         let dmin = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i));
         let mut sum = [_mm256_setzero_si256(); NR];
         for j in 0..8 {
-            prefetch_ahead(blk, Q4_K_GROUP_BLOCK, j, 8);
+            // 24 lines for the block's 19: with `prefetch_ahead`'s
+            // division and loop here, packed Q4_K ran 20-30 % slower on a
+            // Zen 3 core.
+            prefetch_lines(blk, 3 * j, 3);
             let scale = dup(blk.add(32 + 8 * j));
             let q = unpack_block(blk.add(QS + 128 * j));
             for i in 0..NR {
@@ -606,6 +590,95 @@ unsafe fn q4_k_group16<const NR: usize>(
         }
     }
     std::array::from_fn(|i| _mm512_sub_ps(acc[i], acc_min[i]))
+}
+
+/// The eight outputs (lanes) of one packed Q6_K group for each activation
+/// row: [`q6_k_group16`]'s exact integer sums and float steps, so the same
+/// bits. Without `vpdpbusd` a sub-block of 16 values takes four `maddubs`,
+/// added two by two in i16 (|each pair| <= 2 * 2 * 63 * 128 < 2^15), and
+/// two `madd` by the rows' scale; the stored +32 comes off once per
+/// super-block as `32 sum_s sc_s bsum_s` (eight `madd`, as Q4_K's mins).
+/// That is 13 multiplies per (256 values, activation row, 8 weight rows)
+/// where the ggml layout takes 16 (see the module doc).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q6_k_group<const NR: usize>(w: *const u8, nb: usize, x: &[Act; NR]) -> [__m256; NR] {
+    let mut acc = [_mm256_setzero_ps(); NR];
+    let low4 = _mm256_set1_epi8(0x0F);
+    let bits45 = _mm256_set1_epi8(0x30);
+    // Eight i8 (one per row) as i16 pairs [lo, hi] in the rows' i32 lanes.
+    let pair_i8 = |lo: *const u8, hi: *const u8| {
+        let lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(lo as *const __m128i));
+        let hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(hi as *const __m128i));
+        _mm256_blend_epi16::<0xAA>(lo, _mm256_slli_epi32(hi, 16))
+    };
+    for blk in 0..nb {
+        let p = w.add(blk * Q6_K_GROUP_BLOCK);
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+        let mut sum = [_mm256_setzero_si256(); NR];
+        // Quarter c of `q6_k_group16`'s unpacking, one sub-block at a time
+        // (four vectors live, which leaves registers to the rows' sums); `c`
+        // a literal in each call, so that its shifts are immediates.
+        let sub_block = |sum: &mut [__m256i; NR], h: usize, half: usize, c: usize| {
+            let v: [__m256i; 4] = std::array::from_fn(|mi| {
+                let m = 4 * half + mi;
+                let load = |at: usize| _mm256_loadu_si256(p.add(at) as *const __m256i);
+                let q = load(Q6_QL + 32 * (16 * h + 8 * (c % 2) + m));
+                let qh = load(Q6_QH + 32 * (8 * h + m));
+                // Bits 2c, 2c + 1 of qh to bits 4, 5.
+                let high = _mm256_and_si256(
+                    match c {
+                        0 => _mm256_slli_epi16(qh, 4),
+                        1 => _mm256_slli_epi16(qh, 2),
+                        2 => qh,
+                        _ => _mm256_srli_epi16(qh, 2),
+                    },
+                    bits45,
+                );
+                let low = if c < 2 { q } else { _mm256_srli_epi16(q, 4) };
+                _mm256_or_si256(_mm256_and_si256(low, low4), high)
+            });
+            let sub = 8 * h + 2 * c + half;
+            // Two of the block's 27 lines per sub-block (the last two
+            // calls ask for the next block's first lines again).
+            prefetch_lines(p, 2 * (4 * (2 * h + half) + c), 2);
+            let at = p.add(16 + 8 * sub);
+            let scale = pair_i8(at, at);
+            for i in 0..NR {
+                let xp = x[i].qs.add(256 * blk + 128 * h + 32 * c + 16 * half);
+                let dot = |mi: usize| _mm256_maddubs_epi16(v[mi], x4(xp.add(4 * mi)));
+                let p01 = _mm256_add_epi16(dot(0), dot(1));
+                let p23 = _mm256_add_epi16(dot(2), dot(3));
+                let s =
+                    _mm256_add_epi32(_mm256_madd_epi16(p01, scale), _mm256_madd_epi16(p23, scale));
+                sum[i] = _mm256_add_epi32(sum[i], s);
+            }
+        };
+        for h in 0..2 {
+            for half in 0..2 {
+                sub_block(&mut sum, h, half, 0);
+                sub_block(&mut sum, h, half, 1);
+                sub_block(&mut sum, h, half, 2);
+                sub_block(&mut sum, h, half, 3);
+            }
+        }
+        // The +32: rows' (sc_2k, sc_2k+1) times the activation's broadcast
+        // pair of 16-sums.
+        let scales: [__m256i; 8] =
+            std::array::from_fn(|k| pair_i8(p.add(16 + 16 * k), p.add(24 + 16 * k)));
+        for i in 0..NR {
+            let pairs = x[i].bs.add(16 * blk) as *const i32;
+            let mut offset = _mm256_setzero_si256();
+            for (k, &sc) in scales.iter().enumerate() {
+                let bs = _mm256_set1_epi32(pairs.add(k).read_unaligned());
+                offset = _mm256_add_epi32(offset, _mm256_madd_epi16(sc, bs));
+            }
+            let exact = _mm256_sub_epi32(sum[i], _mm256_slli_epi32(offset, 5));
+            let dx = _mm256_set1_ps(*x[i].d.add(blk));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(d, dx), acc[i]);
+        }
+    }
+    acc
 }
 
 /// The outputs of two packed Q6_K groups (`a`: lanes 0..8, `b`: 8..16) for
