@@ -12,7 +12,7 @@
 //! instructions per (weight row, activation row, super-block) instead of
 //! 17, which is what makes a verify batch of 8 rows cheap. The 32-value
 //! block types gain the same way (`block32_group`): on one Zen 3 core
-//! their matmuls ran 2-3.5x (Q4_1), 2.1-2.4x (Q5_0) and 1.3-1.9x (Q8_0)
+//! their matmuls ran 2.3-3.6x (Q4_1), 1.9-2.4x (Q5_0) and 1.2-2.1x (Q8_0)
 //! as fast as in ggml's layout, for 1 to 8 activation rows. Q6_K's 6-bit
 //! products fit two, not eight, to an i16 sum (`q6_k_group`): 13 multiplies
 //! per (256 values, activation row) instead of 16, the same speed for one
@@ -66,11 +66,12 @@ pub(crate) struct Layout {
 }
 
 /// The [`Kernel`] running `$group` (the eight outputs of one group of
-/// rows, for NR activation rows; `$ty` first where it takes a type) over
+/// rows, for NR activation rows; `$kind` its [`Block32Kind`] where it
+/// takes one) over
 /// packed groups: `w` points at a group,
 /// `row_bytes` is the packed bytes per row and `nw` a multiple of 8.
 macro_rules! x8_kernel {
-    ($group:ident $(, $ty:expr)?) => {{
+    ($group:ident $(, $kind:ty)?) => {{
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn groups<const NR: usize>(
             w: *const u8,
@@ -84,7 +85,7 @@ macro_rules! x8_kernel {
             debug_assert_eq!(nw % GROUP_ROWS, 0);
             let x: &[Act; NR] = x.try_into().unwrap_unchecked();
             for g in 0..nw / GROUP_ROWS {
-                let r = $group::<NR>($($ty,)? w.add(g * GROUP_ROWS * row_bytes), nb, x);
+                let r = $group::<$($kind,)? NR>(w.add(g * GROUP_ROWS * row_bytes), nb, x);
                 store_group(&r, out, ldo, g * GROUP_ROWS);
             }
         }
@@ -93,14 +94,14 @@ macro_rules! x8_kernel {
 }
 
 /// The [`Kernel`] running `$group16` (the outputs of two packed groups,
-/// the first in lanes 0..8, for NR activation rows; `$ty` first where it
-/// takes a type) over pairs of groups, as `x8_kernel!` on AVX-512 VNNI.
+/// the first in lanes 0..8, for NR activation rows; `$kind` its
+/// [`Block32Kind`] where it takes one) over pairs of groups, as `x8_kernel!` on AVX-512 VNNI.
 /// A pair's blocks are interleaved (`$block` bytes each: block b of the
 /// first group, then of the second), so that the kernel streams one run of
 /// memory; a last odd group is laid out alone and runs as a pair with
 /// itself (the duplicate high half dropped).
 macro_rules! x16_kernel {
-    ($group16:ident, $block:expr $(, $ty:expr)?) => {{
+    ($group16:ident, $block:expr $(, $kind:ty)?) => {{
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         unsafe fn pairs<const NR: usize>(
             w: *const u8,
@@ -118,7 +119,7 @@ macro_rules! x16_kernel {
                 let a = w.add(g * GROUP_ROWS * row_bytes);
                 let paired = g + 1 < n_groups;
                 let (b, stride) = if paired { (a.add($block), 2 * $block) } else { (a, $block) };
-                let r = $group16::<NR>($($ty,)? a, b, stride, nb, x);
+                let r = $group16::<$($kind,)? NR>(a, b, stride, nb, x);
                 for (i, v) in r.iter().enumerate() {
                     let at = out.add(i * ldo + g * GROUP_ROWS);
                     if paired {
@@ -149,8 +150,8 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         src_block_bytes: 18,
         group_block_bytes: Q4_0_GROUP_BLOCK,
         pack_group: pack_q4_0_group,
-        kernel: x8_kernel!(block32_group, Block32::Q4_0),
-        kernel_avx512: x16_kernel!(block32_group16, Q4_0_GROUP_BLOCK, Block32::Q4_0),
+        kernel: x8_kernel!(block32_group, kind::Q4_0),
+        kernel_avx512: x16_kernel!(block32_group16, Q4_0_GROUP_BLOCK, kind::Q4_0),
         llamacpp_gemm_order: true,
     };
     static Q6_K: Layout = Layout {
@@ -167,8 +168,8 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         src_block_bytes: 22,
         group_block_bytes: Q5_0_GROUP_BLOCK,
         pack_group: pack_q5_0_group,
-        kernel: x8_kernel!(block32_group, Block32::Q5_0),
-        kernel_avx512: x16_kernel!(block32_group16, Q5_0_GROUP_BLOCK, Block32::Q5_0),
+        kernel: x8_kernel!(block32_group, kind::Q5_0),
+        kernel_avx512: x16_kernel!(block32_group16, Q5_0_GROUP_BLOCK, kind::Q5_0),
         llamacpp_gemm_order: false,
     };
     static Q4_1: Layout = Layout {
@@ -176,8 +177,8 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         src_block_bytes: 20,
         group_block_bytes: Q4_1_GROUP_BLOCK,
         pack_group: pack_q4_1_group,
-        kernel: x8_kernel!(block32_group, Block32::Q4_1),
-        kernel_avx512: x16_kernel!(block32_group16, Q4_1_GROUP_BLOCK, Block32::Q4_1),
+        kernel: x8_kernel!(block32_group, kind::Q4_1),
+        kernel_avx512: x16_kernel!(block32_group16, Q4_1_GROUP_BLOCK, kind::Q4_1),
         llamacpp_gemm_order: false,
     };
     static Q8_0: Layout = Layout {
@@ -185,8 +186,8 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         src_block_bytes: 34,
         group_block_bytes: Q8_0_GROUP_BLOCK,
         pack_group: pack_q8_0_group,
-        kernel: x8_kernel!(block32_group, Block32::Q8_0),
-        kernel_avx512: x16_kernel!(block32_group16, Q8_0_GROUP_BLOCK, Block32::Q8_0),
+        kernel: x8_kernel!(block32_group, kind::Q8_0),
+        kernel_avx512: x16_kernel!(block32_group16, Q8_0_GROUP_BLOCK, kind::Q8_0),
         llamacpp_gemm_order: false,
     };
     // IQ4_NL's blocks are Q4_0's bytes (an f16 scale, 16 bytes of nibble
@@ -196,8 +197,8 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         src_block_bytes: 18,
         group_block_bytes: Q4_0_GROUP_BLOCK,
         pack_group: pack_q4_0_group,
-        kernel: x8_kernel!(block32_group, Block32::Iq4Nl),
-        kernel_avx512: x16_kernel!(block32_group16, Q4_0_GROUP_BLOCK, Block32::Iq4Nl),
+        kernel: x8_kernel!(block32_group, kind::Iq4Nl),
+        kernel_avx512: x16_kernel!(block32_group16, Q4_0_GROUP_BLOCK, kind::Iq4Nl),
         llamacpp_gemm_order: false,
     };
     match ty {
@@ -639,8 +640,8 @@ unsafe fn q6_k_group<const NR: usize>(w: *const u8, nb: usize, x: &[Act; NR]) ->
                 _mm256_or_si256(_mm256_and_si256(low, low4), high)
             });
             let sub = 8 * h + 2 * c + half;
-            // Two of the block's 27 lines per sub-block (the last two
-            // calls ask for the next block's first lines again).
+            // Two lines per sub-block, 32 for the block's 27 (the last
+            // reach into the next block; see `q4_k_group`).
             prefetch_lines(p, 2 * (4 * (2 * h + half) + c), 2);
             let at = p.add(16 + 8 * sub);
             let scale = pair_i8(at, at);
@@ -778,6 +779,29 @@ enum Block32 {
     Iq4Nl,
 }
 
+/// A [`Block32`] type as a type parameter, so that each type's kernel is
+/// compiled for it: passed as a value, one body served all five (it was
+/// not inlined), with the type's branches and a prefetch loop of a
+/// runtime length in every block.
+trait Block32Kind {
+    const TY: Block32;
+}
+
+/// One [`Block32Kind`] per [`Block32`] type, of the same name.
+mod kind {
+    use super::{Block32, Block32Kind};
+    macro_rules! kinds {
+        ($($name:ident),*) => {$(
+            #[allow(non_camel_case_types)]
+            pub(super) struct $name;
+            impl Block32Kind for $name {
+                const TY: Block32 = Block32::$name;
+            }
+        )*};
+    }
+    kinds!(Q4_0, Q4_1, Q5_0, Q8_0, Iq4Nl);
+}
+
 /// The outputs of two packed groups (`a`: lanes 0..8, `b`: 8..16) of a
 /// [`Block32`] type for each activation row, one i32 lane per weight row.
 ///
@@ -794,14 +818,14 @@ enum Block32 {
 /// instructions per (block, activation row, 16 weight rows).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn block32_group16<const NR: usize>(
-    ty: Block32,
+unsafe fn block32_group16<T: Block32Kind, const NR: usize>(
     a: *const u8,
     b: *const u8,
     stride: usize,
     nb: usize,
     x: &[Act; NR],
 ) -> [__m512; NR] {
+    let ty = T::TY;
     let offset = match ty {
         Block32::Q4_0 => 8,
         Block32::Q4_1 => 0,
@@ -921,12 +945,12 @@ impl Block32 {
 /// Q5_0) comes off with the block's sum of activation quants, as there.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn block32_group<const NR: usize>(
-    ty: Block32,
+unsafe fn block32_group<T: Block32Kind, const NR: usize>(
     w: *const u8,
     nb: usize,
     x: &[Act; NR],
 ) -> [__m256; NR] {
+    let ty = T::TY;
     let offset = match ty {
         Block32::Q4_0 => 8,
         Block32::Q5_0 => 16,
