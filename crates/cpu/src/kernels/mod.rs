@@ -677,8 +677,7 @@ impl PackedWeight {
 /// Whether `ty`'s packed kernel on this CPU keeps llama.cpp's float sequence
 /// for single rows (Q4_K: bit-identical to the ggml-layout kernel; Q4_0:
 /// llama.cpp's repacked one). Q6_K, Q4_1, Q5_0, Q8_0 and IQ4_NL have their
-/// own (`x86_packed`): faster, equal to
-/// llama.cpp's only to rounding.
+/// own (`x86_packed`): faster, equal to llama.cpp's only to rounding.
 pub fn packed_follows_llamacpp(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_K | GgmlType::Q4_0)
 }

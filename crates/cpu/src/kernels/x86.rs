@@ -83,9 +83,7 @@ pub(crate) fn avx512_kernel(ty: GgmlType) -> Option<Kernel> {
 pub(crate) unsafe fn prefetch_ahead(p: *const u8, bytes: usize, part: usize, parts: usize) {
     let lines = bytes.div_ceil(64);
     let (first, end) = (part * lines / parts, (part + 1) * lines / parts);
-    for line in first..end {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_DISTANCE + 64 * line) as *const i8);
-    }
+    prefetch_lines(p, first, end - first);
 }
 
 /// Asks for cache lines `first..first + n` of the bytes at

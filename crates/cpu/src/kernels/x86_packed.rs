@@ -455,6 +455,21 @@ unsafe fn block_pairs(q: &[__m256i; 8], xp: *const i8) -> __m256i {
     p
 }
 
+/// `sum_k rows[k] . (sums[2k], sums[2k + 1])` in each row's lane: `rows[k]`
+/// a pair of i16 per row (Q4_K's mins, Q6_K's scales, of sub-blocks 2k and
+/// 2k + 1), `sums` the activation's i16 sums of those sub-blocks.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn pair_sums<const K: usize>(rows: &[__m256i; K], sums: *const i16) -> __m256i {
+    let pairs = sums as *const i32;
+    let mut acc = _mm256_setzero_si256();
+    for (k, &r) in rows.iter().enumerate() {
+        let s = _mm256_set1_epi32(pairs.add(k).read_unaligned());
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(r, s));
+    }
+    acc
+}
+
 /// The eight unpacked vectors of a 32-value block whose four packed
 /// quarters start at `p`.
 #[target_feature(enable = "avx2")]
@@ -506,12 +521,7 @@ unsafe fn q4_k_group<const NR: usize>(w: *const u8, nb: usize, x: &[Act; NR]) ->
             _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16))
         });
         for i in 0..NR {
-            let pairs = x[i].b32.add(8 * b) as *const i32;
-            let mut msum = _mm256_setzero_si256();
-            for (k, &m) in mins.iter().enumerate() {
-                let bs = _mm256_set1_epi32(pairs.add(k).read_unaligned());
-                msum = _mm256_add_epi32(msum, _mm256_madd_epi16(m, bs));
-            }
+            let msum = pair_sums(&mins, x[i].b32.add(8 * b));
             let dx = _mm256_set1_ps(*x[i].d.add(b));
             acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[i]), _mm256_mul_ps(d, dx), acc[i]);
             acc_min[i] = _mm256_fmadd_ps(
@@ -668,12 +678,7 @@ unsafe fn q6_k_group<const NR: usize>(w: *const u8, nb: usize, x: &[Act; NR]) ->
         let scales: [__m256i; 8] =
             std::array::from_fn(|k| pair_i8(p.add(16 + 16 * k), p.add(24 + 16 * k)));
         for i in 0..NR {
-            let pairs = x[i].bs.add(16 * blk) as *const i32;
-            let mut offset = _mm256_setzero_si256();
-            for (k, &sc) in scales.iter().enumerate() {
-                let bs = _mm256_set1_epi32(pairs.add(k).read_unaligned());
-                offset = _mm256_add_epi32(offset, _mm256_madd_epi16(sc, bs));
-            }
+            let offset = pair_sums(&scales, x[i].bs.add(16 * blk));
             let exact = _mm256_sub_epi32(sum[i], _mm256_slli_epi32(offset, 5));
             let dx = _mm256_set1_ps(*x[i].d.add(blk));
             acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(d, dx), acc[i]);
