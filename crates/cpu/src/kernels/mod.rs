@@ -645,8 +645,9 @@ pub(crate) fn matmul_pair_combined(
 
 /// A weight matrix re-laid out for a kernel that reads several weight rows
 /// per vector (see `x86_packed`). Its float sequence is llama.cpp's for
-/// Q4_K (bit-identical to the ggml-layout kernel) and Q4_0 (llama.cpp's
-/// repacked one), and its own, documented, for the others
+/// Q4_K, Q4_1, Q5_0 and Q8_0 (bit-identical to the ggml-layout kernels)
+/// and Q4_0 (llama.cpp's repacked one), and its own, documented, for the
+/// others
 /// ([`packed_follows_llamacpp`]); every row's result is independent of the
 /// rows beside it either way.
 pub struct PackedWeight {
@@ -675,11 +676,13 @@ impl PackedWeight {
 }
 
 /// Whether `ty`'s packed kernel on this CPU keeps llama.cpp's float sequence
-/// for single rows (Q4_K: bit-identical to the ggml-layout kernel; Q4_0:
-/// llama.cpp's repacked one). Q6_K, Q4_1, Q5_0, Q8_0 and IQ4_NL have their
-/// own (`x86_packed`): faster, equal to llama.cpp's only to rounding.
+/// for single rows (Q4_K, Q4_1, Q5_0, Q8_0: bit-identical to the
+/// ggml-layout kernels; Q4_0: llama.cpp's repacked one). Q6_K and IQ4_NL
+/// have their own (`x86_packed`): faster, equal to llama.cpp's only to
+/// rounding.
 pub fn packed_follows_llamacpp(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_K | GgmlType::Q4_0)
+    use GgmlType::*;
+    matches!(ty, Q4_K | Q4_0 | Q4_1 | Q5_0 | Q8_0)
 }
 
 /// The packed form of `w`, where this CPU has a packed kernel for its type
@@ -690,8 +693,9 @@ pub fn pack(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
     #[cfg(target_arch = "x86_64")]
     if let Some(layout) = x86_packed::layout(w.ty) {
         // The AVX-512 kernels read groups in pairs, laid out interleaved.
-        let (kernel, tile_groups) = if x86::has_avx512_vnni() {
-            (layout.kernel_avx512, 2)
+        let avx512 = layout.kernel_avx512.filter(|_| x86::has_avx512_vnni());
+        let (kernel, tile_groups) = if let Some(kernel) = avx512 {
+            (kernel, 2)
         } else if x86::has_avx2() {
             (layout.kernel, 1)
         } else {
