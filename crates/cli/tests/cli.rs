@@ -670,7 +670,7 @@ fn score_under_a_penalty_is_what_greedy_run_picks_from() {
     let Some(model) = smollm2() else {
         return;
     };
-    let prompt = "List the days of the week, then list them again.";
+    let prompt = "The days of the week are Monday, Tuesday,";
     let run = json_of(&[
         "run",
         "-m",
@@ -841,6 +841,23 @@ fn flags_are_honoured_refused_or_warned_about() {
     );
     assert!(
         err.contains("--no-repack applies to the cpu backend only"),
+        "{err}"
+    );
+    let err = fails_with(
+        1,
+        &[
+            "run",
+            "-m",
+            "x.gguf",
+            "-p",
+            "hi",
+            "--backend",
+            "wgpu",
+            "--fast-attention",
+        ],
+    );
+    assert!(
+        err.contains("--fast-attention applies to the cpu backend only"),
         "{err}"
     );
     let args = [

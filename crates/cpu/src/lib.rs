@@ -136,7 +136,8 @@ pub struct CpuBackend {
     /// faster kernels where they exist (see [`CpuWeight`]).
     packing: bool,
     /// An f16 cache runs the tiled attention (its own float sequence, fast
-    /// at depth and for verify rows) instead of llama.cpp's flash attention.
+    /// at depth and for verify rows) instead of llama.cpp's flash attention
+    /// ([`Self::with_fast_attention`]).
     tiled_attention: bool,
     /// Bytes of packed copies made so far.
     packed_bytes: AtomicUsize,
@@ -156,16 +157,15 @@ impl CpuBackend {
     ///
     /// Its float sequences are llama.cpp's (AVX2 build) for one token, for
     /// every row of a forward pass: a row's logits do not depend on how the
-    /// sequence was split into passes (speculative decoding relies on this).
-    /// Except where Q4_1, Q5_0, Q8_0, IQ4_NL and Q6_K matrices (x86) run
-    /// packed kernels with their own sequence (up to 2x the speed; the
-    /// same bits on AVX2 and AVX-512 VNNI; equal to llama.cpp's to rounding, still
-    /// independent of the batch), and for an
-    /// f16 KV cache, whose attention is the tiled kernel's
-    /// (`attention::tiled_attention_f16`: f32 accumulators, verify rows
-    /// sharing each key; several times faster at depth): for llama.cpp's
-    /// exact results use [`Self::without_packing`] or
-    /// [`Self::matching_llamacpp_batches`].
+    /// sequence was split into passes (speculative decoding relies on this),
+    /// and out of the box it gives llama.cpp's tokens (its defaults: an f16
+    /// cache with flash attention). Except where Q6_K and IQ4_NL matrices
+    /// (x86) run packed kernels with their own sequence (faster on several
+    /// rows; the same bits on AVX2 and AVX-512 VNNI; equal to llama.cpp's
+    /// to rounding, still independent of the batch): for llama.cpp's exact
+    /// results use [`Self::without_packing`] or
+    /// [`Self::matching_llamacpp_batches`]. [`Self::with_fast_attention`]
+    /// trades llama.cpp's attention sequence for speed at depth.
     pub fn new(n_threads: usize) -> Self {
         CpuBackend {
             pool: ThreadPool::new(n_threads.max(1)),
@@ -173,9 +173,7 @@ impl CpuBackend {
             simd: true,
             llamacpp_batches: false,
             packing: true,
-            // Not on wasm32, which has no FMA instruction: the tiled
-            // kernels' fused multiply-adds would run in software there.
-            tiled_attention: !cfg!(target_arch = "wasm32"),
+            tiled_attention: false,
             packed_bytes: AtomicUsize::new(0),
             copied_bytes: AtomicUsize::new(0),
             loaded_bytes: AtomicU64::new(0),
@@ -211,9 +209,21 @@ impl CpuBackend {
     pub fn matching_llamacpp_batches(n_threads: usize) -> Self {
         CpuBackend {
             llamacpp_batches: true,
-            tiled_attention: false,
             ..Self::new(n_threads)
         }
+    }
+
+    /// An f16 cache's attention in the tiled kernel's own float sequence
+    /// (`attention::tiled_attention_f16`: f32 accumulators, keys shared by
+    /// the rows of a pass) instead of llama.cpp's flash attention, whose
+    /// f16 accumulator is rounded at every key: 1.6-1.8x faster for a
+    /// decode row, 2.2x for 8 verify rows, more at depth, at the cost of
+    /// llama.cpp's exact tokens (about 97 % top-1 agreement on SmolLM2).
+    /// Not on wasm32, which has no FMA instruction: the tiled kernel's
+    /// fused multiply-adds would run in software there.
+    pub fn with_fast_attention(mut self) -> Self {
+        self.tiled_attention = !cfg!(target_arch = "wasm32");
+        self
     }
 
     /// Keeps every weight in place in the memory map, without packed or
@@ -223,7 +233,6 @@ impl CpuBackend {
     /// sequence for the others) and streams the weights from 4 KiB pages.
     pub fn without_packing(mut self) -> Self {
         self.packing = false;
-        self.tiled_attention = false;
         self
     }
 

@@ -80,9 +80,9 @@ enum Traces {
 enum Kernels {
     /// `CpuBackend::matching_llamacpp_batches`: llama.cpp's float sequences.
     LlamaCpp,
-    /// `CpuBackend::new`, what users run: on x86, packed Q6_K, Q4_1, Q5_0
-    /// and Q8_0 kernels with their own sequences, and the tiled attention
-    /// for an f16 cache.
+    /// `CpuBackend::new`, what users run: llama.cpp's sequences for one
+    /// row in every row of a pass (batch-invariant), and on x86 a packed
+    /// Q6_K kernel with its own sequence.
     Default,
 }
 
@@ -253,15 +253,14 @@ fn free_generation_mismatch(
 // llama.cpp's two configurations differ from each other (measured:
 // SmolLM2 96.84 %, Qwen2.5-Coder-0.5B 99.68 %, 1.5B 99.05 %, Gemma 3 270M
 // 98.75 %); those floors sit just under the figure, so a regression still
-// fails. The default backend (its tiled f16 attention, and on x86 its
-// packed Q6_K, Q4_1, Q5_0 and Q8_0 kernels, have their own float
-// sequences) against llama-server's defaults, as a user compares them out
-// of the box: measured SmolLM2 97.11 %, Qwen2.5-Coder-0.5B 100 %, 1.5B
-// 99.05 %, Gemma 3 270M 98.11 %, on AVX2 and AVX-512 VNNI alike (before
-// the tiled attention: 97.75, 99.35, 99.37, 98.42 %), as far from llama.cpp as llama.cpp's own two
-// configurations are from each other on SmolLM2 (96.84 %), 1.5B (99.05 %)
-// and Gemma (98.75 %); with llama.cpp's kernels (`--no-repack`) 100 % for
-// all four, above.
+// fails. The default backend against llama-server's defaults, as a user
+// compares them out of the box, is held to 99 %: it differs from
+// llama.cpp's kernels only in the packed Q6_K kernel's rounding and in
+// computing prompt rows as decode rows (measured on AVX2: SmolLM2 100 %,
+// Qwen2.5-Coder-0.5B 100 %, 1.5B 99.37 %, Gemma 3 270M 99.37 %). Any other
+// rounding difference costs about 2 points on SmolLM2: the attention's
+// own sequence (`--fast-attention`) alone measured 97.75 %, as did the
+// earlier packed Q4_1 kernel with one float sum per block.
 
 #[test]
 fn smollm2_agrees_with_llamacpp() {
@@ -273,7 +272,7 @@ fn smollm2_agrees_with_llamacpp() {
         "smollm2",
         Traces::Default,
         KvType::F16,
-        0.965,
+        0.99,
     );
 }
 
@@ -301,7 +300,7 @@ fn qwen2_5_coder_1_5b_agrees_with_llamacpp() {
         "qwen15",
         Traces::Default,
         KvType::F16,
-        0.985,
+        0.99,
     );
 }
 
@@ -315,6 +314,6 @@ fn gemma3_270m_agrees_with_llamacpp() {
         "gemma",
         Traces::Default,
         KvType::F16,
-        0.98,
+        0.99,
     );
 }
