@@ -331,12 +331,17 @@ impl Device for CpuBackend {
     fn name(&self) -> String {
         let n = self.pool.n_threads();
         format!(
-            "cpu ({n} thread{}, {})",
+            "cpu ({n} thread{}, {}{})",
             if n == 1 { "" } else { "s" },
             if self.simd {
                 kernels::simd_level()
             } else {
                 "scalar"
+            },
+            if self.tiled_attention {
+                ", fast attention"
+            } else {
+                ""
             }
         )
     }
@@ -858,6 +863,12 @@ mod tests {
     fn the_name_counts_threads_and_memory_is_known_on_linux() {
         assert!(CpuBackend::new(1).name().starts_with("cpu (1 thread, "));
         assert!(CpuBackend::new(2).name().starts_with("cpu (2 threads, "));
+        let fast = CpuBackend::new(2).with_fast_attention().name();
+        assert_eq!(
+            fast.ends_with(", fast attention)"),
+            !cfg!(target_arch = "wasm32"),
+            "{fast}"
+        );
         let limits = CpuBackend::new(1).memory_limits();
         if cfg!(target_os = "linux") {
             assert!(limits.available.unwrap() > 1 << 20, "{limits:?}");
