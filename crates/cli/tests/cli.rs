@@ -826,40 +826,16 @@ fn flags_are_honoured_refused_or_warned_about() {
         &["bench", "-m", "x.gguf", "--draft", "ngram", "-p", "64"],
     );
     assert!(err.contains("cannot be used with"), "{err}");
-    let err = fails_with(
-        1,
-        &[
-            "run",
-            "-m",
-            "x.gguf",
-            "-p",
-            "hi",
-            "--backend",
-            "wgpu",
-            "--no-repack",
-        ],
-    );
-    assert!(
-        err.contains("--no-repack applies to the cpu backend only"),
-        "{err}"
-    );
-    let err = fails_with(
-        1,
-        &[
-            "run",
-            "-m",
-            "x.gguf",
-            "-p",
-            "hi",
-            "--backend",
-            "wgpu",
-            "--fast-attention",
-        ],
-    );
-    assert!(
-        err.contains("--fast-attention applies to the cpu backend only"),
-        "{err}"
-    );
+    for flag in ["--no-repack", "--fast-attention"] {
+        let err = fails_with(
+            1,
+            &["run", "-m", "x.gguf", "-p", "hi", "--backend", "wgpu", flag],
+        );
+        assert!(
+            err.contains(&format!("{flag} applies to the cpu backend only")),
+            "{err}"
+        );
+    }
     let args = [
         "run", "-m", "x.gguf", "-p", "hi", "--draft", "ngram", "--p-min", "0.5",
     ];

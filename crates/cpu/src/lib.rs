@@ -216,9 +216,10 @@ impl CpuBackend {
     /// An f16 cache's attention in the tiled kernel's own float sequence
     /// (`attention::tiled_attention_f16`: f32 accumulators, keys shared by
     /// the rows of a pass) instead of llama.cpp's flash attention, whose
-    /// f16 accumulator is rounded at every key: 1.6-1.8x faster for a
-    /// decode row, 2.2x for 8 verify rows, more at depth, at the cost of
-    /// llama.cpp's exact tokens (about 97 % top-1 agreement on SmolLM2).
+    /// f16 accumulator is rounded at every key: on Zen 3 (AVX2) 0.9-2.9x as
+    /// fast for a decode row and 1.6-3.4x for 8 verify rows over 64-512
+    /// keys, more at depth, at the cost of llama.cpp's exact tokens (97.75 %
+    /// top-1 agreement on SmolLM2).
     /// Not on wasm32, which has no FMA instruction: the tiled kernel's
     /// fused multiply-adds would run in software there.
     pub fn with_fast_attention(mut self) -> Self {
@@ -229,8 +230,8 @@ impl CpuBackend {
     /// Keeps every weight in place in the memory map, without packed or
     /// huge-page copies (see [`CpuWeight`]): loads faster, runs the
     /// ggml-layout kernels (slower on multi-row batches and on
-    /// compute-bound CPUs; the same results for Q4_K, llama.cpp's unpacked
-    /// sequence for the others) and streams the weights from 4 KiB pages.
+    /// compute-bound CPUs; the same results for Q4_K, Q4_1, Q5_0 and Q8_0,
+    /// llama.cpp's unpacked sequence for the others) and streams the weights from 4 KiB pages.
     pub fn without_packing(mut self) -> Self {
         self.packing = false;
         self
