@@ -35,13 +35,16 @@ pub struct ModelArgs {
     /// types need this flag).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
-    /// CPU: attention over the f16 KV cache in blockdraft's own float
-    /// sequence (f32 accumulators, keys shared by every row of a pass)
-    /// instead of llama.cpp's flash attention: up to 3x faster attention
-    /// with AVX2, 3-5x with AVX-512, which is most of a step at depth;
-    /// tokens then agree with llama.cpp's only to rounding.
-    #[arg(long = "fast-attention")]
-    pub fast_attention: bool,
+    /// CPU: kernels in blockdraft's own float sequences where llama.cpp's
+    /// cost speed: attention over the f16 KV cache with f32 accumulators
+    /// and keys shared by every row of a pass (up to 3x faster attention
+    /// with AVX2, 3-5x with AVX-512: most of a step at depth), and x86
+    /// Q4_1, Q5_0 and Q8_0 matmuls with one float sum per block (verify
+    /// passes of several rows up to ~1.4x faster; AVX-512 kernels). Tokens
+    /// then agree with llama.cpp's only to rounding; speculative output
+    /// still equals plain decoding's.
+    #[arg(long = "fast-kernels")]
+    pub fast_kernels: bool,
     /// How the KV cache stores keys and values: `f16` (half the memory;
     /// on the CPU llama.cpp's default configuration, f16 cache with flash
     /// attention) or `f32` (llama.cpp's precise one,
@@ -94,14 +97,11 @@ impl ModelArgs {
     fn check(&self) -> Result<()> {
         for (set, flag) in [
             (self.no_repack, "--no-repack"),
-            (self.fast_attention, "--fast-attention"),
+            (self.fast_kernels, "--fast-kernels"),
         ] {
             if set && self.backend != BackendKind::Cpu {
                 anyhow::bail!("{flag} applies to the cpu backend only");
             }
-        }
-        if self.fast_attention && self.kv_type == KvTypeArg::F32 {
-            crate::out::warn("--fast-attention has no effect with --kv-type f32");
         }
         match self.threads {
             Some(_) if self.backend != BackendKind::Cpu => {
@@ -148,8 +148,8 @@ pub fn with_backend(args: &ModelArgs, job: impl Job) -> Result<()> {
             if args.no_repack {
                 backend = backend.without_packing();
             }
-            if args.fast_attention {
-                backend = backend.with_fast_attention();
+            if args.fast_kernels {
+                backend = backend.with_fast_kernels();
             }
             job.run(load(args, Arc::new(backend))?)
         }

@@ -826,7 +826,7 @@ fn flags_are_honoured_refused_or_warned_about() {
         &["bench", "-m", "x.gguf", "--draft", "ngram", "-p", "64"],
     );
     assert!(err.contains("cannot be used with"), "{err}");
-    for flag in ["--no-repack", "--fast-attention"] {
+    for flag in ["--no-repack", "--fast-kernels"] {
         let err = fails_with(
             1,
             &["run", "-m", "x.gguf", "-p", "hi", "--backend", "wgpu", flag],

@@ -5,7 +5,9 @@
 //! median of the pairs' ratios).
 //!
 //! cargo run --release -p blockdraft-cpu --example matmul_bench [-- TYPES THREADS NS]
-//! e.g. `-- Q4_K,Q6_K 1,2 1,2,4,8,16` (these are the defaults).
+//! e.g. `-- Q4_K,Q6_K 1,2 1,2,4,8,16` (these are the defaults);
+//! `BENCH_FAST=1`: the packed layouts of the fast kernels
+//! (`CpuBackend::with_fast_kernels`).
 
 use blockdraft_cpu::kernels::{matmul, matmul_packed, pack, WeightRef};
 use blockdraft_cpu::pool::ThreadPool;
@@ -133,6 +135,7 @@ fn main() {
             (r.parse().unwrap(), c.parse().unwrap())
         })
         .collect();
+    let fast = std::env::var("BENCH_FAST").is_ok_and(|v| v == "1");
     let mut rng = Rng(0x1234_5678_9abc_def1);
 
     for &t in &threads {
@@ -160,7 +163,7 @@ fn main() {
             };
             for &t in &threads {
                 let pool = ThreadPool::new(t);
-                let packed = pack(&pool, &w);
+                let packed = pack(&pool, &w, fast);
                 let mut t1 = [None; 2];
                 for &n in &ns {
                     let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();

@@ -135,10 +135,9 @@ pub struct CpuBackend {
     /// Matrices move into huge-page memory on first use, packed for the
     /// faster kernels where they exist (see [`CpuWeight`]).
     packing: bool,
-    /// An f16 cache runs the tiled attention (its own float sequence, fast
-    /// at depth and for verify rows) instead of llama.cpp's flash attention
-    /// ([`Self::with_fast_attention`]).
-    tiled_attention: bool,
+    /// Faster kernels in their own float sequences where llama.cpp's cost
+    /// speed ([`Self::with_fast_kernels`]).
+    fast_kernels: bool,
     /// Bytes of packed copies made so far.
     packed_bytes: AtomicUsize,
     /// Bytes of plain (unpacked) copies made so far.
@@ -164,8 +163,8 @@ impl CpuBackend {
     /// rows; the same bits on AVX2 and AVX-512 VNNI; equal to llama.cpp's
     /// to rounding, still independent of the batch): for llama.cpp's exact
     /// results use [`Self::without_packing`] or
-    /// [`Self::matching_llamacpp_batches`]. [`Self::with_fast_attention`]
-    /// trades llama.cpp's attention sequence for speed at depth.
+    /// [`Self::matching_llamacpp_batches`]. [`Self::with_fast_kernels`]
+    /// trades llama.cpp's tokens for speed.
     pub fn new(n_threads: usize) -> Self {
         CpuBackend {
             pool: ThreadPool::new(n_threads.max(1)),
@@ -173,7 +172,7 @@ impl CpuBackend {
             simd: true,
             llamacpp_batches: false,
             packing: true,
-            tiled_attention: false,
+            fast_kernels: false,
             packed_bytes: AtomicUsize::new(0),
             copied_bytes: AtomicUsize::new(0),
             loaded_bytes: AtomicU64::new(0),
@@ -213,17 +212,26 @@ impl CpuBackend {
         }
     }
 
-    /// An f16 cache's attention in the tiled kernel's own float sequence
-    /// (`attention::tiled_attention_f16`: f32 accumulators, keys shared by
-    /// the rows of a pass) instead of llama.cpp's flash attention, whose
-    /// f16 accumulator is rounded at every key: on Zen 3 (AVX2) 0.9-2.9x as
-    /// fast for a decode row and 1.6-3.4x for 8 verify rows over 64-512
-    /// keys, more at depth, at the cost of llama.cpp's exact tokens (97.75 %
-    /// top-1 agreement on SmolLM2).
-    /// Not on wasm32, which has no FMA instruction: the tiled kernel's
-    /// fused multiply-adds would run in software there.
-    pub fn with_fast_attention(mut self) -> Self {
-        self.tiled_attention = !cfg!(target_arch = "wasm32");
+    /// Kernels in their own float sequences where llama.cpp's cost speed,
+    /// at the price of llama.cpp's exact tokens (a pass's rows still do not
+    /// depend on each other, so speculative output stays plain decoding's):
+    /// - an f16 cache's attention in the tiled kernel
+    ///   (`attention::tiled_attention_f16`: f32 accumulators, keys shared by
+    ///   the rows of a pass) instead of llama.cpp's flash attention, whose
+    ///   f16 accumulator is rounded at every key: on Zen 3 (AVX2) 0.9-2.9x
+    ///   as fast for a decode row and 1.6-3.4x for 8 verify rows over
+    ///   64-512 keys, more at depth;
+    /// - packed Q4_1, Q5_0 and Q8_0 (x86) with one float sum per block
+    ///   instead of llama.cpp's eight lanes (`x86_packed`), and their
+    ///   AVX-512 VNNI kernels.
+    ///
+    /// Top-1 agreement with llama-server's defaults: SmolLM2 97.11 % (100 %
+    /// by default), Qwen2.5-Coder-0.5B 100 %, 1.5B 99.05 %, Gemma 3 270M
+    /// 98.11 % (`tests/llamacpp_agreement.rs`). Not on wasm32, which has no
+    /// FMA instruction: the tiled kernel's fused multiply-adds would run in
+    /// software there, and the packed kernels are x86's.
+    pub fn with_fast_kernels(mut self) -> Self {
+        self.fast_kernels = !cfg!(target_arch = "wasm32");
         self
     }
 
@@ -270,7 +278,7 @@ impl CpuBackend {
         // Matching llama.cpp bit for bit, only the layouts in its sequence.
         let pack = !self.llamacpp_batches || kernels::packed_follows_llamacpp(w.ty);
         if let Some(p) = pack
-            .then(|| kernels::pack(&self.pool, &w.matrix()))
+            .then(|| kernels::pack(&self.pool, &w.matrix(), self.fast_kernels))
             .flatten()
         {
             self.packed_bytes.fetch_add(p.bytes(), Ordering::Relaxed);
@@ -339,8 +347,8 @@ impl Device for CpuBackend {
             } else {
                 "scalar"
             },
-            if self.tiled_attention {
-                ", fast attention"
+            if self.fast_kernels {
+                ", fast kernels"
             } else {
                 ""
             }
@@ -638,7 +646,7 @@ impl AttentionOps for CpuBackend {
             (true, true)
                 // Compiled out on wasm32, which never runs it (80 KB of module).
                 if cfg!(not(target_arch = "wasm32"))
-                    && self.tiled_attention
+                    && self.fast_kernels
                     && attention::tiled_supports_head_dim(p.head_dim) =>
             {
                 attention::tiled_attention_f16(pool, q, &k.half, &v.half, mask, p, out)
@@ -864,9 +872,9 @@ mod tests {
     fn the_name_counts_threads_and_memory_is_known_on_linux() {
         assert!(CpuBackend::new(1).name().starts_with("cpu (1 thread, "));
         assert!(CpuBackend::new(2).name().starts_with("cpu (2 threads, "));
-        let fast = CpuBackend::new(2).with_fast_attention().name();
+        let fast = CpuBackend::new(2).with_fast_kernels().name();
         assert_eq!(
-            fast.ends_with(", fast attention)"),
+            fast.ends_with(", fast kernels)"),
             !cfg!(target_arch = "wasm32"),
             "{fast}"
         );

@@ -101,21 +101,20 @@ fn packing_in_llamacpps_sequence_gives_bit_identical_logits() {
     }
 }
 
-/// The default backend packs every type it has a kernel for; where a
-/// layout has its own float sequence (AVX-512 VNNI) its logits are as
-/// close to the scalar reference's as the unpacked kernels' are (a model
-/// that quantizes activations before every matmul turns any rounding
-/// difference into ~0.3-0.6 in logits: the unpacked AVX2 kernels against
-/// the scalar ones measured 0.26-0.65 here, the packed 0.29-0.62), and give
-/// the same next token outside near ties.
+/// The default backend packs every type it has a kernel for, and the fast
+/// kernels (`with_fast_kernels`) pack Q5_0 and Q8_0 in their own sequence
+/// too; where a layout has its own float sequence its logits are as close
+/// to the scalar reference's as the unpacked kernels' are (a model that
+/// quantizes activations before every matmul turns any rounding difference
+/// into ~0.3-0.6 in logits: the unpacked AVX2 kernels against the scalar
+/// ones measured 0.26-0.65 here, the packed 0.29-0.62), and give the same
+/// next token outside near ties.
 #[test]
 fn default_packing_covers_every_packed_type_within_rounding() {
     let Some(path) = common::model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
         return;
     };
     let file = GgufFile::open(&path).unwrap();
-    let packed = Arc::new(CpuBackend::new(2));
-    let got = logits(&file, packed.clone());
     let unpacked = logits(&file, Arc::new(CpuBackend::new(2).without_packing()));
     let reference = logits(&file, Arc::new(CpuBackend::scalar(2)));
     let (exact, own) = packed_types();
@@ -125,26 +124,34 @@ fn default_packing_covers_every_packed_type_within_rounding() {
             blockdraft_cpu::kernels::simd_level()
         );
     }
-    let all: Vec<GgmlType> = exact.iter().chain(&own).copied().collect();
-    let (packed_bytes, copied_bytes) = expected_resident_bytes(&file, &all);
-    assert_eq!(packed.packed_bytes() as u64, packed_bytes);
-    assert_eq!(packed.copied_bytes() as u64, copied_bytes);
-    let max_diff =
-        |a: &[f32], b: &[f32]| a.iter().zip(b).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
-    let n_vocab = 151936;
-    for (pass, ((g, u), r)) in got.iter().zip(&unpacked).zip(&reference).enumerate() {
-        let (packed_err, unpacked_err) = (max_diff(g, r), max_diff(u, r));
-        eprintln!("pass {pass}: against the scalar kernels, packed {packed_err:.3}, unpacked {unpacked_err:.3}");
-        assert!(packed_err <= 2.0 * unpacked_err + 1e-3, "pass {pass}");
-        for (row_g, row_u) in g.chunks_exact(n_vocab).zip(u.chunks_exact(n_vocab)) {
-            let top = argmax(row_u) as usize;
-            let second = row_u
-                .iter()
-                .enumerate()
-                .filter(|&(i, _)| i != top)
-                .fold(f32::MIN, |m, (_, &v)| m.max(v));
-            if row_u[top] - second > 2.0 * max_diff(row_g, row_u) {
-                assert_eq!(argmax(row_g), top as u32, "pass {pass}");
+    for backend in [CpuBackend::new(2), CpuBackend::new(2).with_fast_kernels()] {
+        let packed = Arc::new(backend);
+        let name = packed.name();
+        let got = logits(&file, packed.clone());
+        let all: Vec<GgmlType> = exact.iter().chain(&own).copied().collect();
+        let (packed_bytes, copied_bytes) = expected_resident_bytes(&file, &all);
+        assert_eq!(packed.packed_bytes() as u64, packed_bytes, "{name}");
+        assert_eq!(packed.copied_bytes() as u64, copied_bytes, "{name}");
+        let max_diff =
+            |a: &[f32], b: &[f32]| a.iter().zip(b).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+        let n_vocab = 151936;
+        for (pass, ((g, u), r)) in got.iter().zip(&unpacked).zip(&reference).enumerate() {
+            let (packed_err, unpacked_err) = (max_diff(g, r), max_diff(u, r));
+            eprintln!("{name}, pass {pass}: against the scalar kernels, packed {packed_err:.3}, unpacked {unpacked_err:.3}");
+            assert!(
+                packed_err <= 2.0 * unpacked_err + 1e-3,
+                "{name}, pass {pass}"
+            );
+            for (row_g, row_u) in g.chunks_exact(n_vocab).zip(u.chunks_exact(n_vocab)) {
+                let top = argmax(row_u) as usize;
+                let second = row_u
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| i != top)
+                    .fold(f32::MIN, |m, (_, &v)| m.max(v));
+                if row_u[top] - second > 2.0 * max_diff(row_g, row_u) {
+                    assert_eq!(argmax(row_g), top as u32, "{name}, pass {pass}");
+                }
             }
         }
     }

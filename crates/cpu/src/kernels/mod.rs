@@ -687,11 +687,12 @@ pub fn packed_follows_llamacpp(ty: GgmlType) -> bool {
 
 /// The packed form of `w`, where this CPU has a packed kernel for its type
 /// and shape (x86: Q4_K, Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL and Q6_K on AVX2 and
-/// AVX-512 VNNI, with whole groups of 8 rows).
-/// Packing runs on the pool.
-pub fn pack(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
+/// AVX-512 VNNI, with whole groups of 8 rows). `fast`: Q4_1, Q5_0 and Q8_0
+/// in the packed layout's own float sequence instead of llama.cpp's (see
+/// `x86_packed`). Packing runs on the pool.
+pub fn pack(pool: &ThreadPool, w: &WeightRef, fast: bool) -> Option<PackedWeight> {
     #[cfg(target_arch = "x86_64")]
-    if let Some(layout) = x86_packed::layout(w.ty) {
+    if let Some(layout) = x86_packed::layout(w.ty, fast) {
         // The AVX-512 kernels read groups in pairs, laid out interleaved.
         let avx512 = layout.kernel_avx512.filter(|_| x86::has_avx512_vnni());
         let (kernel, tile_groups) = if let Some(kernel) = avx512 {
@@ -703,7 +704,7 @@ pub fn pack(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
         };
         return pack_for(pool, w, layout, kernel, tile_groups);
     }
-    let _ = (pool, w);
+    let _ = (pool, w, fast);
     None
 }
 

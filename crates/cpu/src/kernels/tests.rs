@@ -773,10 +773,11 @@ fn results_independent_of_batch_and_tiling() {
     }
 }
 
-/// `pack(w)`, which packs exactly where this CPU has packed kernels (x86:
-/// Q4_K, Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL and Q6_K on AVX2 and AVX-512 VNNI).
-fn packed_where_supported(pool: &ThreadPool, w: &WeightRef) -> Option<PackedWeight> {
-    let packed = pack(pool, w);
+/// `pack(w, fast)`, which packs exactly where this CPU has packed kernels
+/// (x86: Q4_K, Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL and Q6_K on AVX2 and AVX-512
+/// VNNI).
+fn packed_where_supported(pool: &ThreadPool, w: &WeightRef, fast: bool) -> Option<PackedWeight> {
+    let packed = pack(pool, w, fast);
     let supported = cfg!(target_arch = "x86_64") && simd_level().starts_with("avx");
     if !supported {
         eprintln!(
@@ -815,7 +816,7 @@ fn packed_weights_match_the_ggml_layout_bit_for_bit() {
             rows,
             cols,
         };
-        let Some(packed) = packed_where_supported(&pools[1], &w) else {
+        let Some(packed) = packed_where_supported(&pools[1], &w, false) else {
             return;
         };
         // Q4_K's scales and mins are stored unpacked; the others' bytes
@@ -841,7 +842,7 @@ fn packed_weights_match_the_ggml_layout_bit_for_bit() {
                     );
                 }
                 // The AVX2 kernel, where the one above was the AVX-512 one.
-                assert_avx2_packed_kernel_agrees(pool, &w, &x, &got);
+                assert_avx2_packed_kernel_agrees(pool, (&w, false), &x, &got);
             }
         }
     }
@@ -853,16 +854,18 @@ fn packed_weights_match_the_ggml_layout_bit_for_bit() {
             rows,
             cols: 256,
         };
-        assert!(pack(&pools[0], &w).is_none(), "{ty} {rows} rows");
+        assert!(pack(&pools[0], &w, false).is_none(), "{ty} {rows} rows");
     }
 }
 
-/// The float sequence of packed 32-value blocks that llama.cpp repacks
-/// (Q4_0, as its repacked kernels run it, its AVX2 gemv and gemm alike;
-/// IQ4_NL) for one output: `acc = fma(sum_b, d_w * d_x, acc)` over the
-/// blocks, `sum_b` the block's exact integer dot.
-fn block32_packed_reference(ty: GgmlType, w_row: &[u8], xq: &[i8], dx: &[f32]) -> f32 {
-    let mut acc = 0f32;
+/// The float sequence of packed 32-value blocks with one scale (Q4_0, as
+/// llama.cpp's repacked kernels run it, its AVX2 gemv and gemm alike;
+/// IQ4_NL; Q4_1, Q5_0 and Q8_0 in the fast kernels) for one output: `acc = fma(sum_b,
+/// d_w * d_x, acc)` over the blocks, `sum_b` the block's exact integer dot;
+/// Q4_1's mins as llama.cpp takes them, `acc_min = fma(m, s_x, acc_min)`
+/// (`sx`: the activation blocks' stored sums), added at the end.
+fn block32_packed_reference(ty: GgmlType, w_row: &[u8], xq: &[i8], dx: &[f32], sx: &[f32]) -> f32 {
+    let (mut acc, mut acc_min) = (0f32, 0f32);
     for (b, blk) in w_row.chunks_exact(ty.block_bytes()).enumerate() {
         let dw = f16v(blk, 0);
         // Value t's nibble of the 16 bytes at `at` (low: t < 16).
@@ -870,29 +873,47 @@ fn block32_packed_reference(ty: GgmlType, w_row: &[u8], xq: &[i8], dx: &[f32]) -
         let value = |t: usize| -> i32 {
             match ty {
                 Q4_0 => nibble(2, t) - 8,
+                Q4_1 => nibble(4, t),
+                Q5_0 => {
+                    let qh = u32::from_le_bytes(blk[2..6].try_into().unwrap());
+                    (nibble(6, t) | ((qh >> t & 1) << 4) as i32) - 16
+                }
+                Q8_0 => blk[2 + t] as i8 as i32,
                 IQ4_NL => blockdraft_gguf::quants::iquants::KVALUES[nibble(2, t) as usize] as i32,
                 _ => unreachable!("{ty}"),
             }
         };
         let sum: i32 = (0..32).map(|t| value(t) * xq[32 * b + t] as i32).sum();
         acc = (sum as f32).mul_add(dw * dx[b], acc);
+        if ty == Q4_1 {
+            acc_min = f16v(blk, 2).mul_add(sx[b], acc_min);
+        }
     }
-    acc
+    if ty == Q4_1 {
+        acc + acc_min
+    } else {
+        acc
+    }
 }
 
 /// Packed Q4_0 gives llama.cpp's repacked-Q4_0 results bit for bit (the
 /// ggml-layout kernel follows its unpacked gemv instead, so the two agree
-/// only to rounding), and packed IQ4_NL the same sequence, for every batch
-/// size and thread count, with an odd last group of 8 rows.
+/// only to rounding), and packed IQ4_NL the same sequence, as do the fast
+/// kernels' Q4_1, Q5_0 and Q8_0, for every batch size and thread count,
+/// with an odd last group of 8 rows.
 #[test]
 fn packed_32_blocks_follow_llamacpp_repacked_sequence() {
-    for (ty, seed) in [(Q4_0, 6), (IQ4_NL, 12)] {
+    let fast_only = [(Q4_1, 10), (Q5_0, 8), (Q8_0, 9)].map(|(ty, seed)| (ty, seed, true));
+    for (ty, seed, fast) in [(Q4_0, 6, false), (IQ4_NL, 12, false)]
+        .into_iter()
+        .chain(fast_only)
+    {
         check_packed_sequence(
-            ty,
+            (ty, fast),
             seed,
             &[(8, 32), (16, 256), (24, 64), (40, 1536)],
             &[1, 3, 8, 11],
-            |w_row, xq, dx, _| block32_packed_reference(ty, w_row, xq, dx),
+            |w_row, xq, dx, sx| block32_packed_reference(ty, w_row, xq, dx, sx),
         );
     }
 }
@@ -925,7 +946,7 @@ fn q6_k_packed_reference(w_row: &[u8], xq: &[i8], dx: &[f32]) -> f32 {
 #[test]
 fn packed_q6_k_follows_its_documented_sequence() {
     check_packed_sequence(
-        Q6_K,
+        (Q6_K, false),
         7,
         &[(8, 256), (24, 512), (48, 1536)],
         &[1, 2, 5, 8, 11],
@@ -933,14 +954,14 @@ fn packed_q6_k_follows_its_documented_sequence() {
     );
 }
 
-/// Packed `ty` against `reference` (one output of its documented float
+/// Packed `ty` (`fast`: the fast kernels' layout) against `reference` (one output of its documented float
 /// sequence, from a weight row and a quantized activation row: quants,
 /// scales, and the block sums llama.cpp stores with them) bit for bit,
 /// for every shape, batch size `n` and thread count; within rounding of
 /// the ggml-layout kernels; and, on AVX-512 VNNI, bit-identical to the
 /// AVX2 kernel. Skips visibly where this CPU does not pack `ty`.
 fn check_packed_sequence(
-    ty: GgmlType,
+    (ty, fast): (GgmlType, bool),
     seed: u64,
     shapes: &[(usize, usize)],
     ns: &[usize],
@@ -957,7 +978,7 @@ fn check_packed_sequence(
             rows,
             cols,
         };
-        let Some(packed) = packed_where_supported(&pools[1], &w) else {
+        let Some(packed) = packed_where_supported(&pools[1], &w, fast) else {
             return;
         };
         assert_eq!(packed.bytes(), data.len());
@@ -1006,20 +1027,26 @@ fn check_packed_sequence(
                         "{ty}: {g} vs ggml layout {e}"
                     );
                 }
-                assert_avx2_packed_kernel_agrees(pool, &w, &x, &got);
+                assert_avx2_packed_kernel_agrees(pool, (&w, fast), &x, &got);
             }
         }
     }
 }
 
 /// Where the packed kernel that ran (`got`) was the AVX-512 one, the AVX2
-/// kernel on `w` packed for it gives `got` bit for bit.
-fn assert_avx2_packed_kernel_agrees(pool: &ThreadPool, w: &WeightRef, x: &[f32], got: &[f32]) {
+/// kernel on `w` packed for it (`fast`: the fast kernels') gives `got` bit
+/// for bit.
+fn assert_avx2_packed_kernel_agrees(
+    pool: &ThreadPool,
+    (w, fast): (&WeightRef, bool),
+    x: &[f32],
+    got: &[f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if super::x86::has_avx512_vnni() {
         // Packed again: the AVX-512 kernels' layout interleaves pairs of
         // groups, the AVX2 kernel's does not.
-        let layout = super::x86_packed::layout(w.ty).unwrap();
+        let layout = super::x86_packed::layout(w.ty, fast).unwrap();
         let alone = super::pack_for(pool, w, layout, layout.kernel, 1).unwrap();
         let mut base = vec![f32::NAN; got.len()];
         super::matmul_packed(pool, &alone, x, &mut base);
@@ -1032,7 +1059,7 @@ fn assert_avx2_packed_kernel_agrees(pool: &ThreadPool, w: &WeightRef, x: &[f32],
             x.len() / w.cols
         );
     }
-    let _ = (pool, w, x, got);
+    let _ = (pool, w, fast, x, got);
 }
 
 /// `w` as the CPU backend reads it: packed where this CPU packs its type,
@@ -1074,7 +1101,7 @@ fn products_of_one_input_equal_their_matmuls() {
                 cols,
             })
             .collect();
-        let packed: Vec<_> = ws.iter().map(|w| pack(&pool, w)).collect();
+        let packed: Vec<_> = ws.iter().map(|w| pack(&pool, w, false)).collect();
         let biases: Vec<Vec<f32>> = set
             .iter()
             .map(|&(_, rows)| (0..rows).map(|_| rng.f()).collect())
@@ -1135,7 +1162,7 @@ fn paired_products_combine_like_their_matmuls() {
             rows,
             cols,
         };
-        let (pa, pb) = (pack(&pool, &wa), pack(&pool, &wb));
+        let (pa, pb) = (pack(&pool, &wa, false), pack(&pool, &wb, false));
         // A combination whose result shows the column it was given.
         let combine = |c0: usize, a: &[f32], b: &[f32], o: &mut [f32]| {
             for (j, ((o, a), b)) in o.iter_mut().zip(a).zip(b).enumerate() {

@@ -15,8 +15,9 @@
 //! (`block32_group`); those it runs unpacked (Q4_1, Q5_0, Q8_0) keep its
 //! eight float lanes per output (`block32_lanes_group`), which still saves
 //! the unpacking per activation row and the horizontal sums: packed Q4_1
-//! ran 2.6-2.8x as fast as ggml's layout for one row and 1.3-1.9x for 2 to
-//! 8 on one Zen 3 core (SmolLM2's shapes). Q6_K's 6-bit
+//! ran 2.4-2.7x as fast as ggml's layout for one row and 1.3-1.8x for 4 to
+//! 8 on one Zen 3 core (SmolLM2's shapes; in the fast kernels' own sequence,
+//! `block32_group`, 3.2-3.4x and 2.2-2.8x). Q6_K's 6-bit
 //! products fit two, not eight, to an i16 sum (`q6_k_group`): 13 multiplies
 //! per (256 values, activation row) instead of 16, the same speed for one
 //! row and 1.1-1.4x for 2 to 8. Multiplies are what an AVX2 verify batch
@@ -40,8 +41,10 @@
 //! IQ4_NL takes that sequence too, and Q6_K its per-super-block form: their
 //! own, equal to llama.cpp's to rounding. Q4_1, Q5_0 and Q8_0 give the
 //! ggml-layout kernels' (llama.cpp's) bits; they have no AVX-512 kernel
-//! (the AVX2 one runs there). A type's AVX2 and AVX-512 kernels give the
-//! same bits.
+//! (the AVX2 one runs there). The fast kernels (`layout`'s `fast`) run
+//! them in Q4_0's sequence instead, one float sum per block, with AVX-512
+//! forms: their own, equal to llama.cpp's to rounding. A type's AVX2 and
+//! AVX-512 kernels give the same bits.
 
 use super::x86::{k4_scales, prefetch_ahead, prefetch_lines};
 use super::{tile_kernel, Act, Kernel};
@@ -140,8 +143,10 @@ macro_rules! x16_kernel {
     }};
 }
 
-/// The packed layout of `ty`, if it has one.
-pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
+/// The packed layout of `ty`, if it has one; `fast`: the fast kernels'
+/// own sequence for Q4_1, Q5_0 and Q8_0 (one float sum per block, as
+/// Q4_0's, with AVX-512 VNNI forms) instead of llama.cpp's eight lanes.
+pub(crate) fn layout(ty: GgmlType, fast: bool) -> Option<&'static Layout> {
     static Q4_K: Layout = Layout {
         block_len: 256,
         src_block_bytes: 144,
@@ -207,7 +212,37 @@ pub(crate) fn layout(ty: GgmlType) -> Option<&'static Layout> {
         kernel_avx512: Some(x16_kernel!(block32_group16, Q4_0_GROUP_BLOCK, kind::Iq4Nl)),
         llamacpp_gemm_order: false,
     };
+    static Q5_0_FAST: Layout = Layout {
+        block_len: 32,
+        src_block_bytes: 22,
+        group_block_bytes: Q5_0_GROUP_BLOCK,
+        pack_group: pack_q5_0_group,
+        kernel: x8_kernel!(block32_group, kind::Q5_0),
+        kernel_avx512: Some(x16_kernel!(block32_group16, Q5_0_GROUP_BLOCK, kind::Q5_0)),
+        llamacpp_gemm_order: false,
+    };
+    static Q4_1_FAST: Layout = Layout {
+        block_len: 32,
+        src_block_bytes: 20,
+        group_block_bytes: Q4_1_GROUP_BLOCK,
+        pack_group: pack_q4_1_group,
+        kernel: x8_kernel!(block32_group, kind::Q4_1),
+        kernel_avx512: Some(x16_kernel!(block32_group16, Q4_1_GROUP_BLOCK, kind::Q4_1)),
+        llamacpp_gemm_order: false,
+    };
+    static Q8_0_FAST: Layout = Layout {
+        block_len: 32,
+        src_block_bytes: 34,
+        group_block_bytes: Q8_0_GROUP_BLOCK,
+        pack_group: pack_q8_0_group,
+        kernel: x8_kernel!(block32_group, kind::Q8_0),
+        kernel_avx512: Some(x16_kernel!(block32_group16, Q8_0_GROUP_BLOCK, kind::Q8_0)),
+        llamacpp_gemm_order: false,
+    };
     match ty {
+        GgmlType::Q4_1 if fast => Some(&Q4_1_FAST),
+        GgmlType::Q5_0 if fast => Some(&Q5_0_FAST),
+        GgmlType::Q8_0 if fast => Some(&Q8_0_FAST),
         GgmlType::IQ4_NL => Some(&IQ4_NL),
         GgmlType::Q4_1 => Some(&Q4_1),
         GgmlType::Q5_0 => Some(&Q5_0),
@@ -852,16 +887,20 @@ mod kind {
 }
 
 /// The outputs of two packed groups (`a`: lanes 0..8, `b`: 8..16) of a
-/// [`Block32`] type llama.cpp repacks (Q4_0, IQ4_NL) for each activation
-/// row, one i32 lane per weight row.
+/// [`Block32`] type for each activation row, one i32 lane per weight row.
 ///
 /// Float sequence: per block, the exact integer dot `sum_t q_t x_t` of the
 /// block's signed values, then `acc = fma(sum, d * dx, acc)` — llama.cpp's
 /// repacked Q4_0 sequence, so packed Q4_0 gives its AVX2 kernel's results
-/// bit for bit. The values go to `vpdpbusd` unsigned, stored + 8 (Q4_0) or
-/// made so (IQ4_NL's nibbles look up their grid value + 128), the offset
-/// taken off with the block's sum of activation quants: eight instructions
-/// per (block, activation row, 16 weight rows).
+/// bit for bit; for Q4_1, Q5_0 and Q8_0 this sequence is the fast
+/// kernels' own ([`layout`]'s `fast`; by default they follow llama.cpp's
+/// eight lanes, [`block32_lanes_group`]).
+/// Q4_1's mins go as in llama.cpp, `acc_min = fma(m, s_x, acc_min)` per
+/// block (`s_x` its activation block's stored sum), added at the end. The
+/// values go to `vpdpbusd` unsigned, stored + 8 (Q4_0), + 16 (Q5_0) or
+/// made so (+ 128, Q8_0; IQ4_NL's nibbles look up their grid value + 128),
+/// the offset taken off with the block's sum of activation quants: eight
+/// instructions per (block, activation row, 16 weight rows).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn block32_group16<T: Block32Kind, const NR: usize>(
@@ -872,31 +911,63 @@ unsafe fn block32_group16<T: Block32Kind, const NR: usize>(
     x: &[Act; NR],
 ) -> [__m512; NR] {
     let ty = T::TY;
-    debug_assert!(!ty.eight_lanes());
     let offset = match ty {
-        Block32::Iq4Nl => 128,
-        _ => 8,
+        Block32::Q4_0 => 8,
+        Block32::Q4_1 => 0,
+        Block32::Q5_0 => 16,
+        Block32::Q8_0 | Block32::Iq4Nl => 128,
     };
     // IQ4_NL: its grid + 128 (the values as `vpdpbusd` takes them) in each
     // 128-bit lane, for `vpshufb` to index by nibble.
     let grid = blockdraft_gguf::quants::iquants::KVALUES.map(|v| (v as u8) ^ 0x80);
     let grid = _mm512_broadcast_i32x4(_mm_loadu_si128(grid.as_ptr() as *const __m128i));
     let mut acc = [_mm512_setzero_ps(); NR];
+    let mut acc_min = [_mm512_setzero_ps(); NR];
     let low4 = _mm512_set1_epi8(0x0F);
+    let sixteen = _mm512_set1_epi8(0x10);
+    let sign = _mm512_set1_epi8(-128);
     for blk in 0..nb {
         let (pa, pb) = (a.add(blk * stride), b.add(blk * stride));
         prefetch_ahead(pa, stride, 0, 1);
         let d = both_f16(pa, pb, 0);
         // q[k]: values 4k..4k+4 of each row, in its lane.
         let mut q = [_mm512_setzero_si512(); 8];
-        for c in 0..4 {
-            let v = both32(pa, pb, ty.quants_at() + 32 * c);
-            q[c] = _mm512_and_si512(v, low4);
-            q[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-        }
-        if ty == Block32::Iq4Nl {
-            for qk in q.iter_mut() {
-                *qk = _mm512_shuffle_epi8(grid, *qk);
+        match ty {
+            Block32::Q8_0 => {
+                for (k, qk) in q.iter_mut().enumerate() {
+                    *qk = _mm512_xor_si512(both32(pa, pb, ty.quants_at() + 32 * k), sign);
+                }
+            }
+            Block32::Q4_0 | Block32::Q4_1 | Block32::Q5_0 | Block32::Iq4Nl => {
+                for c in 0..4 {
+                    let v = both32(pa, pb, ty.quants_at() + 32 * c);
+                    q[c] = _mm512_and_si512(v, low4);
+                    q[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                }
+                if ty == Block32::Iq4Nl {
+                    for qk in q.iter_mut() {
+                        *qk = _mm512_shuffle_epi8(grid, *qk);
+                    }
+                }
+                if ty == Block32::Q5_0 {
+                    // Byte c of a row's word to its lane's four bytes, then
+                    // bit t (low nibbles) or 4 + t (high) of byte t to 16.
+                    let bits = both32(pa, pb, 16);
+                    for c in 0..4 {
+                        // Byte 4j + c for the four bytes of dword j of each
+                        // 128-bit lane (vpshufb indexes within the lane).
+                        let idx = _mm512_add_epi8(
+                            _mm512_set4_epi32(0x0C0C_0C0C, 0x0808_0808, 0x0404_0404, 0),
+                            _mm512_set1_epi8(c as i8),
+                        );
+                        let spread = _mm512_shuffle_epi8(bits, idx);
+                        let k_lo = _mm512_test_epi8_mask(spread, _mm512_set1_epi32(0x0804_0201));
+                        let k_hi =
+                            _mm512_test_epi8_mask(spread, _mm512_set1_epi32(0x8040_2010u32 as i32));
+                        q[c] = _mm512_mask_add_epi8(q[c], k_lo, q[c], sixteen);
+                        q[4 + c] = _mm512_mask_add_epi8(q[4 + c], k_hi, q[4 + c], sixteen);
+                    }
+                }
             }
         }
         for i in 0..NR {
@@ -909,8 +980,18 @@ unsafe fn block32_group16<T: Block32Kind, const NR: usize>(
             let dx = _mm512_set1_ps(*x[i].d.add(blk));
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, dx), acc[i]);
         }
+        if ty == Block32::Q4_1 {
+            let m = both_f16(pa, pb, 16);
+            for i in 0..NR {
+                let s = _mm512_set1_ps(*x[i].s.add(blk));
+                acc_min[i] = _mm512_fmadd_ps(m, s, acc_min[i]);
+            }
+        }
     }
-    acc
+    match ty {
+        Block32::Q4_1 => std::array::from_fn(|i| _mm512_add_ps(acc[i], acc_min[i])),
+        _ => acc,
+    }
 }
 
 impl Block32 {
@@ -925,9 +1006,10 @@ impl Block32 {
     }
 
     /// llama.cpp runs this type unpacked (its `vec_dot`, eight float lanes
-    /// per output), so the packed kernel follows that sequence
-    /// ([`block32_lanes_group`]); it repacks Q4_0 and IQ4_NL, whose
-    /// sequence [`block32_group`] follows.
+    /// per output), so the default packed kernel follows that sequence
+    /// ([`block32_lanes_group`]; the fast kernels take [`block32_group`]'s);
+    /// it repacks Q4_0 and IQ4_NL, whose sequence [`block32_group`]
+    /// follows.
     const fn eight_lanes(self) -> bool {
         matches!(self, Block32::Q4_1 | Block32::Q5_0 | Block32::Q8_0)
     }
@@ -948,11 +1030,13 @@ impl Block32 {
 /// bit-identical.
 ///
 /// The integer dots: `maddubs` multiplies unsigned by signed bytes into
-/// saturating i16 pairs. Q4_0 (values as stored, 0..=15): all eight
-/// `maddubs` of a block in i16 (|sum| <= 8 * 2 * 15 * 127), then one
-/// `madd`; the stored +8 comes off with the block's sum of activation
-/// quants. IQ4_NL (signed): the value's magnitude times the activation
-/// with the value's sign, one `madd` each (|pair| <= 2 * 128 * 127).
+/// saturating i16 pairs, so each type sums only what cannot overflow.
+/// Q4_0 and Q4_1 (values as stored, 0..=15): all eight `maddubs` of a
+/// block in i16 (|sum| <= 8 * 2 * 15 * 127), then one `madd`. Q5_0
+/// (0..=31): four at a time, two `madd`s. Q8_0 and IQ4_NL (signed): the
+/// value's magnitude times the activation with the value's sign, one
+/// `madd` each (|pair| <= 2 * 128 * 127). The stored offset (+8 Q4_0, +16
+/// Q5_0) comes off with the block's sum of activation quants, as there.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn block32_group<T: Block32Kind, const NR: usize>(
@@ -961,24 +1045,51 @@ unsafe fn block32_group<T: Block32Kind, const NR: usize>(
     x: &[Act; NR],
 ) -> [__m256; NR] {
     let ty = T::TY;
-    debug_assert!(!ty.eight_lanes());
-    let signed = ty == Block32::Iq4Nl;
+    let offset = match ty {
+        Block32::Q4_0 => 8,
+        Block32::Q5_0 => 16,
+        Block32::Q4_1 | Block32::Q8_0 | Block32::Iq4Nl => 0,
+    };
+    let signed = matches!(ty, Block32::Q8_0 | Block32::Iq4Nl);
     let grid = _mm256_broadcastsi128_si256(_mm_loadu_si128(
         blockdraft_gguf::quants::iquants::KVALUES.as_ptr() as *const __m128i,
     ));
     let ones = _mm256_set1_epi16(1);
     let block_bytes = ty.group_block_bytes();
     let mut acc = [_mm256_setzero_ps(); NR];
+    // Q4_1's mins, a chain of their own: beside the dots for one or two
+    // activation rows; for more, in a loop after them, so that their
+    // accumulators leave the registers to the dots (the group's blocks are
+    // still in L1 or L2 then): 13 % faster at 4 rows, 15 % slower at 1.
+    let mut acc_min = [_mm256_setzero_ps(); NR];
+    let mins_apart = NR > 2;
+    let add_mins = |acc_min: &mut [__m256; NR], b: usize| {
+        let m = _mm256_cvtph_ps(_mm_loadu_si128(
+            w.add(b * block_bytes + 16) as *const __m128i
+        ));
+        for i in 0..NR {
+            acc_min[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(*x[i].s.add(b)), acc_min[i]);
+        }
+    };
     for b in 0..nb {
         let blk = w.add(b * block_bytes);
         prefetch_ahead(blk, block_bytes, 0, 1);
         let d = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
         // q[k]: values 4k..4k+4 of each row, in its lane.
-        let mut q = unpack_block(blk.add(ty.quants_at()));
-        if signed {
+        let quants = blk.add(ty.quants_at());
+        let mut q = match ty {
+            Block32::Q8_0 => {
+                std::array::from_fn(|k| _mm256_loadu_si256(quants.add(32 * k) as *const __m256i))
+            }
+            Block32::Q4_0 | Block32::Q4_1 | Block32::Q5_0 | Block32::Iq4Nl => unpack_block(quants),
+        };
+        if ty == Block32::Iq4Nl {
             for qk in q.iter_mut() {
                 *qk = _mm256_shuffle_epi8(grid, *qk);
             }
+        }
+        if ty == Block32::Q5_0 {
+            or_fifth_bits(&mut q, blk.add(16));
         }
         // Signed values: their magnitudes, shared by every activation row.
         let magnitude: [__m256i; 8] = if signed {
@@ -988,7 +1099,7 @@ unsafe fn block32_group<T: Block32Kind, const NR: usize>(
         };
         for i in 0..NR {
             let xp = x[i].qs.add(32 * b);
-            let sum = if signed {
+            let dot = if signed {
                 let mut s = _mm256_setzero_si256();
                 for k in 0..8 {
                     let xs = _mm256_sign_epi8(x4(xp.add(4 * k)), q[k]);
@@ -996,16 +1107,36 @@ unsafe fn block32_group<T: Block32Kind, const NR: usize>(
                     s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
                 }
                 s
+            } else if ty == Block32::Q5_0 {
+                let half = |h: usize| {
+                    let mut p = _mm256_setzero_si256();
+                    for (k, &qk) in q.iter().enumerate().skip(4 * h).take(4) {
+                        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(qk, x4(xp.add(4 * k))));
+                    }
+                    _mm256_madd_epi16(p, ones)
+                };
+                _mm256_add_epi32(half(0), half(1))
             } else {
-                // Q4_0's values are stored + 8.
-                let dot = _mm256_madd_epi16(block_pairs(&q, xp), ones);
-                _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * *x[i].b32.add(b) as i32))
+                _mm256_madd_epi16(block_pairs(&q, xp), ones)
             };
+            let sum_x = _mm256_set1_epi32(offset * *x[i].b32.add(b) as i32);
+            let sum = _mm256_sub_epi32(dot, sum_x);
             let dx = _mm256_set1_ps(*x[i].d.add(b));
             acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, dx), acc[i]);
         }
+        if ty == Block32::Q4_1 && !mins_apart {
+            add_mins(&mut acc_min, b);
+        }
     }
-    acc
+    if ty != Block32::Q4_1 {
+        return acc;
+    }
+    if mins_apart {
+        for b in 0..nb {
+            add_mins(&mut acc_min, b);
+        }
+    }
+    std::array::from_fn(|i| _mm256_add_ps(acc[i], acc_min[i]))
 }
 
 /// The eight outputs of one packed group of a [`Block32`] type that
