@@ -124,17 +124,17 @@ fn default_packing_covers_every_packed_type_within_rounding() {
             blockdraft_cpu::kernels::simd_level()
         );
     }
+    let all: Vec<GgmlType> = exact.iter().chain(&own).copied().collect();
+    let (packed_bytes, copied_bytes) = expected_resident_bytes(&file, &all);
+    let max_diff =
+        |a: &[f32], b: &[f32]| a.iter().zip(b).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+    let n_vocab = 151936;
     for backend in [CpuBackend::new(2), CpuBackend::new(2).with_fast_kernels()] {
         let packed = Arc::new(backend);
         let name = packed.name();
         let got = logits(&file, packed.clone());
-        let all: Vec<GgmlType> = exact.iter().chain(&own).copied().collect();
-        let (packed_bytes, copied_bytes) = expected_resident_bytes(&file, &all);
         assert_eq!(packed.packed_bytes() as u64, packed_bytes, "{name}");
         assert_eq!(packed.copied_bytes() as u64, copied_bytes, "{name}");
-        let max_diff =
-            |a: &[f32], b: &[f32]| a.iter().zip(b).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
-        let n_vocab = 151936;
         for (pass, ((g, u), r)) in got.iter().zip(&unpacked).zip(&reference).enumerate() {
             let (packed_err, unpacked_err) = (max_diff(g, r), max_diff(u, r));
             eprintln!("{name}, pass {pass}: against the scalar kernels, packed {packed_err:.3}, unpacked {unpacked_err:.3}");

@@ -174,7 +174,7 @@ pub(crate) fn layout(ty: GgmlType, fast: bool) -> Option<&'static Layout> {
         kernel_avx512: Some(x16_kernel!(q6_k_group16, Q6_K_GROUP_BLOCK)),
         llamacpp_gemm_order: false,
     };
-    static Q5_0: Layout = Layout {
+    const Q5_0: Layout = Layout {
         block_len: 32,
         src_block_bytes: 22,
         group_block_bytes: Q5_0_GROUP_BLOCK,
@@ -183,7 +183,7 @@ pub(crate) fn layout(ty: GgmlType, fast: bool) -> Option<&'static Layout> {
         kernel_avx512: None,
         llamacpp_gemm_order: true,
     };
-    static Q4_1: Layout = Layout {
+    const Q4_1: Layout = Layout {
         block_len: 32,
         src_block_bytes: 20,
         group_block_bytes: Q4_1_GROUP_BLOCK,
@@ -192,7 +192,7 @@ pub(crate) fn layout(ty: GgmlType, fast: bool) -> Option<&'static Layout> {
         kernel_avx512: None,
         llamacpp_gemm_order: true,
     };
-    static Q8_0: Layout = Layout {
+    const Q8_0: Layout = Layout {
         block_len: 32,
         src_block_bytes: 34,
         group_block_bytes: Q8_0_GROUP_BLOCK,
@@ -212,32 +212,25 @@ pub(crate) fn layout(ty: GgmlType, fast: bool) -> Option<&'static Layout> {
         kernel_avx512: Some(x16_kernel!(block32_group16, Q4_0_GROUP_BLOCK, kind::Iq4Nl)),
         llamacpp_gemm_order: false,
     };
-    static Q5_0_FAST: Layout = Layout {
-        block_len: 32,
-        src_block_bytes: 22,
-        group_block_bytes: Q5_0_GROUP_BLOCK,
-        pack_group: pack_q5_0_group,
+    // The fast kernels' Q4_1, Q5_0 and Q8_0: the same packed bytes, summed
+    // in Q4_0's sequence (`block32_group`), with AVX-512 VNNI forms.
+    const Q5_0_FAST: Layout = Layout {
         kernel: x8_kernel!(block32_group, kind::Q5_0),
         kernel_avx512: Some(x16_kernel!(block32_group16, Q5_0_GROUP_BLOCK, kind::Q5_0)),
         llamacpp_gemm_order: false,
+        ..Q5_0
     };
-    static Q4_1_FAST: Layout = Layout {
-        block_len: 32,
-        src_block_bytes: 20,
-        group_block_bytes: Q4_1_GROUP_BLOCK,
-        pack_group: pack_q4_1_group,
+    const Q4_1_FAST: Layout = Layout {
         kernel: x8_kernel!(block32_group, kind::Q4_1),
         kernel_avx512: Some(x16_kernel!(block32_group16, Q4_1_GROUP_BLOCK, kind::Q4_1)),
         llamacpp_gemm_order: false,
+        ..Q4_1
     };
-    static Q8_0_FAST: Layout = Layout {
-        block_len: 32,
-        src_block_bytes: 34,
-        group_block_bytes: Q8_0_GROUP_BLOCK,
-        pack_group: pack_q8_0_group,
+    const Q8_0_FAST: Layout = Layout {
         kernel: x8_kernel!(block32_group, kind::Q8_0),
         kernel_avx512: Some(x16_kernel!(block32_group16, Q8_0_GROUP_BLOCK, kind::Q8_0)),
         llamacpp_gemm_order: false,
+        ..Q8_0
     };
     match ty {
         GgmlType::Q4_1 if fast => Some(&Q4_1_FAST),
