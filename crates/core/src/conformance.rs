@@ -7,7 +7,7 @@
 use crate::backend::{
     AttentionMask, AttentionParams, AttentionStep, Backend, ConvParams, DeltaNetParams,
     GatedActivation, HeadNorms, KvType, PendingBranch, Projection, RopeParams, RopeStyle, RowNorm,
-    WeightSource,
+    WeightRole, WeightSource,
 };
 use crate::sampling::{Rng, SamplingParams};
 use blockdraft_gguf::{quants, GgmlType, GgufFile, GgufWriter};
@@ -121,6 +121,7 @@ fn load<B: Backend>(be: &B, file: &GgufFile) -> B::Weight {
         ty: info.ty,
         dims: &info.dims,
         data: file.tensor_data("w").expect("data"),
+        role: WeightRole::Target,
     })
     .unwrap_or_else(|e| panic!("loading a {} weight: {e}", info.ty))
 }

@@ -18,7 +18,7 @@ mod ops;
 use blockdraft_core::backend::{
     AttentionMask, AttentionOps, AttentionParams, BackendError, ConvParams, DeltaNetParams, Device,
     DrafterOps, ElementwiseOps, GatedActivation, HybridOps, KvType, LinearOps, MemoryLimits,
-    Projection, RopeParams, SamplingOps, WeightSource,
+    Projection, RopeParams, SamplingOps, WeightRole, WeightSource,
 };
 use blockdraft_core::host_ops;
 use blockdraft_gguf::{GgmlType, TensorData};
@@ -78,6 +78,9 @@ impl CpuTensor {
 /// released. Tables that are only embedded from stay in the map.
 pub struct CpuWeight {
     ty: GgmlType,
+    /// A drafter's weight runs the fastest kernels whatever the backend's
+    /// setting ([`WeightRole::Proposer`]).
+    role: WeightRole,
     rows: usize,
     cols: usize,
     data: TensorData,
@@ -275,10 +278,13 @@ impl CpuBackend {
     /// `w` in huge-page memory: packed where a packed kernel exists, else
     /// copied, where the OS gives huge pages for it.
     fn make_resident(&self, w: &CpuWeight) -> Option<Resident> {
-        // Matching llama.cpp bit for bit, only the layouts in its sequence.
-        let pack = !self.llamacpp_batches || kernels::packed_follows_llamacpp(w.ty);
+        // Matching llama.cpp bit for bit, only the layouts in its sequence;
+        // a drafter's products only propose, so any layout, the fastest.
+        let proposes = w.role == WeightRole::Proposer;
+        let pack = proposes || !self.llamacpp_batches || kernels::packed_follows_llamacpp(w.ty);
+        let fast = proposes || self.fast_kernels;
         if let Some(p) = pack
-            .then(|| kernels::pack(&self.pool, &w.matrix(), self.fast_kernels))
+            .then(|| kernels::pack(&self.pool, &w.matrix(), fast))
             .flatten()
         {
             self.packed_bytes.fetch_add(p.bytes(), Ordering::Relaxed);
@@ -374,6 +380,7 @@ impl Device for CpuBackend {
             .fetch_add(src.data.len() as u64, Ordering::Relaxed);
         Ok(CpuWeight {
             ty: src.ty,
+            role: src.role,
             rows,
             cols,
             data: src.data,

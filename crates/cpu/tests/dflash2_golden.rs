@@ -10,7 +10,7 @@ use blockdraft_core::testing::block_on;
 use common::{fixture_file, flat, ids, rel_err};
 
 use blockdraft_core::backend::prelude::*;
-use blockdraft_core::backend::{ConvParams, WeightSource};
+use blockdraft_core::backend::{ConvParams, WeightRole, WeightSource};
 use blockdraft_core::model::{Decoder, LogitRows, Taps};
 use blockdraft_core::sampling::{Sampler, SamplingParams};
 use blockdraft_core::speculative::{
@@ -172,6 +172,7 @@ fn dflash2_layer0_convolutions_match_the_reference() {
                     ty: info.ty,
                     dims: &info.dims,
                     data: dfile.tensor_data(&name).unwrap(),
+                    role: WeightRole::Proposer,
                 })
                 .unwrap();
             let mut dynamic = be.tensor(b, 2 * taps * groups);

@@ -7,6 +7,7 @@
 
 mod common;
 use blockdraft_core::backend::prelude::*;
+use blockdraft_core::backend::{KvType, WeightRole};
 use blockdraft_core::model::{Decoder, LogitRows};
 use blockdraft_core::sampling::argmax;
 use blockdraft_core::testing::block_on;
@@ -17,6 +18,11 @@ use std::sync::Arc;
 /// Logits of every row: a 9-token prompt, then passes of 1, 5 and 8 rows.
 fn logits(file: &GgufFile, backend: Arc<CpuBackend>) -> Vec<Vec<f32>> {
     let dec = Decoder::load(file, backend.clone(), &mut |_| {}).unwrap();
+    passes(&dec, backend)
+}
+
+/// [`logits`] of a decoder already loaded.
+fn passes(dec: &Decoder<CpuBackend>, backend: Arc<CpuBackend>) -> Vec<Vec<f32>> {
     let mut state = dec.new_state(64, 16);
     let mut out = Vec::new();
     let passes: [&[u32]; 4] = [
@@ -154,5 +160,40 @@ fn default_packing_covers_every_packed_type_within_rounding() {
                 }
             }
         }
+    }
+}
+
+/// A drafter's weights ([`WeightRole::Proposer`]) run the fast kernels
+/// whatever the backend's setting: a draft model on the default backend
+/// gives the fast backend's logits bit for bit, and (where the fast
+/// layouts exist) not the default's. An f32 cache, so that the attention
+/// is the same on both backends.
+#[test]
+fn proposer_weights_run_the_fast_kernels_on_the_default_backend() {
+    let Some(path) = common::model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
+        return;
+    };
+    let file = GgufFile::open(&path).unwrap();
+    let run = |backend: CpuBackend, role| {
+        let backend = Arc::new(backend);
+        let dec = Decoder::load_as(&file, backend.clone(), role, &mut |_| {})
+            .unwrap()
+            .with_kv_type(KvType::F32);
+        passes(&dec, backend)
+    };
+    let proposer = run(CpuBackend::new(2), WeightRole::Proposer);
+    let fast = run(CpuBackend::new(2).with_fast_kernels(), WeightRole::Target);
+    let target = run(CpuBackend::new(2), WeightRole::Target);
+    let bits = |l: &[Vec<f32>]| -> Vec<u32> { l.concat().iter().map(|v| v.to_bits()).collect() };
+    assert!(
+        bits(&proposer) == bits(&fast),
+        "proposer logits differ from the fast kernels'"
+    );
+    // Q5_0 and Q8_0 matrices have a fast layout of their own on x86 AVX2.
+    let (exact, _) = packed_types();
+    if exact.contains(&GgmlType::Q5_0) {
+        assert!(bits(&proposer) != bits(&target), "the default kernels ran");
+    } else {
+        eprintln!("no fast layouts on this CPU: only the equality was checked");
     }
 }

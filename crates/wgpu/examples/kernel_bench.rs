@@ -7,7 +7,7 @@
 //! e.g. `-- F16,Q8_0,Q4_K 1,8 2048x2048` (these are the defaults).
 
 use blockdraft_core::backend::prelude::*;
-use blockdraft_core::backend::WeightSource;
+use blockdraft_core::backend::{WeightRole, WeightSource};
 use blockdraft_gguf::{quants, GgmlType, TensorData};
 use blockdraft_wgpu::{Gpu, Tuning, WgpuBackend};
 use std::time::{Duration, Instant};
@@ -106,6 +106,7 @@ fn compare(
             ty,
             dims: &dims,
             data: data.clone(),
+            role: WeightRole::Target,
         };
         let weights = [
             plain.load_weight(src()).unwrap(),

@@ -6,7 +6,7 @@
 //! for a binding once the grid is counted (an error, not a panic).
 
 use blockdraft_core::backend::prelude::*;
-use blockdraft_core::backend::{Backend, GatedActivation, Projection, WeightSource};
+use blockdraft_core::backend::{Backend, GatedActivation, Projection, WeightRole, WeightSource};
 use blockdraft_core::conformance::weight_file;
 use blockdraft_core::sampling::Rng;
 use blockdraft_core::testing::block_on;
@@ -21,6 +21,7 @@ fn source(f: &GgufFile) -> WeightSource<'_> {
         ty: info.ty,
         dims: &info.dims,
         data: f.tensor_data("w").unwrap(),
+        role: WeightRole::Target,
     }
 }
 

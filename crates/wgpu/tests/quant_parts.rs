@@ -4,7 +4,7 @@
 //! dispatch plus one per part.
 
 use blockdraft_core::backend::prelude::*;
-use blockdraft_core::backend::{Backend, WeightSource};
+use blockdraft_core::backend::{Backend, WeightRole, WeightSource};
 use blockdraft_core::sampling::Rng;
 use blockdraft_core::testing::block_on;
 use blockdraft_cpu::CpuBackend;
@@ -31,6 +31,7 @@ fn load<B: Backend>(be: &B, f: &GgufFile) -> B::Weight {
         ty: info.ty,
         dims: &info.dims,
         data: f.tensor_data("w").unwrap(),
+        role: WeightRole::Target,
     })
     .unwrap()
 }

@@ -105,6 +105,23 @@ pub struct WeightSource<'a> {
     /// ggml order: `dims[0]` is the row length.
     pub dims: &'a [u64],
     pub data: TensorData,
+    pub role: WeightRole,
+}
+
+/// Whose weight it is, which decides how exactly its products must follow
+/// the reference float sequences.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightRole {
+    /// The target's (or a model's run on its own): its logits are the
+    /// output, so a backend keeps the sequences it documents (on the CPU,
+    /// llama.cpp's unless asked for its fast kernels).
+    #[default]
+    Target,
+    /// A drafter's or draft model's: its products only propose tokens the
+    /// target verifies, so a backend may run them in a faster float
+    /// sequence of its own (the output does not change; acceptance moves
+    /// only by rounding).
+    Proposer,
 }
 
 impl WeightSource<'_> {
@@ -318,7 +335,7 @@ impl CommandCounts {
 
 #[cfg(test)]
 mod tests {
-    use super::{tensor_bytes, KvType, MemoryLimits, WeightSource};
+    use super::{tensor_bytes, KvType, MemoryLimits, WeightRole, WeightSource};
     use blockdraft_gguf::{GgmlType, TensorData};
 
     #[test]
@@ -332,6 +349,7 @@ mod tests {
                 ty: GgmlType::Q8_0,
                 dims,
                 data,
+                role: WeightRole::Target,
             };
             src.checked_shape().map_err(|e| e.to_string())
         };

@@ -17,7 +17,7 @@ pub use weights::{
 use crate::backend::{
     tensor_bytes, AttentionMask, AttentionParams, AttentionStep, Backend, BackendError,
     GatedActivation, HeadNorms, KvType, MemoryLimits, PendingBranch, Projection, RopeParams,
-    RowNorm,
+    RowNorm, WeightRole,
 };
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
@@ -176,13 +176,24 @@ impl<B: Backend> Decoder<B> {
         backend: Arc<B>,
         on_progress: &mut dyn FnMut(u64),
     ) -> Result<Self, ModelError> {
+        Self::load_as(file, backend, WeightRole::Target, on_progress)
+    }
+
+    /// [`Self::load`] with its weights made resident for `role` (a draft
+    /// model's: [`WeightRole::Proposer`]).
+    pub fn load_as(
+        file: &GgufFile,
+        backend: Arc<B>,
+        role: WeightRole,
+        on_progress: &mut dyn FnMut(u64),
+    ) -> Result<Self, ModelError> {
         let config = ModelConfig::from_metadata(file.metadata())?;
         // Refused before anything is loaded, rather than aborting midway.
         let weight_bytes = file.tensors().iter().map(|t| t.n_bytes).sum();
         backend
             .memory_limits()
             .check_bytes("the model's weights", weight_bytes)?;
-        let mut tensors = FileTensors::new(file);
+        let mut tensors = FileTensors::with_role(file, role);
         let decoder = Self::load_with_config(config, &mut tensors, None, backend, on_progress)?;
         // Unlike a drafter's, a model's file may hold tensors that serve
         // another use (an MTP layer for self-speculation): noted, not refused.

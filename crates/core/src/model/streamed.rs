@@ -5,7 +5,7 @@
 //! space load onto WebGPU.
 
 use super::weights::TensorSource;
-use crate::backend::{Backend, WeightSource};
+use crate::backend::{Backend, WeightRole, WeightSource};
 use crate::error::ModelError;
 use blockdraft_gguf::{
     check_split_set, GgufError, GgufStreamReader, Metadata, SplitInfo, TensorChunk, TensorData,
@@ -199,6 +199,7 @@ impl<B: Backend> Resident<B> {
             ty: t.ty,
             dims: &t.dims,
             data,
+            role: WeightRole::Target,
         })?;
         self.loaded_bytes += t.n_bytes;
         self.weights.insert(t.name.clone(), w);

@@ -2,7 +2,7 @@
 //! GGUF file or from weights made resident while a file streamed in.
 
 use super::config::{Architecture, ModelConfig};
-use crate::backend::{Backend, WeightSource};
+use crate::backend::{Backend, WeightRole, WeightSource};
 use crate::error::ModelError;
 use blockdraft_gguf::{GgmlType, GgufFile, TensorData, TensorInfo};
 use std::cell::RefCell;
@@ -115,15 +115,23 @@ pub trait TensorSource<B: Backend> {
 /// differs from what its architecture creates.
 pub struct FileTensors<'a> {
     file: &'a GgufFile,
+    role: WeightRole,
     /// Shared access, so that the several parts of a drafter's loader can
     /// take tensors from one ledger.
     taken: RefCell<HashSet<String>>,
 }
 
 impl<'a> FileTensors<'a> {
+    /// A target's tensors.
     pub fn new(file: &'a GgufFile) -> Self {
+        Self::with_role(file, WeightRole::Target)
+    }
+
+    /// Tensors made resident for `role`.
+    pub fn with_role(file: &'a GgufFile, role: WeightRole) -> Self {
         FileTensors {
             file,
+            role,
             taken: RefCell::default(),
         }
     }
@@ -161,6 +169,7 @@ impl<'a> FileTensors<'a> {
             ty,
             dims: expected,
             data,
+            role: self.role,
         })?)
     }
 

@@ -35,7 +35,7 @@ use super::dspark::{
     load_d2t, DSparkConfig, DeviceMarkov, DeviceMarkovScratch, MarkovHead, CONF_BIAS, CONF_WEIGHT,
 };
 use super::{Draft, Drafter};
-use crate::backend::{Backend, RopeParams};
+use crate::backend::{Backend, RopeParams, WeightRole};
 use crate::error::ModelError;
 use crate::model::{
     Architecture, Decoder, DecoderState, FileTensors, LayerHook, LogitRows, ModelConfig,
@@ -336,7 +336,7 @@ impl<B: Backend> DFlashModel<B> {
     /// detected variant does not read (bar [`DFlashConfig::known_optional`])
     /// is a [`ModelError::UnusedTensors`].
     pub fn load(file: &GgufFile, target: &Decoder<B>) -> Result<Self, ModelError> {
-        let mut tensors = FileTensors::new(file);
+        let mut tensors = FileTensors::with_role(file, WeightRole::Proposer);
         let config = DFlashConfig::read(&tensors, &target.config)?;
         let mut mcfg =
             ModelConfig::from_metadata_with_vocab(file.metadata(), target.config.n_vocab)?;

@@ -2,7 +2,7 @@
 //! once, each sequence's drafter holding only its own state.
 
 use super::{DFlashDrafter, DFlashModel, DraftModelDrafter, Drafter, NgramDrafter};
-use crate::backend::Backend;
+use crate::backend::{Backend, WeightRole};
 use crate::error::ModelError;
 use crate::model::Decoder;
 use blockdraft_gguf::GgufFile;
@@ -34,8 +34,13 @@ impl<B: Backend> SharedDrafter<B> {
                 p_min: 0.0,
             });
         }
-        let model = Decoder::load(file, target.backend.clone(), &mut |_| {})?
-            .with_kv_type(target.kv_type());
+        let model = Decoder::load_as(
+            file,
+            target.backend.clone(),
+            WeightRole::Proposer,
+            &mut |_| {},
+        )?
+        .with_kv_type(target.kv_type());
         if model.config.n_vocab != target.config.n_vocab {
             return Err(ModelError::VocabularyMismatch {
                 drafter: model.config.n_vocab,
