@@ -694,9 +694,8 @@ pub fn pack(pool: &ThreadPool, w: &WeightRef, fast: bool) -> Option<PackedWeight
     #[cfg(target_arch = "x86_64")]
     if let Some(layout) = x86_packed::layout(w.ty, fast) {
         // The AVX-512 kernels read groups in pairs, laid out interleaved.
-        let avx512 = layout.kernel_avx512.filter(|_| x86::has_avx512_vnni());
-        let (kernel, tile_groups) = if let Some(kernel) = avx512 {
-            (kernel, 2)
+        let (kernel, tile_groups) = if x86::has_avx512_vnni() {
+            (layout.kernel_avx512, 2)
         } else if x86::has_avx2() {
             (layout.kernel, 1)
         } else {
