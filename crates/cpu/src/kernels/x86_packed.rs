@@ -958,39 +958,64 @@ unsafe fn block32_group16<T: Block32Kind, const NR: usize>(
 #[target_feature(enable = "avx2,avx512f,avx512bw")]
 #[inline]
 unsafe fn block32_values16(ty: Block32, pa: *const u8, pb: *const u8) -> [__m512i; 8] {
-    let mut q = [_mm512_setzero_si512(); 8];
     if ty == Block32::Q8_0 {
-        for (k, qk) in q.iter_mut().enumerate() {
-            *qk = both32(pa, pb, ty.quants_at() + 32 * k);
-        }
-        return q;
+        return std::array::from_fn(|k| both32(pa, pb, ty.quants_at() + 32 * k));
     }
-    let low4 = _mm512_set1_epi8(0x0F);
-    for c in 0..4 {
-        let v = both32(pa, pb, ty.quants_at() + 32 * c);
-        q[c] = _mm512_and_si512(v, low4);
-        q[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-    }
+    let mut q = nibbles16(pa, pb, ty.quants_at());
     if ty == Block32::Q5_0 {
-        // Byte c of a row's word to its lane's four bytes, then bit t (low
-        // nibbles) or 4 + t (high) of byte t to 16.
         let sixteen = _mm512_set1_epi8(0x10);
-        let bits = both32(pa, pb, 16);
-        for c in 0..4 {
-            // Byte 4j + c for the four bytes of dword j of each 128-bit
-            // lane (vpshufb indexes within the lane).
-            let idx = _mm512_add_epi8(
-                _mm512_set4_epi32(0x0C0C_0C0C, 0x0808_0808, 0x0404_0404, 0),
-                _mm512_set1_epi8(c as i8),
-            );
-            let spread = _mm512_shuffle_epi8(bits, idx);
-            let k_lo = _mm512_test_epi8_mask(spread, _mm512_set1_epi32(0x0804_0201));
-            let k_hi = _mm512_test_epi8_mask(spread, _mm512_set1_epi32(0x8040_2010u32 as i32));
-            q[c] = _mm512_mask_add_epi8(q[c], k_lo, q[c], sixteen);
-            q[4 + c] = _mm512_mask_add_epi8(q[4 + c], k_hi, q[4 + c], sixteen);
+        for (qk, high) in q.iter_mut().zip(q5_0_fifth_bits16(pa, pb, false)) {
+            *qk = _mm512_mask_add_epi8(*qk, high, *qk, sixteen);
         }
     }
     q
+}
+
+/// The nibbles of one block of two packed groups (`pa`, `pb`: the block
+/// in each), 32 bytes per quarter at `at`, as [`block32_values16`] lays
+/// out values.
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+#[inline]
+unsafe fn nibbles16(pa: *const u8, pb: *const u8, at: usize) -> [__m512i; 8] {
+    let low4 = _mm512_set1_epi8(0x0F);
+    let mut q = [_mm512_setzero_si512(); 8];
+    for c in 0..4 {
+        let v = both32(pa, pb, at + 32 * c);
+        q[c] = _mm512_and_si512(v, low4);
+        q[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    }
+    q
+}
+
+/// Where the values of one block of two packed Q5_0 groups (as in
+/// [`block32_values16`]) have their fifth bit set (`clear`: not set), one
+/// byte mask per vector of four values.
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+#[inline]
+unsafe fn q5_0_fifth_bits16(pa: *const u8, pb: *const u8, clear: bool) -> [__mmask64; 8] {
+    // Byte c of a row's word to its lane's four bytes, then bit t (low
+    // nibbles) or 4 + t (high) of byte t.
+    let bits = both32(pa, pb, 16);
+    let test = |v, m| {
+        if clear {
+            _mm512_testn_epi8_mask(v, m)
+        } else {
+            _mm512_test_epi8_mask(v, m)
+        }
+    };
+    let mut masks = [0; 8];
+    for c in 0..4 {
+        // Byte 4j + c for the four bytes of dword j of each 128-bit lane
+        // (vpshufb indexes within the lane).
+        let idx = _mm512_add_epi8(
+            _mm512_set4_epi32(0x0C0C_0C0C, 0x0808_0808, 0x0404_0404, 0),
+            _mm512_set1_epi8(c as i8),
+        );
+        let spread = _mm512_shuffle_epi8(bits, idx);
+        masks[c] = test(spread, _mm512_set1_epi32(0x0804_0201));
+        masks[4 + c] = test(spread, _mm512_set1_epi32(0x8040_2010u32 as i32));
+    }
+    masks
 }
 
 /// [`block32_lanes_group`] for two groups at once (`a`: lanes 0..8, `b`:
@@ -1056,15 +1081,31 @@ unsafe fn block32_lanes_rows16<T: Block32Kind, const NR: usize>(
         let (pa, pb) = (a.add(blk * stride), b.add(blk * stride));
         prefetch_ahead(pa, stride, 0, 1);
         let dw = both_f16(pa, pb, 0);
-        let mut q = block32_values16(ty, pa, pb);
-        if ty == Block32::Q5_0 {
-            q = q.map(|v| _mm512_sub_epi8(v, sixteen));
-        }
-        let negative: [__mmask64; 8] = q.map(|v| _mm512_movepi8_mask(v));
-        let magnitude = if signed {
-            q.map(|v| _mm512_abs_epi8(v))
-        } else {
-            q
+        // Signed values (Q5_0 as stored - 16, Q8_0) as their magnitudes and
+        // where they are negative.
+        let (magnitude, negative) = match ty {
+            Block32::Q5_0 => {
+                // Values with the fifth bit clear are the negative ones,
+                // 16 - nibble in magnitude; the others are their nibble.
+                let negative = q5_0_fifth_bits16(pa, pb, true);
+                let mut q = nibbles16(pa, pb, ty.quants_at());
+                for (qk, &n) in q.iter_mut().zip(&negative) {
+                    *qk = _mm512_mask_sub_epi8(*qk, n, sixteen, *qk);
+                }
+                (q, negative)
+            }
+            _ => {
+                let q = block32_values16(ty, pa, pb);
+                let negative = q.map(|v| _mm512_movepi8_mask(v));
+                (
+                    if signed {
+                        q.map(|v| _mm512_abs_epi8(v))
+                    } else {
+                        q
+                    },
+                    negative,
+                )
+            }
         };
         let m = if ty == Block32::Q4_1 {
             both_f16(pa, pb, 16)
