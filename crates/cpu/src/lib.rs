@@ -167,7 +167,9 @@ impl CpuBackend {
     /// to rounding, still independent of the batch): for llama.cpp's exact
     /// results use [`Self::without_packing`] or
     /// [`Self::matching_llamacpp_batches`]. [`Self::with_fast_kernels`]
-    /// trades llama.cpp's tokens for speed.
+    /// trades llama.cpp's tokens for speed. A drafter's matrices
+    /// ([`WeightRole::Proposer`]) take the fast kernels' layouts either way:
+    /// they only propose tokens the target verifies.
     pub fn new(n_threads: usize) -> Self {
         CpuBackend {
             pool: ThreadPool::new(n_threads.max(1)),
