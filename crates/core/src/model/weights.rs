@@ -140,6 +140,11 @@ impl<'a> FileTensors<'a> {
         self.file
     }
 
+    /// The role its tensors are made resident for.
+    pub fn role(&self) -> WeightRole {
+        self.role
+    }
+
     /// Type and dims of `name` without taking it (detecting a variant).
     pub fn peek(&self, name: &str) -> Option<&'a TensorInfo> {
         self.file.tensor(name)

@@ -11,7 +11,7 @@
 //! port reads `conf_proj.weight` `{n_embd + R_m, 1}` and the optional
 //! `conf_proj.bias` `{1}`.
 
-use crate::backend::{Backend, BackendError, WeightRole, WeightSource};
+use crate::backend::{Backend, BackendError, WeightSource};
 use crate::error::ModelError;
 use crate::model::FileTensors;
 use blockdraft_gguf::{quants, GgmlType, GgufFile};
@@ -176,7 +176,7 @@ impl<B: Backend> DeviceMarkov<B> {
                 ty,
                 dims: &dims,
                 data,
-                role: WeightRole::Proposer,
+                role: tensors.role(),
             }) {
                 Ok(w) => weights.push(w),
                 Err(BackendError::Unsupported { .. }) => return Ok(None),
