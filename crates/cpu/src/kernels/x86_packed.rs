@@ -1096,15 +1096,12 @@ unsafe fn block32_lanes_rows16<T: Block32Kind, const NR: usize>(
             }
             _ => {
                 let q = block32_values16(ty, pa, pb);
-                let negative = q.map(|v| _mm512_movepi8_mask(v));
-                (
-                    if signed {
-                        q.map(|v| _mm512_abs_epi8(v))
-                    } else {
-                        q
-                    },
-                    negative,
-                )
+                let magnitude = if signed {
+                    q.map(|v| _mm512_abs_epi8(v))
+                } else {
+                    q
+                };
+                (magnitude, q.map(|v| _mm512_movepi8_mask(v)))
             }
         };
         let m = if ty == Block32::Q4_1 {
